@@ -1,0 +1,65 @@
+"""Render envoy/envoy.yaml.tmpl into a runnable Envoy config (for `make run`, tests and benchmarks)."""
+from __future__ import annotations
+
+import pathlib
+import string
+from typing import Any
+
+import yaml
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+TEMPLATE = ROOT / "envoy" / "envoy.yaml.tmpl"
+
+DEFAULTS: dict[str, Any] = {
+    "ADMIN_PORT": 9901,
+    "HTTP_PORT": 10000,
+    "HTTPS_PORT": 10443,
+    "SIDECAR_PORT": 50051,
+    "UPSTREAM_A_PORT": 8001,
+    "UPSTREAM_B_PORT": 8002,
+    "DEFAULT_CLUSTER": "upstream_a",
+    "TLS_CERT": str(ROOT / "build" / "tls" / "cert.pem"),
+    "TLS_KEY": str(ROOT / "build" / "tls" / "key.pem"),
+    "FAILURE_MODE_ALLOW": "true",
+    "MESSAGE_TIMEOUT": "2s",
+    "MAX_MESSAGE_TIMEOUT": "60s",
+    "ROUTE_TIMEOUT": "300s",
+    "RATE_LIMIT_TOKENS": 1000,
+    "RATE_LIMIT_FILL_INTERVAL": "1s",
+    "MAX_BODY_BYTES": 1048576,
+    "MAX_CONNECTIONS": 10000,
+    "HEALTH_CHECK_INTERVAL": "2s",
+}
+
+
+def render_text(**overrides: Any) -> str:
+    """The template with every ${NAME} filled; unknown names raise KeyError."""
+    unknown = set(overrides) - set(DEFAULTS)
+    if unknown:
+        raise KeyError(f"unknown Envoy template variables: {sorted(unknown)}")
+    values = {**DEFAULTS, **overrides}
+    return string.Template(TEMPLATE.read_text()).substitute({k: str(v) for k, v in values.items()})
+
+
+def render(**overrides: Any) -> dict:
+    """The rendered config as a dict, for callers that adjust routes before writing it."""
+    return yaml.safe_load(render_text(**overrides))
+
+
+def http_connection_manager(config: dict) -> dict:
+    """The HCM typed_config shared by the listeners (after YAML anchors are expanded, each
+    listener holds its own copy: `routes()` updates all of them)."""
+    return config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+
+
+def set_routes(config: dict, routes: list[dict]) -> None:
+    """Replace the routes of every listener (tests add per-route settings this way)."""
+    for listener in config["static_resources"]["listeners"]:
+        hcm = listener["filter_chains"][0]["filters"][0]["typed_config"]
+        hcm["route_config"]["virtual_hosts"][0]["routes"] = routes
+
+
+def write(config: dict, path: pathlib.Path) -> pathlib.Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path

@@ -1,0 +1,143 @@
+"""Parse an OpenAI chat-completions body into what Sluice needs to decide on it.
+
+Validation is deliberately shallow: Sluice checks what it relies on (types of the fields it
+reads) and leaves the rest of the body to the upstream, which it forwards byte for byte.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+# Settings that change the answer: part of any cache scope, and forwarded untouched.
+SAMPLING_FIELDS = (
+    "temperature", "top_p", "max_tokens", "max_completion_tokens", "n", "stop", "seed",
+    "presence_penalty", "frequency_penalty", "logit_bias", "logprobs", "top_logprobs",
+    "response_format", "reasoning_effort",
+)
+ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+_NUMERIC = ("temperature", "top_p", "presence_penalty", "frequency_penalty")
+_INTEGER = ("max_tokens", "max_completion_tokens", "n", "seed", "top_logprobs")
+
+
+class BadRequest(ValueError):
+    """The body is not a usable chat request; `param` names the offending field."""
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    model: str
+    messages: tuple[dict, ...]
+    stream: bool = False
+    include_usage: bool = False
+    user: str | None = None
+    sampling: dict[str, Any] = field(default_factory=dict)
+    tools: tuple[dict, ...] = ()
+    tool_choice: Any = None
+
+    @property
+    def max_tokens(self) -> int | None:
+        return self.sampling.get("max_completion_tokens", self.sampling.get("max_tokens"))
+
+
+def _reject_constant(name: str) -> None:
+    raise BadRequest(f"invalid JSON number {name}")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return (_is_int(value) or isinstance(value, float)) and math.isfinite(value)
+
+
+def parse_chat_request(body: bytes) -> ChatRequest:
+    if not body:
+        raise BadRequest("request body is empty; expected a JSON chat completion request")
+    try:
+        data = json.loads(body, parse_constant=_reject_constant)
+    except UnicodeDecodeError:
+        raise BadRequest("request body is not valid UTF-8") from None
+    except json.JSONDecodeError as exc:
+        raise BadRequest(f"request body is not valid JSON: {exc.msg} at position {exc.pos}") from None
+    if not isinstance(data, dict):
+        raise BadRequest("request body must be a JSON object")
+
+    model = data.get("model")
+    if not isinstance(model, str) or not model:
+        raise BadRequest("'model' must be a non-empty string", "model")
+    messages = data.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest("'messages' must be a non-empty array", "messages")
+    for index, message in enumerate(messages):
+        _check_message(message, f"messages[{index}]")
+
+    stream = data.get("stream", False)
+    if stream is None:
+        stream = False
+    if not isinstance(stream, bool):
+        raise BadRequest("'stream' must be a boolean", "stream")
+    stream_options = data.get("stream_options") or {}
+    if not isinstance(stream_options, dict):
+        raise BadRequest("'stream_options' must be an object", "stream_options")
+    user = data.get("user")
+    if user is not None and not isinstance(user, str):
+        raise BadRequest("'user' must be a string", "user")
+
+    sampling = {name: data[name] for name in SAMPLING_FIELDS if data.get(name) is not None}
+    for name in _NUMERIC:
+        if name in sampling and not _is_number(sampling[name]):
+            raise BadRequest(f"'{name}' must be a number", name)
+    for name in _INTEGER:
+        if name in sampling and not _is_int(sampling[name]):
+            raise BadRequest(f"'{name}' must be an integer", name)
+    stop = sampling.get("stop")
+    if stop is not None and not (isinstance(stop, str) or
+                                 (isinstance(stop, list) and all(isinstance(s, str) for s in stop))):
+        raise BadRequest("'stop' must be a string or an array of strings", "stop")
+
+    tools = data.get("tools") or []
+    if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
+        raise BadRequest("'tools' must be an array of objects", "tools")
+
+    return ChatRequest(
+        model=model, messages=tuple(messages), stream=stream,
+        include_usage=bool(stream_options.get("include_usage", False)), user=user,
+        sampling=sampling, tools=tuple(tools), tool_choice=data.get("tool_choice"),
+    )
+
+
+def _check_message(message: Any, where: str) -> None:
+    if not isinstance(message, dict):
+        raise BadRequest(f"'{where}' must be an object", where)
+    role = message.get("role")
+    if role not in ROLES:
+        raise BadRequest(f"'{where}.role' must be one of {sorted(ROLES)}", f"{where}.role")
+    content = message.get("content")
+    if content is None or isinstance(content, str):
+        return
+    if not isinstance(content, list):
+        raise BadRequest(f"'{where}.content' must be a string or an array of parts", f"{where}.content")
+    for index, part in enumerate(content):
+        if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+            raise BadRequest(f"'{where}.content[{index}]' must be an object with a 'type'",
+                             f"{where}.content[{index}]")
+        if part["type"] == "text" and not isinstance(part.get("text"), str):
+            raise BadRequest(f"'{where}.content[{index}].text' must be a string",
+                             f"{where}.content[{index}].text")
+
+
+def message_text(message: dict) -> str:
+    """The text of one message: its string content, or its text parts joined by newlines."""
+    content = message.get("content")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(p["text"] for p in content if p.get("type") == "text")
+    return ""

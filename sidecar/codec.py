@@ -1,0 +1,118 @@
+"""The only module that touches Envoy's ext_proc protobuf messages.
+
+decode(): ProcessingRequest -> event; encode(): reply -> ProcessingResponse.
+"""
+from __future__ import annotations
+
+from envoy.config.core.v3 import base_pb2
+from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2 as mode_pb2
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from envoy.type.v3 import http_status_pb2
+
+from sidecar.events import (BodyMode, Continue, Event, ImmediateReply, ModeOverride, Phase, Reply,
+                            RequestBody, RequestHeaders, ResponseBody, ResponseHeaders)
+from sidecar.route_settings import settings_from_attribute
+
+EXT_PROC_FILTER = "envoy.filters.http.ext_proc"
+ROUTE_METADATA_ATTRIBUTE = "xds.route_metadata"
+
+_BODY_MODES = {BodyMode.NONE: mode_pb2.ProcessingMode.NONE,
+               BodyMode.BUFFERED: mode_pb2.ProcessingMode.BUFFERED,
+               BodyMode.STREAMED: mode_pb2.ProcessingMode.STREAMED}
+
+
+def _headers(header_map) -> dict[str, str]:
+    headers: dict[str, str] = {}
+    for header in header_map.headers:
+        # Envoy 1.40 fills raw_value; header values are bytes and need not be UTF-8.
+        value = header.raw_value.decode("utf-8", "replace") if header.raw_value else header.value
+        key = header.key.lower()
+        headers[key] = f"{headers[key]},{value}" if key in headers else value
+    return headers
+
+
+def _route(request: pb.ProcessingRequest):
+    attributes = request.attributes.get(EXT_PROC_FILTER)
+    if attributes is None or ROUTE_METADATA_ATTRIBUTE not in attributes.fields:
+        return None
+    return settings_from_attribute(attributes.fields[ROUTE_METADATA_ATTRIBUTE].string_value)
+
+
+def decode(request: pb.ProcessingRequest) -> Event | None:
+    """The event in `request`, or None for a kind Sluice never asks for (trailers)."""
+    kind = request.WhichOneof("request")
+    if kind == "request_headers":
+        m = request.request_headers
+        return RequestHeaders(_headers(m.headers), m.end_of_stream, route=_route(request))
+    if kind == "request_body":
+        return RequestBody(request.request_body.body, request.request_body.end_of_stream)
+    if kind == "response_headers":
+        m = request.response_headers
+        return ResponseHeaders(_headers(m.headers), m.end_of_stream)
+    if kind == "response_body":
+        return ResponseBody(request.response_body.body, request.response_body.end_of_stream)
+    return None
+
+
+def _header_options(pairs) -> list[base_pb2.HeaderValueOption]:
+    return [base_pb2.HeaderValueOption(
+                header=base_pb2.HeaderValue(key=k, raw_value=v.encode()),
+                append_action=base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD)
+            for k, v in pairs]
+
+
+# Envoy replaces its whole processing mode with an override, so every override starts from the
+# mode envoy/envoy.yaml.tmpl configures and changes only the fields the reply names.
+CONFIGURED_MODE = mode_pb2.ProcessingMode(
+    request_header_mode=mode_pb2.ProcessingMode.SEND,
+    request_body_mode=mode_pb2.ProcessingMode.BUFFERED,
+    response_header_mode=mode_pb2.ProcessingMode.SEND,
+    response_body_mode=mode_pb2.ProcessingMode.NONE,
+    request_trailer_mode=mode_pb2.ProcessingMode.SKIP,
+    response_trailer_mode=mode_pb2.ProcessingMode.SKIP)
+
+
+def _mode(override: ModeOverride) -> mode_pb2.ProcessingMode:
+    mode = mode_pb2.ProcessingMode()
+    mode.CopyFrom(CONFIGURED_MODE)
+    if override.request_body is not None:
+        mode.request_body_mode = _BODY_MODES[override.request_body]
+    if override.response_headers is not None:
+        mode.response_header_mode = (mode_pb2.ProcessingMode.SEND if override.response_headers
+                                     else mode_pb2.ProcessingMode.SKIP)
+    if override.response_body is not None:
+        mode.response_body_mode = _BODY_MODES[override.response_body]
+    return mode
+
+
+def _common(reply: Continue) -> pb.CommonResponse:
+    common = pb.CommonResponse(clear_route_cache=reply.clear_route_cache)
+    if reply.set_headers or reply.remove_headers:
+        common.header_mutation.set_headers.extend(_header_options(reply.set_headers))
+        common.header_mutation.remove_headers.extend(reply.remove_headers)
+    if reply.body is not None:
+        common.body_mutation.body = reply.body
+        # A replaced body needs a matching length, else Envoy or the upstream fails the request.
+        common.header_mutation.set_headers.extend(
+            _header_options((("content-length", str(len(reply.body))),)))
+    return common
+
+
+def encode(reply: Reply) -> pb.ProcessingResponse:
+    if isinstance(reply, ImmediateReply):
+        return pb.ProcessingResponse(immediate_response=pb.ImmediateResponse(
+            status=http_status_pb2.HttpStatus(code=reply.status),
+            headers=pb.HeaderMutation(set_headers=_header_options(reply.headers)),
+            body=reply.body))
+    response = pb.ProcessingResponse()
+    if reply.phase is Phase.REQUEST_HEADERS:
+        response.request_headers.response.CopyFrom(_common(reply))
+    elif reply.phase is Phase.REQUEST_BODY:
+        response.request_body.response.CopyFrom(_common(reply))
+    elif reply.phase is Phase.RESPONSE_HEADERS:
+        response.response_headers.response.CopyFrom(_common(reply))
+    else:
+        response.response_body.response.CopyFrom(_common(reply))
+    if reply.mode is not None:
+        response.mode_override.CopyFrom(_mode(reply.mode))
+    return response

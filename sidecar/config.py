@@ -1,0 +1,74 @@
+"""Sidecar-wide settings: typed, validated once at start, from SLUICE_* variables and the CLI.
+
+Per-route settings do not live here: SREs write them in Envoy's route metadata
+(proto/sluice/v1/route_settings.proto).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, fields
+
+ENV_PREFIX = "SLUICE_"
+
+
+class ConfigError(ValueError):
+    """A setting is invalid; the message names it."""
+
+
+@dataclass(frozen=True)
+class SidecarConfig:
+    listen: str = "127.0.0.1:50051"        # gRPC ext_proc + health
+    metrics_listen: str = "127.0.0.1:9464"  # Prometheus /metrics; "" disables
+    drain_delay_s: float = 0.0   # on SIGTERM: NOT_SERVING for this long before refusing streams
+    grace_s: float = 10.0        # then open streams get this long to finish
+    log_level: str = "INFO"
+    log_prompts: bool = False    # prompts are never logged unless an operator turns this on
+
+    def __post_init__(self) -> None:
+        for name in ("listen", "metrics_listen"):
+            value = getattr(self, name)
+            if value and not _is_host_port(value):
+                raise ConfigError(f"{name}: expected HOST:PORT, got {value!r}")
+        for name in ("drain_delay_s", "grace_s"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name}: must be >= 0")
+        if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+            raise ConfigError(f"log_level: expected DEBUG, INFO, WARNING or ERROR, got {self.log_level!r}")
+
+    @classmethod
+    def from_env(cls, environ=os.environ, **overrides) -> "SidecarConfig":
+        """Defaults, then SLUICE_<FIELD> variables, then explicit overrides (CLI flags)."""
+        values = {}
+        for field in fields(cls):
+            raw = environ.get(ENV_PREFIX + field.name.upper())
+            if raw is not None:
+                values[field.name] = _convert(field, raw)
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)
+
+    def replace(self, **changes) -> "SidecarConfig":
+        return dataclasses.replace(self, **changes)
+
+
+def _convert(field: dataclasses.Field, raw: str):
+    name = ENV_PREFIX + field.name.upper()
+    kind = field.type if isinstance(field.type, str) else field.type.__name__
+    try:
+        if kind == "bool":
+            lowered = raw.strip().lower()
+            if lowered not in ("1", "0", "true", "false", "yes", "no"):
+                raise ValueError
+            return lowered in ("1", "true", "yes")
+        if kind == "float":
+            return float(raw)
+        if kind == "int":
+            return int(raw)
+        return raw
+    except ValueError:
+        raise ConfigError(f"{name}: expected a {kind}, got {raw!r}") from None
+
+
+def _is_host_port(value: str) -> bool:
+    host, sep, port = value.rpartition(":")
+    return bool(sep and host and port.isdigit() and 0 <= int(port) < 65536)

@@ -1,0 +1,89 @@
+"""What the processor consumes (events) and produces (replies): plain data, no protobuf.
+
+The codec (sidecar/codec.py) is the only place that maps these to and from Envoy's
+ProcessingRequest / ProcessingResponse.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Mapping
+
+
+class Phase(enum.Enum):
+    REQUEST_HEADERS = "request_headers"
+    REQUEST_BODY = "request_body"
+    RESPONSE_HEADERS = "response_headers"
+    RESPONSE_BODY = "response_body"
+
+
+# --- events -------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class RequestHeaders:
+    headers: Mapping[str, str]          # lower-case names; repeated headers joined with ","
+    end_of_stream: bool
+    route: object = None  # RouteSettings of the matched route, a RouteSettingsError, or None
+
+
+@dataclass(frozen=True)
+class RequestBody:
+    body: bytes
+    end_of_stream: bool
+
+
+@dataclass(frozen=True)
+class ResponseHeaders:
+    headers: Mapping[str, str]
+    end_of_stream: bool
+
+
+@dataclass(frozen=True)
+class ResponseBody:
+    body: bytes
+    end_of_stream: bool
+
+
+Event = RequestHeaders | RequestBody | ResponseHeaders | ResponseBody
+
+
+# --- replies ------------------------------------------------------------------------------
+
+class BodyMode(enum.Enum):
+    NONE = "none"
+    BUFFERED = "buffered"
+    STREAMED = "streamed"
+
+
+@dataclass(frozen=True)
+class ModeOverride:
+    """Per-request change of what Envoy sends next (needs allow_mode_override in Envoy)."""
+    request_body: BodyMode | None = None
+    response_headers: bool | None = None   # False: do not send response headers
+    response_body: BodyMode | None = None
+
+
+@dataclass(frozen=True)
+class Continue:
+    """Let the request or response go on, with optional header and body changes."""
+    phase: Phase
+    set_headers: tuple[tuple[str, str], ...] = ()
+    remove_headers: tuple[str, ...] = ()
+    clear_route_cache: bool = False
+    body: bytes | None = None           # replaces the buffered body when not None
+    mode: ModeOverride | None = None
+
+
+@dataclass(frozen=True)
+class ImmediateReply:
+    """Answer the client now; the request never reaches an upstream."""
+    status: int
+    body: bytes
+    headers: tuple[tuple[str, str], ...] = field(default=(("content-type", "application/json"),))
+
+
+Reply = Continue | ImmediateReply
+
+
+class ProtocolError(Exception):
+    """An event arrived that the processor's state does not allow (Envoy misconfigured or a bug)."""

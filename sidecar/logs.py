@@ -1,0 +1,28 @@
+"""Logging setup: one JSON object per line on stderr, through named `sluice.*` loggers."""
+from __future__ import annotations
+
+import json
+import logging
+import logging.config
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {"time": self.formatTime(record), "level": record.levelname,
+                 "logger": record.name, "message": record.getMessage()}
+        extra = getattr(record, "fields", None)
+        if extra:
+            entry.update(extra)
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry, default=str)
+
+
+def configure(level: str = "INFO") -> None:
+    logging.config.dictConfig({
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {"json": {"()": JsonFormatter}},
+        "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "json"}},
+        "loggers": {"sluice": {"handlers": ["stderr"], "level": level.upper(), "propagate": False}},
+    })

@@ -1,0 +1,16 @@
+"""A processor that changes nothing: the baseline `make bench` compares Sluice against."""
+from __future__ import annotations
+
+from sidecar.events import Continue, Event, Phase, RequestBody, RequestHeaders, ResponseHeaders
+from sidecar.processor import RequestRecord
+
+_PHASES = {RequestHeaders: Phase.REQUEST_HEADERS, RequestBody: Phase.REQUEST_BODY,
+           ResponseHeaders: Phase.RESPONSE_HEADERS}
+
+
+class NoopProcessor:
+    def __init__(self) -> None:
+        self.record = RequestRecord(route="noop")
+
+    def handle(self, event: Event) -> Continue:
+        return Continue(_PHASES.get(type(event), Phase.RESPONSE_BODY))

@@ -1,0 +1,104 @@
+"""The gRPC side: Envoy's ExternalProcessor service and the standard health service.
+
+Each ext_proc stream is one HTTP request; a fresh sans-IO processor handles it. Lifecycle:
+start -> SERVING; SIGTERM -> NOT_SERVING (Envoy's health check stops new streams), wait
+drain_delay_s, refuse new streams, give open ones grace_s, exit.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import time
+from typing import Callable
+
+import grpc
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
+from grpc_health.v1 import _async as health_async
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from sidecar import codec, metrics
+from sidecar.config import SidecarConfig
+from sidecar.events import ProtocolError
+from sidecar.processor import RequestProcessor
+
+log = logging.getLogger("sluice.server")
+EXT_PROC_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
+
+
+class ExternalProcessor(pb_grpc.ExternalProcessorServicer):
+    def __init__(self, new_processor: Callable[[], object] = RequestProcessor):
+        self._new_processor = new_processor
+
+    async def Process(self, request_iterator, context):
+        processor = self._new_processor()
+        metrics.OPEN_STREAMS.inc()
+        try:
+            async for request in request_iterator:
+                started = time.perf_counter()
+                event = codec.decode(request)
+                if event is None:
+                    continue
+                response = codec.encode(processor.handle(event))
+                metrics.MESSAGE_SECONDS.labels(type(event).__name__).observe(
+                    time.perf_counter() - started)
+                yield response
+        except ProtocolError as exc:
+            metrics.PROTOCOL_ERRORS.inc()
+            log.error("ext_proc protocol error: %s", exc)
+        finally:
+            metrics.OPEN_STREAMS.dec()
+            record = processor.record
+            if record.outcome is not None:
+                metrics.REQUESTS.labels(record.route, record.cluster or "", record.outcome.value,
+                                        metrics.status_class(record.status)).inc()
+
+
+class Sidecar:
+    def __init__(self, config: SidecarConfig, new_processor: Callable[[], object] = RequestProcessor):
+        self.config = config
+        self.health = health_async.HealthServicer()
+        self.server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+        pb_grpc.add_ExternalProcessorServicer_to_server(ExternalProcessor(new_processor), self.server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        self.port = self.server.add_insecure_port(config.listen)
+        if self.port == 0:
+            raise OSError(f"cannot listen on {config.listen}")
+
+    async def start(self) -> None:
+        await self.server.start()
+        await self._set_serving(True)
+        log.info("sluice sidecar serving ext_proc on %s", self.config.listen)
+
+    async def _set_serving(self, serving: bool) -> None:
+        status = (health_pb2.HealthCheckResponse.SERVING if serving
+                  else health_pb2.HealthCheckResponse.NOT_SERVING)
+        for service in ("", EXT_PROC_SERVICE):
+            await self.health.set(service, status)
+
+    async def stop(self) -> None:
+        log.info("draining: NOT_SERVING for %.1fs, then %.1fs grace for open streams",
+                 self.config.drain_delay_s, self.config.grace_s)
+        await self._set_serving(False)
+        await asyncio.sleep(self.config.drain_delay_s)
+        await self.server.stop(self.config.grace_s)
+        log.info("sidecar stopped")
+
+
+async def serve(config: SidecarConfig, new_processor: Callable[[], object] = RequestProcessor) -> None:
+    """Run until SIGTERM or SIGINT; a second signal stops at once."""
+    sidecar = Sidecar(config, new_processor)
+    await sidecar.start()
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def on_signal() -> None:
+        if stopping.is_set():
+            log.warning("second signal: stopping now")
+            loop.stop()
+        stopping.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal)
+    await stopping.wait()
+    await sidecar.stop()
