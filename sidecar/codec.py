@@ -15,6 +15,7 @@ from sidecar.route_settings import settings_from_attribute
 
 EXT_PROC_FILTER = "envoy.filters.http.ext_proc"
 ROUTE_METADATA_ATTRIBUTE = "xds.route_metadata"
+ROUTE_NAME_ATTRIBUTE = "xds.route_name"
 
 _BODY_MODES = {BodyMode.NONE: mode_pb2.ProcessingMode.NONE,
                BodyMode.BUFFERED: mode_pb2.ProcessingMode.BUFFERED,
@@ -32,10 +33,15 @@ def _headers(header_map) -> dict[str, str]:
 
 
 def _route(request: pb.ProcessingRequest):
+    """(route settings or error or None, Envoy route name) from the request attributes."""
     attributes = request.attributes.get(EXT_PROC_FILTER)
-    if attributes is None or ROUTE_METADATA_ATTRIBUTE not in attributes.fields:
-        return None
-    return settings_from_attribute(attributes.fields[ROUTE_METADATA_ATTRIBUTE].string_value)
+    if attributes is None:
+        return None, ""
+    fields = attributes.fields
+    name = fields[ROUTE_NAME_ATTRIBUTE].string_value if ROUTE_NAME_ATTRIBUTE in fields else ""
+    if ROUTE_METADATA_ATTRIBUTE not in fields:
+        return None, name
+    return settings_from_attribute(fields[ROUTE_METADATA_ATTRIBUTE].string_value), name
 
 
 def decode(request: pb.ProcessingRequest) -> Event | None:
@@ -43,7 +49,8 @@ def decode(request: pb.ProcessingRequest) -> Event | None:
     kind = request.WhichOneof("request")
     if kind == "request_headers":
         m = request.request_headers
-        return RequestHeaders(_headers(m.headers), m.end_of_stream, route=_route(request))
+        route, route_name = _route(request)
+        return RequestHeaders(_headers(m.headers), m.end_of_stream, route=route, route_name=route_name)
     if kind == "request_body":
         return RequestBody(request.request_body.body, request.request_body.end_of_stream)
     if kind == "response_headers":

@@ -24,6 +24,7 @@ class RequestHeaders:
     headers: Mapping[str, str]          # lower-case names; repeated headers joined with ","
     end_of_stream: bool
     route: object = None  # RouteSettings of the matched route, a RouteSettingsError, or None
+    route_name: str = ""  # Envoy's name of the matched route
 
 
 @dataclass(frozen=True)

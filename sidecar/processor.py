@@ -54,7 +54,7 @@ TRANSITIONS: dict[tuple[State, type], str] = {
 @dataclass
 class RequestRecord:
     """What happened to the request, for metrics and the request log."""
-    route: str = "unknown"
+    route: str = "default"
     outcome: Outcome | None = None
     cluster: str | None = None
     status: int | None = None
@@ -82,11 +82,13 @@ class RequestProcessor:
 
     def _on_request_headers(self, event: RequestHeaders) -> Reply:
         self._route = event.route
-        if isinstance(event.route, RouteSettings) and event.route.name:
-            self.record.route = event.route.name
+        settings_name = event.route.name if isinstance(event.route, RouteSettings) else ""
+        self.record.route = settings_name or event.route_name or "default"
         path = event.headers.get(":path", "").split("?", 1)[0]
         is_chat = (event.headers.get(":method") == "POST" and path.endswith(CHAT_PATH_SUFFIX))
-        if not is_chat or event.end_of_stream:
+        if is_chat and event.end_of_stream:
+            return self._reject(BadRequest("request body is empty; expected a JSON chat completion request"))
+        if not is_chat:
             # Ask Envoy for nothing more about this request: no body, no response headers.
             self.state = State.PASSTHROUGH
             self.record.outcome = Outcome.PASSTHROUGH
@@ -102,13 +104,15 @@ class RequestProcessor:
         try:
             chat = parse_chat_request(bytes(self._body))
         except BadRequest as exc:
-            self.state = State.DONE
-            self.record.outcome = Outcome.BAD_REQUEST
-            self.record.status = 400
-            return error_reply(400, str(exc), param=exc.param)
+            return self._reject(exc)
         self.record.model, self.record.stream = chat.model, chat.stream
         self.state = State.AWAIT_RESPONSE_HEADERS
         return self._route_request(chat)
+
+    def _reject(self, error: BadRequest) -> Reply:
+        self.state = State.DONE
+        self.record.outcome, self.record.status = Outcome.BAD_REQUEST, 400
+        return error_reply(400, str(error), param=error.param)
 
     def _route_request(self, chat: ChatRequest) -> Reply:
         route = self._route

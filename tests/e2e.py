@@ -1,0 +1,65 @@
+"""Helpers for end-to-end tests through a real Envoy, sidecar and demo upstreams."""
+from __future__ import annotations
+
+import re
+import urllib.request
+
+import openai
+
+from devtools.stack import Stack, http_get
+
+
+def chat_route(name: str, prefix: str, candidates: list[dict] | None, rewrite: str | None = None) -> dict:
+    """An Envoy route steered by the sidecar, with Sluice settings in its metadata."""
+    route = {"cluster_header": "x-sluice-cluster", "timeout": "60s"}
+    if rewrite is not None:
+        route["prefix_rewrite"] = rewrite
+    sluice = {"name": name}
+    if candidates is not None:
+        sluice["candidates"] = candidates
+    return {"name": name, "match": {"prefix": prefix}, "route": route,
+            "metadata": {"filter_metadata": {"sluice": sluice}}}
+
+
+def client(stack: Stack, path: str = "/v1", **kwargs) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"http://127.0.0.1:{stack.ports.http}{path}", api_key="test-key",
+                         max_retries=0, timeout=30, **kwargs)
+
+
+def ask(c: openai.OpenAI, content: str = "hello", **kwargs):
+    """A non-streamed chat call; returns (completion, response headers)."""
+    raw = c.chat.completions.with_raw_response.create(
+        model="demo-model", messages=[{"role": "user", "content": content}], **kwargs)
+    return raw.parse(), raw.headers
+
+
+def post(stack: Stack, path: str, body: bytes, headers: dict | None = None, method: str = "POST"):
+    """A raw request through Envoy: (status, headers, body)."""
+    request = urllib.request.Request(f"http://127.0.0.1:{stack.ports.http}{path}", data=body,
+                                     method=method,
+                                     headers={"content-type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, dict(response.headers), response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, dict(exc.headers), exc.read()
+
+
+def metric(stack: Stack, name: str, **labels) -> float:
+    """Sum of a sidecar metric's samples whose labels include `labels`."""
+    _, text = http_get(f"http://127.0.0.1:{stack.ports.metrics}/metrics")
+    total = 0.0
+    for line in text.splitlines():
+        match = re.match(rf"^{re.escape(name)}(\{{.*\}})? (\S+)$", line)
+        if not match:
+            continue
+        found = dict(re.findall(r'(\w+)="([^"]*)"', match.group(1) or ""))
+        if all(found.get(k) == v for k, v in labels.items()):
+            total += float(match.group(2))
+    return total
+
+
+def upstream_stats(stack: Stack, name: str) -> dict:
+    import json
+    port = getattr(stack.ports, f"upstream_{name}")
+    return json.loads(http_get(f"http://127.0.0.1:{port}/admin/stats")[1])

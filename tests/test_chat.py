@@ -1,0 +1,59 @@
+import json
+
+import pytest
+
+from sidecar.chat import BadRequest, message_text, parse_chat_request
+
+
+def body(**fields) -> bytes:
+    return json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}], **fields}).encode()
+
+
+def test_parses_settings_that_change_the_answer():
+    chat = parse_chat_request(body(stream=True, stream_options={"include_usage": True}, user="u1",
+                                   temperature=0.2, max_tokens=64, seed=7, stop=["\n"], n=1,
+                                   tools=[{"type": "function", "function": {"name": "f"}}]))
+    assert chat.model == "m" and chat.stream and chat.include_usage and chat.user == "u1"
+    assert chat.sampling == {"temperature": 0.2, "max_tokens": 64, "seed": 7, "stop": ["\n"], "n": 1}
+    assert chat.max_tokens == 64 and len(chat.tools) == 1
+
+
+def test_max_completion_tokens_wins_over_max_tokens():
+    assert parse_chat_request(body(max_tokens=10, max_completion_tokens=20)).max_tokens == 20
+
+
+def test_multipart_content_text():
+    chat = parse_chat_request(json.dumps({"model": "m", "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "a"}, {"type": "image_url", "image_url": {"url": "x"}},
+        {"type": "text", "text": "b"}]}]}).encode())
+    assert message_text(chat.messages[0]) == "a\nb"
+
+
+@pytest.mark.parametrize("raw, param", [
+    (b"", None),
+    (b"not json", None),
+    (b"\xff\xfe{}", None),
+    (b"[1, 2]", None),
+    (b'{"messages": [{"role": "user", "content": "x"}]}', "model"),
+    (b'{"model": 5, "messages": [{"role": "user", "content": "x"}]}', "model"),
+    (b'{"model": "m"}', "messages"),
+    (b'{"model": "m", "messages": []}', "messages"),
+    (b'{"model": "m", "messages": "hi"}', "messages"),
+    (b'{"model": "m", "messages": [1]}', "messages[0]"),
+    (b'{"model": "m", "messages": [{"role": "wizard", "content": "x"}]}', "messages[0].role"),
+    (b'{"model": "m", "messages": [{"role": "user", "content": 3}]}', "messages[0].content"),
+    (b'{"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": 1}]}]}',
+     "messages[0].content[0].text"),
+    (body(stream="yes"), "stream"),
+    (body(temperature="hot"), "temperature"),
+    (body(temperature=True), "temperature"),
+    (body(max_tokens=1.5), "max_tokens"),
+    (body(stop=[1]), "stop"),
+    (body(tools="all"), "tools"),
+    (b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "temperature": NaN}', None),
+])
+def test_rejects_bad_bodies_naming_the_field(raw, param):
+    with pytest.raises(BadRequest) as err:
+        parse_chat_request(raw)
+    assert err.value.param == param
+    assert str(err.value)

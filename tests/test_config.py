@@ -1,0 +1,21 @@
+import pytest
+
+from sidecar.config import ConfigError, SidecarConfig
+
+
+def test_env_then_overrides():
+    config = SidecarConfig.from_env({"SLUICE_LISTEN": "0.0.0.0:6000", "SLUICE_GRACE_S": "3",
+                                     "SLUICE_LOG_PROMPTS": "true"}, grace_s=5.0, listen=None)
+    assert (config.listen, config.grace_s, config.log_prompts) == ("0.0.0.0:6000", 5.0, True)
+
+
+@pytest.mark.parametrize("environ, field", [
+    ({"SLUICE_LISTEN": "6000"}, "listen"),
+    ({"SLUICE_GRACE_S": "soon"}, "SLUICE_GRACE_S"),
+    ({"SLUICE_DRAIN_DELAY_S": "-1"}, "drain_delay_s"),
+    ({"SLUICE_LOG_PROMPTS": "maybe"}, "SLUICE_LOG_PROMPTS"),
+    ({"SLUICE_LOG_LEVEL": "LOUD"}, "log_level"),
+])
+def test_bad_values_name_the_field(environ, field):
+    with pytest.raises(ConfigError, match=field):
+        SidecarConfig.from_env(environ)

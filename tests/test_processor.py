@@ -1,0 +1,125 @@
+"""The sans-IO processor, driven by lists of events: no server, no Envoy."""
+import json
+import random
+
+import pytest
+
+from sidecar.events import (BodyMode, Continue, ImmediateReply, ModeOverride, Phase,
+                            ProtocolError, RequestBody, RequestHeaders, ResponseBody,
+                            ResponseHeaders)
+from sidecar.processor import Outcome, RequestProcessor, State
+from sidecar.route_settings import RouteSettingsError, parse_route_settings
+
+CHAT = {":method": "POST", ":path": "/v1/chat/completions", "content-type": "application/json"}
+BODY = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
+TWO = parse_route_settings({"name": "chat", "candidates": [{"cluster": "a", "weight": 1},
+                                                          {"cluster": "b", "weight": 1}]})
+
+
+def run(events, route=TWO, seed=0):
+    processor = RequestProcessor(rng=random.Random(seed))
+    replies = []
+    for event in events:
+        if isinstance(event, RequestHeaders) and event.route is None:
+            event = RequestHeaders(event.headers, event.end_of_stream, route=route)
+        replies.append(processor.handle(event))
+    return processor, replies
+
+
+def chat_flow(body=BODY, status="200"):
+    return [RequestHeaders(CHAT, False), RequestBody(body, True),
+            ResponseHeaders({":status": status}, False)]
+
+
+def test_chat_request_is_steered_and_route_cache_cleared():
+    processor, (headers, body, response) = run(chat_flow())
+    assert headers == Continue(Phase.REQUEST_HEADERS)
+    assert body.clear_route_cache and body.set_headers[0][0] == "x-sluice-cluster"
+    cluster = body.set_headers[0][1]
+    assert cluster in ("a", "b")
+    assert response.set_headers == (("x-sluice-cluster", cluster),)
+    record = processor.record
+    assert (record.route, record.outcome, record.cluster, record.status, record.model) == (
+        "chat", Outcome.ROUTED, cluster, 200, "m")
+    assert processor.state is State.AWAIT_RESPONSE_BODY
+
+
+@pytest.mark.parametrize("weights, expected", [
+    ([1, 0], {"a"}), ([0, 5], {"b"}), ([1, 1], {"a", "b"}),
+])
+def test_weights_decide_the_cluster(weights, expected):
+    route = parse_route_settings({"candidates": [{"cluster": "a", "weight": weights[0]},
+                                                 {"cluster": "b", "weight": weights[1]}]})
+    chosen = {run(chat_flow()[:2], route=route, seed=seed)[0].record.cluster for seed in range(50)}
+    assert chosen == expected
+
+
+@pytest.mark.parametrize("route, outcome", [
+    (parse_route_settings({}), Outcome.DEFAULT),
+    (parse_route_settings({"candidates": [{"cluster": "a", "weight": 0}]}), Outcome.DEFAULT),
+    (RouteSettingsError("sluice.candidates[0].weight must be >= 0"), Outcome.INVALID_ROUTE),
+])
+def test_without_usable_candidates_the_route_default_applies(route, outcome):
+    processor, (_, body, response) = run(chat_flow(), route=route)
+    assert body == Continue(Phase.REQUEST_BODY)          # no header set: Envoy's default cluster
+    assert response.set_headers == ()
+    assert processor.record.outcome is outcome
+
+
+@pytest.mark.parametrize("headers", [
+    {":method": "GET", ":path": "/v1/models"},
+    {":method": "POST", ":path": "/v1/embeddings"},
+    {":method": "GET", ":path": "/v1/chat/completions"},
+])
+def test_other_requests_pass_through_and_ask_for_nothing_more(headers):
+    processor, (reply,) = run([RequestHeaders(headers, True)])
+    assert reply == Continue(Phase.REQUEST_HEADERS, mode=ModeOverride(
+        request_body=BodyMode.NONE, response_headers=False))
+    assert processor.record.outcome is Outcome.PASSTHROUGH
+    # If Envoy still sends more (mode override refused), everything continues untouched.
+    assert processor.handle(ResponseHeaders({":status": "404"}, True)) == Continue(Phase.RESPONSE_HEADERS)
+    assert processor.record.status == 404
+
+
+def test_chat_post_without_body_gets_400():
+    processor, (reply,) = run([RequestHeaders(CHAT, True)])
+    assert isinstance(reply, ImmediateReply) and reply.status == 400
+    assert processor.record.outcome is Outcome.BAD_REQUEST
+
+
+@pytest.mark.parametrize("body", [b"", b"{", b"\xff\xff", b'{"model": "m"}', b"[]"])
+def test_bad_chat_bodies_get_openai_400(body):
+    processor, (_, reply) = run(chat_flow(body)[:2])
+    assert isinstance(reply, ImmediateReply) and reply.status == 400
+    assert set(json.loads(reply.body)["error"]) == {"message", "type", "param", "code"}
+    assert processor.record.outcome is Outcome.BAD_REQUEST and processor.state is State.DONE
+
+
+def test_query_string_does_not_hide_chat_path():
+    headers = {**CHAT, ":path": "/v1/chat/completions?api-version=1"}
+    _, (reply,) = run([RequestHeaders(headers, False)])
+    assert reply == Continue(Phase.REQUEST_HEADERS)
+
+
+def test_body_in_chunks_is_gathered():
+    processor, replies = run([RequestHeaders(CHAT, False), RequestBody(BODY[:10], False),
+                              RequestBody(BODY[10:], True)])
+    assert replies[1] == Continue(Phase.REQUEST_BODY)
+    assert replies[2].clear_route_cache and processor.record.outcome is Outcome.ROUTED
+
+
+@pytest.mark.parametrize("events", [
+    [RequestBody(BODY, True)],
+    [ResponseHeaders({":status": "200"}, True)],
+    [RequestHeaders(CHAT, False), RequestHeaders(CHAT, False)],
+    [RequestHeaders(CHAT, False), ResponseBody(b"x", True)],
+    [*chat_flow(b"{")[:2], ResponseHeaders({":status": "400"}, True)],
+])
+def test_out_of_order_events_are_protocol_errors(events):
+    with pytest.raises(ProtocolError):
+        run(events)
+
+
+def test_response_body_end_finishes_the_request():
+    processor, _ = run([*chat_flow(), ResponseBody(b"{}", True)])
+    assert processor.state is State.DONE
