@@ -16,8 +16,8 @@ import tempfile
 
 from bench import report, wrk
 from devtools import envoy_config
+from devtools.envoy_config import chat_route
 from devtools.stack import Stack
-from tests.e2e import chat_route
 
 CONCURRENCY = (1, 16, 64)
 FAST_UPSTREAM = ["--ttft-ms", "0", "--tokens", "1", "--tokens-per-s", "1000000"]

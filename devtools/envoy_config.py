@@ -52,6 +52,18 @@ def http_connection_manager(config: dict) -> dict:
     return config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
 
 
+def chat_route(name: str, prefix: str, candidates: list[dict] | None, rewrite: str | None = None) -> dict:
+    """An Envoy route steered by the sidecar (cluster_header), with Sluice settings in its metadata."""
+    route = {"cluster_header": "x-sluice-cluster", "timeout": "60s"}
+    if rewrite is not None:
+        route["prefix_rewrite"] = rewrite
+    sluice = {"name": name}
+    if candidates is not None:
+        sluice["candidates"] = candidates
+    return {"name": name, "match": {"prefix": prefix}, "route": route,
+            "metadata": {"filter_metadata": {"sluice": sluice}}}
+
+
 def set_routes(config: dict, routes: list[dict]) -> None:
     """Replace the routes of every listener (tests add per-route settings this way)."""
     for listener in config["static_resources"]["listeners"]:

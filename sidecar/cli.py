@@ -30,7 +30,7 @@ def _serve(args: argparse.Namespace) -> int:
         if config.metrics_listen:
             host, _, port = config.metrics_listen.rpartition(":")
             start_http_server(int(port), addr=host)
-        asyncio.run(serve(config, NoopProcessor if args.noop else RequestProcessor))
+        asyncio.run(serve(config, new_processor=NoopProcessor if args.noop else RequestProcessor))
     except OSError as exc:
         print(f"sluice: cannot start: {exc}", file=sys.stderr)
         return EXIT_START_FAILED

@@ -86,5 +86,22 @@ class ImmediateReply:
 Reply = Continue | ImmediateReply
 
 
+@dataclass(frozen=True)
+class Plan:
+    """What the director decided for a chat request."""
+    cluster: str | None = None                    # steer here; None keeps the route's default
+    reply: ImmediateReply | None = None           # answer now instead of going upstream
+    body: bytes | None = None                     # rewritten request body (e.g. model changed)
+    request_headers: tuple[tuple[str, str], ...] = ()   # for Envoy and the upstream
+    response_headers: tuple[tuple[str, str], ...] = ()  # added to the client's response
+    response_body: BodyMode | None = None         # ask Envoy for the response body (capture)
+
+
+@dataclass(frozen=True)
+class Decide:
+    """Outside work the processor asks for: the director must produce a Plan (see server)."""
+    context: object   # sidecar.context.RequestContext
+
+
 class ProtocolError(Exception):
     """An event arrived that the processor's state does not allow (Envoy misconfigured or a bug)."""

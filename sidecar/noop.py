@@ -1,8 +1,8 @@
 """A processor that changes nothing: the baseline `make bench` compares Sluice against."""
 from __future__ import annotations
 
+from sidecar.context import RequestContext
 from sidecar.events import Continue, Event, Phase, RequestBody, RequestHeaders, ResponseHeaders
-from sidecar.processor import RequestRecord
 
 _PHASES = {RequestHeaders: Phase.REQUEST_HEADERS, RequestBody: Phase.REQUEST_BODY,
            ResponseHeaders: Phase.RESPONSE_HEADERS}
@@ -10,7 +10,7 @@ _PHASES = {RequestHeaders: Phase.REQUEST_HEADERS, RequestBody: Phase.REQUEST_BOD
 
 class NoopProcessor:
     def __init__(self) -> None:
-        self.record = RequestRecord(route="noop")
+        self.context = RequestContext(route_name="noop")
 
     def handle(self, event: Event) -> Continue:
         return Continue(_PHASES.get(type(event), Phase.RESPONSE_BODY))

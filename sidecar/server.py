@@ -19,7 +19,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from sidecar import codec, metrics
 from sidecar.config import SidecarConfig
-from sidecar.events import ProtocolError
+from sidecar.director import Director, StaticWeightsDirector
+from sidecar.events import Decide, ProtocolError
 from sidecar.processor import RequestProcessor
 
 log = logging.getLogger("sluice.server")
@@ -27,11 +28,13 @@ EXT_PROC_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
 
 
 class ExternalProcessor(pb_grpc.ExternalProcessorServicer):
-    def __init__(self, new_processor: Callable[[], object] = RequestProcessor):
+    def __init__(self, director: Director, new_processor: Callable[[], object] = RequestProcessor):
+        self._director = director
         self._new_processor = new_processor
 
     async def Process(self, request_iterator, context):
         processor = self._new_processor()
+        ctx = processor.context
         metrics.OPEN_STREAMS.inc()
         try:
             async for request in request_iterator:
@@ -39,7 +42,10 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):
                 event = codec.decode(request)
                 if event is None:
                     continue
-                response = codec.encode(processor.handle(event))
+                reply = processor.handle(event)
+                if isinstance(reply, Decide):
+                    reply = processor.apply(await self._director.decide(ctx))
+                response = codec.encode(reply)
                 metrics.MESSAGE_SECONDS.labels(type(event).__name__).observe(
                     time.perf_counter() - started)
                 yield response
@@ -47,19 +53,22 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):
             metrics.PROTOCOL_ERRORS.inc()
             log.error("ext_proc protocol error: %s", exc)
         finally:
+            # Runs on normal end, client disconnect (cancellation) and errors alike.
             metrics.OPEN_STREAMS.dec()
-            record = processor.record
-            if record.outcome is not None:
-                metrics.REQUESTS.labels(record.route, record.cluster or "", record.outcome.value,
-                                        metrics.status_class(record.status)).inc()
+            self._director.on_finish(ctx)
+            if ctx.outcome is not None:
+                metrics.REQUESTS.labels(ctx.route_name, ctx.cluster or "", ctx.outcome.value,
+                                        metrics.status_class(ctx.status)).inc()
 
 
 class Sidecar:
-    def __init__(self, config: SidecarConfig, new_processor: Callable[[], object] = RequestProcessor):
+    def __init__(self, config: SidecarConfig, director: Director | None = None,
+                 new_processor: Callable[[], object] = RequestProcessor):
         self.config = config
         self.health = health_async.HealthServicer()
         self.server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
-        pb_grpc.add_ExternalProcessorServicer_to_server(ExternalProcessor(new_processor), self.server)
+        pb_grpc.add_ExternalProcessorServicer_to_server(
+            ExternalProcessor(director or StaticWeightsDirector(), new_processor), self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         self.port = self.server.add_insecure_port(config.listen)
         if self.port == 0:
@@ -85,9 +94,10 @@ class Sidecar:
         log.info("sidecar stopped")
 
 
-async def serve(config: SidecarConfig, new_processor: Callable[[], object] = RequestProcessor) -> None:
+async def serve(config: SidecarConfig, director: Director | None = None,
+                new_processor: Callable[[], object] = RequestProcessor) -> None:
     """Run until SIGTERM or SIGINT; a second signal stops at once."""
-    sidecar = Sidecar(config, new_processor)
+    sidecar = Sidecar(config, director, new_processor)
     await sidecar.start()
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -6,19 +6,8 @@ import urllib.request
 
 import openai
 
+from devtools.envoy_config import chat_route  # noqa: F401  (re-exported for tests)
 from devtools.stack import Stack, http_get
-
-
-def chat_route(name: str, prefix: str, candidates: list[dict] | None, rewrite: str | None = None) -> dict:
-    """An Envoy route steered by the sidecar, with Sluice settings in its metadata."""
-    route = {"cluster_header": "x-sluice-cluster", "timeout": "60s"}
-    if rewrite is not None:
-        route["prefix_rewrite"] = rewrite
-    sluice = {"name": name}
-    if candidates is not None:
-        sluice["candidates"] = candidates
-    return {"name": name, "match": {"prefix": prefix}, "route": route,
-            "metadata": {"filter_metadata": {"sluice": sluice}}}
 
 
 def client(stack: Stack, path: str = "/v1", **kwargs) -> openai.OpenAI:
@@ -57,6 +46,16 @@ def metric(stack: Stack, name: str, **labels) -> float:
         if all(found.get(k) == v for k, v in labels.items()):
             total += float(match.group(2))
     return total
+
+
+def wait_for_metric(stack: Stack, name: str, expected: float, timeout: float = 5.0, **labels) -> float:
+    """The metric once it reaches `expected` (a stream is counted when Envoy closes it, which can
+    be just after the client has its answer); its last value after `timeout` otherwise."""
+    import time
+    deadline = time.monotonic() + timeout
+    while (value := metric(stack, name, **labels)) != expected and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return value
 
 
 def upstream_stats(stack: Stack, name: str) -> dict:

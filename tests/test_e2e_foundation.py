@@ -11,7 +11,7 @@ import pytest
 
 from devtools import envoy_config
 from devtools.stack import BIN, ROOT, http_get
-from tests.e2e import ask, chat_route, client, metric, post, upstream_stats
+from tests.e2e import ask, chat_route, client, metric, post, upstream_stats, wait_for_metric
 
 ROUTES = [
     chat_route("only-b", "/only-b/", [{"cluster": "upstream_a", "weight": 0},
@@ -88,7 +88,8 @@ def test_invalid_route_settings_fall_back_to_route_default(stack):
     completion, headers = ask(client(stack, "/bad/v1"))
     assert headers["x-upstream-name"] == "a"       # the edge's default cluster, not the bad one
     assert "x-sluice-cluster" not in headers
-    assert metric(stack, "sluice_requests_total", route="bad", outcome="invalid_route") == before + 1
+    assert wait_for_metric(stack, "sluice_requests_total", before + 1, route="bad",
+                           outcome="invalid_route") == before + 1
     log = (stack.workdir / "sidecar.log").read_text()
     assert "candidates[0].weight must be >= 0" in log
 
@@ -178,6 +179,6 @@ def test_metrics_count_requests_by_route_cluster_and_outcome(stack):
                     status_class="2xx")
     for _ in range(3):
         ask(client(stack, "/only-b/v1"))
-    assert metric(stack, "sluice_requests_total", route="only-b", cluster="upstream_b", outcome="routed",
-                  status_class="2xx") == before + 3
+    assert wait_for_metric(stack, "sluice_requests_total", before + 3, route="only-b",
+                           cluster="upstream_b", outcome="routed", status_class="2xx") == before + 3
     assert metric(stack, "sluice_ext_proc_message_seconds_count", phase="RequestBody") > 0

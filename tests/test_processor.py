@@ -1,13 +1,16 @@
 """The sans-IO processor, driven by lists of events: no server, no Envoy."""
+import asyncio
 import json
 import random
 
 import pytest
 
-from sidecar.events import (BodyMode, Continue, ImmediateReply, ModeOverride, Phase,
+from sidecar.context import Outcome
+from sidecar.director import StaticWeightsDirector
+from sidecar.events import (BodyMode, Continue, Decide, ImmediateReply, ModeOverride, Phase, Plan,
                             ProtocolError, RequestBody, RequestHeaders, ResponseBody,
                             ResponseHeaders)
-from sidecar.processor import Outcome, RequestProcessor, State
+from sidecar.processor import RequestProcessor, State
 from sidecar.route_settings import RouteSettingsError, parse_route_settings
 
 CHAT = {":method": "POST", ":path": "/v1/chat/completions", "content-type": "application/json"}
@@ -16,13 +19,19 @@ TWO = parse_route_settings({"name": "chat", "candidates": [{"cluster": "a", "wei
                                                           {"cluster": "b", "weight": 1}]})
 
 
-def run(events, route=TWO, seed=0):
-    processor = RequestProcessor(rng=random.Random(seed))
+def run(events, route=TWO, director=None):
+    """Feed events like the server does, answering Decide with the director's plan."""
+    director = director or StaticWeightsDirector(random.Random(0))
+    processor = RequestProcessor()
     replies = []
     for event in events:
         if isinstance(event, RequestHeaders) and event.route is None:
-            event = RequestHeaders(event.headers, event.end_of_stream, route=route)
-        replies.append(processor.handle(event))
+            event = RequestHeaders(event.headers, event.end_of_stream, route=route, route_name="r")
+        reply = processor.handle(event)
+        if isinstance(reply, Decide):
+            assert reply.context is processor.context
+            reply = processor.apply(asyncio.run(director.decide(reply.context)))
+        replies.append(reply)
     return processor, replies
 
 
@@ -38,10 +47,45 @@ def test_chat_request_is_steered_and_route_cache_cleared():
     cluster = body.set_headers[0][1]
     assert cluster in ("a", "b")
     assert response.set_headers == (("x-sluice-cluster", cluster),)
-    record = processor.record
-    assert (record.route, record.outcome, record.cluster, record.status, record.model) == (
+    ctx = processor.context
+    assert (ctx.route_name, ctx.outcome, ctx.cluster, ctx.status, ctx.chat.model) == (
         "chat", Outcome.ROUTED, cluster, 200, "m")
     assert processor.state is State.AWAIT_RESPONSE_BODY
+
+
+def test_body_parse_asks_for_a_decision():
+    processor = RequestProcessor()
+    processor.handle(RequestHeaders(CHAT, False))
+    decide = processor.handle(RequestBody(BODY, True))
+    assert isinstance(decide, Decide) and processor.state is State.AWAIT_PLAN
+    with pytest.raises(ProtocolError):       # nothing else may arrive before the plan
+        processor.handle(ResponseHeaders({":status": "200"}, False))
+
+
+@pytest.mark.parametrize("plan, expected", [
+    (Plan(), Continue(Phase.REQUEST_BODY)),
+    (Plan(cluster="b", request_headers=(("x-envoy-upstream-rq-timeout-ms", "9000"),)),
+     Continue(Phase.REQUEST_BODY, set_headers=(("x-sluice-cluster", "b"),
+                                               ("x-envoy-upstream-rq-timeout-ms", "9000")),
+              clear_route_cache=True)),
+    (Plan(body=b"{}"), Continue(Phase.REQUEST_BODY, body=b"{}")),
+    (Plan(reply=ImmediateReply(200, b"cached")), ImmediateReply(200, b"cached")),
+])
+def test_plans_become_replies(plan, expected):
+    processor = RequestProcessor()
+    processor.handle(RequestHeaders(CHAT, False))
+    processor.handle(RequestBody(BODY, True))
+    assert processor.apply(plan) == expected
+
+
+def test_plan_can_ask_for_the_response_body():
+    processor = RequestProcessor()
+    processor.handle(RequestHeaders(CHAT, False))
+    processor.handle(RequestBody(BODY, True))
+    processor.apply(Plan(response_body=BodyMode.STREAMED, response_headers=(("x-sluice-cache", "miss"),)))
+    reply = processor.handle(ResponseHeaders({":status": "200"}, False))
+    assert reply.mode == ModeOverride(response_body=BodyMode.STREAMED)
+    assert reply.set_headers == (("x-sluice-cache", "miss"),)
 
 
 @pytest.mark.parametrize("weights, expected", [
@@ -50,7 +94,9 @@ def test_chat_request_is_steered_and_route_cache_cleared():
 def test_weights_decide_the_cluster(weights, expected):
     route = parse_route_settings({"candidates": [{"cluster": "a", "weight": weights[0]},
                                                  {"cluster": "b", "weight": weights[1]}]})
-    chosen = {run(chat_flow()[:2], route=route, seed=seed)[0].record.cluster for seed in range(50)}
+    director = StaticWeightsDirector(random.Random(1))
+    chosen = {run(chat_flow()[:2], route=route, director=director)[0].context.cluster
+              for _ in range(50)}
     assert chosen == expected
 
 
@@ -63,7 +109,7 @@ def test_without_usable_candidates_the_route_default_applies(route, outcome):
     processor, (_, body, response) = run(chat_flow(), route=route)
     assert body == Continue(Phase.REQUEST_BODY)          # no header set: Envoy's default cluster
     assert response.set_headers == ()
-    assert processor.record.outcome is outcome
+    assert processor.context.outcome is outcome
 
 
 @pytest.mark.parametrize("headers", [
@@ -75,16 +121,16 @@ def test_other_requests_pass_through_and_ask_for_nothing_more(headers):
     processor, (reply,) = run([RequestHeaders(headers, True)])
     assert reply == Continue(Phase.REQUEST_HEADERS, mode=ModeOverride(
         request_body=BodyMode.NONE, response_headers=False))
-    assert processor.record.outcome is Outcome.PASSTHROUGH
+    assert processor.context.outcome is Outcome.PASSTHROUGH
     # If Envoy still sends more (mode override refused), everything continues untouched.
     assert processor.handle(ResponseHeaders({":status": "404"}, True)) == Continue(Phase.RESPONSE_HEADERS)
-    assert processor.record.status == 404
+    assert processor.context.status == 404
 
 
 def test_chat_post_without_body_gets_400():
     processor, (reply,) = run([RequestHeaders(CHAT, True)])
     assert isinstance(reply, ImmediateReply) and reply.status == 400
-    assert processor.record.outcome is Outcome.BAD_REQUEST
+    assert processor.context.outcome is Outcome.BAD_REQUEST
 
 
 @pytest.mark.parametrize("body", [b"", b"{", b"\xff\xff", b'{"model": "m"}', b"[]"])
@@ -92,7 +138,7 @@ def test_bad_chat_bodies_get_openai_400(body):
     processor, (_, reply) = run(chat_flow(body)[:2])
     assert isinstance(reply, ImmediateReply) and reply.status == 400
     assert set(json.loads(reply.body)["error"]) == {"message", "type", "param", "code"}
-    assert processor.record.outcome is Outcome.BAD_REQUEST and processor.state is State.DONE
+    assert processor.context.outcome is Outcome.BAD_REQUEST and processor.state is State.DONE
 
 
 def test_query_string_does_not_hide_chat_path():
@@ -105,7 +151,7 @@ def test_body_in_chunks_is_gathered():
     processor, replies = run([RequestHeaders(CHAT, False), RequestBody(BODY[:10], False),
                               RequestBody(BODY[10:], True)])
     assert replies[1] == Continue(Phase.REQUEST_BODY)
-    assert replies[2].clear_route_cache and processor.record.outcome is Outcome.ROUTED
+    assert replies[2].clear_route_cache and processor.context.outcome is Outcome.ROUTED
 
 
 @pytest.mark.parametrize("events", [
@@ -122,4 +168,4 @@ def test_out_of_order_events_are_protocol_errors(events):
 
 def test_response_body_end_finishes_the_request():
     processor, _ = run([*chat_flow(), ResponseBody(b"{}", True)])
-    assert processor.state is State.DONE
+    assert processor.state is State.DONE and processor.context.response_complete

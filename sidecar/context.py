@@ -1,0 +1,42 @@
+"""Per-request lifecycle state, kept apart from the processor's protocol state.
+
+The processor fills it from Envoy's events; the director reads it to decide and writes what it
+decided; metrics and the request log read it when the stream ends.
+"""
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from sidecar.chat import ChatRequest
+
+
+class Outcome(enum.Enum):
+    ROUTED = "routed"                  # the sidecar chose the cluster
+    DEFAULT = "default"                # no steering configured: the route's default cluster
+    INVALID_ROUTE = "invalid_route"    # bad route settings: the route's default cluster
+    PASSTHROUGH = "passthrough"        # not a chat completion: untouched
+    BAD_REQUEST = "bad_request"        # answered 400 by the sidecar
+    ANSWERED = "answered"              # answered by the sidecar (e.g. from cache)
+    REFUSED = "refused"                # refused by the sidecar (overload, limits)
+
+
+@dataclass
+class RequestContext:
+    headers: Mapping[str, str] = field(default_factory=dict)
+    route: object = None               # RouteSettings, RouteSettingsError or None
+    route_name: str = "default"
+    chat: ChatRequest | None = None
+    started: float = field(default_factory=time.monotonic)
+    # Filled by the director and by the response.
+    outcome: Outcome | None = None
+    cluster: str | None = None
+    status: int | None = None
+    response_headers_at: float | None = None
+    response_complete: bool = False
+
+    @property
+    def request_id(self) -> str:
+        return self.headers.get("x-request-id", "")
