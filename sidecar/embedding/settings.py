@@ -92,4 +92,5 @@ def _convert(field: dataclasses.Field, raw: str):
             return float(raw)
         return raw.lower() if field.name in ("provider", "model_sha256") else raw
     except ValueError:
-        raise ConfigError(f"{ENV_PREFIX}{field.name.upper()}: expected a {kind}, got {raw!r}") from None
+        what = {"int": "an integer", "float": "a number"}.get(kind, kind)
+        raise ConfigError(f"{ENV_PREFIX}{field.name.upper()}: expected {what}, got {raw!r}") from None
