@@ -89,33 +89,33 @@ async def test_texts_that_arrive_while_busy_share_the_next_run():
     await batcher.close()
 
 
-async def test_max_wait_lets_a_free_worker_wait_for_a_fuller_batch():
+async def busy_with_one_queued(**options):
+    """A batcher whose worker is held on "a" with "bb" queued; set the gate to go on."""
     gate = threading.Event()
     encoder = FakeEncoder(gate=gate)
-    batcher = make(encoder, max_batch=4, max_wait_s=0.2)
-    first = asyncio.ensure_future(batcher.embed("a"))
+    batcher = make(encoder, **options)
+    callers = [asyncio.ensure_future(batcher.embed("a"))]
     await asyncio.sleep(0.01)
-    second = asyncio.ensure_future(batcher.embed("bb"))
+    callers.append(asyncio.ensure_future(batcher.embed("bb")))
     await asyncio.sleep(0.01)
+    return gate, encoder, batcher, callers
+
+
+async def test_max_wait_lets_a_free_worker_wait_for_a_fuller_batch():
+    gate, encoder, batcher, callers = await busy_with_one_queued(max_batch=4, max_wait_s=0.2)
     gate.set()                     # worker frees up with one text queued: it waits ...
     await asyncio.sleep(0.05)
     late = [asyncio.ensure_future(batcher.embed("c" * n)) for n in (3, 4, 5)]  # ... and fills
-    await asyncio.gather(first, second, *late)
+    await asyncio.gather(*callers, *late)
     assert [len(c) for c in encoder.calls] == [1, 4]
     await batcher.close()
 
 
 async def test_max_wait_is_a_bound():
-    gate = threading.Event()
-    encoder = FakeEncoder(gate=gate)
-    batcher = make(encoder, max_batch=32, max_wait_s=0.05)
-    first = asyncio.ensure_future(batcher.embed("a"))
-    await asyncio.sleep(0.01)
-    second = asyncio.ensure_future(batcher.embed("bb"))
-    await asyncio.sleep(0.01)
+    gate, encoder, batcher, callers = await busy_with_one_queued(max_batch=32, max_wait_s=0.05)
     started = time.perf_counter()
     gate.set()
-    await asyncio.gather(first, second)
+    await asyncio.gather(*callers)
     assert time.perf_counter() - started < 0.2
     await batcher.close()
 
