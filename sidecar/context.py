@@ -29,10 +29,12 @@ class RequestContext:
     route: object = None               # RouteSettings, RouteSettingsError or None
     route_name: str = "default"
     chat: ChatRequest | None = None
+    body: bytes = b""                  # the raw request body, as the client sent it
     started: float = field(default_factory=time.monotonic)
     # Filled by the director and by the response.
     outcome: Outcome | None = None
     cluster: str | None = None
+    decision: object = None            # sidecar.scheduling.Decision, when the scheduler picked
     status: int | None = None
     response_headers_at: float | None = None
     response_complete: bool = False

@@ -16,3 +16,12 @@ PROTOCOL_ERRORS = Counter(
 
 def status_class(status: int | None) -> str:
     return f"{status // 100}xx" if status else "none"
+
+# Scheduler (per upstream cluster).
+CLUSTER_IN_FLIGHT = Gauge("sluice_scheduler_in_flight", "Requests this sidecar has in flight, by cluster.", ["cluster"])
+CLUSTER_SCORE = Gauge("sluice_scheduler_score", "Last score of the cluster (0..1), by cluster.", ["cluster"])
+CLUSTER_TTFB_P95 = Gauge("sluice_scheduler_ttfb_p95_seconds", "Windowed P95 time to first byte, by cluster.", ["cluster"])
+BREAKER_STATE = Gauge("sluice_scheduler_breaker_state", "Circuit breaker: 0 closed, 1 half-open, 2 open.", ["cluster"])
+BREAKER_TRANSITIONS = Counter("sluice_scheduler_breaker_transitions_total", "Breaker transitions, by cluster and new state.", ["cluster", "state"])
+UNAVAILABLE = Counter("sluice_scheduler_unavailable_total", "Requests refused with 503: no candidate cluster available.", ["route"])
+DEGRADED = Counter("sluice_scheduler_degraded_total", "Requests sent to a fallback cluster.", ["route"])

@@ -84,8 +84,9 @@ class RequestProcessor:
         self._body += event.body
         if not event.end_of_stream:
             return Continue(Phase.REQUEST_BODY)
+        self.context.body = bytes(self._body)
         try:
-            self.context.chat = parse_chat_request(bytes(self._body))
+            self.context.chat = parse_chat_request(self.context.body)
         except BadRequest as exc:
             return self._reject(exc)
         self.state = State.AWAIT_PLAN

@@ -19,9 +19,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from sidecar import codec, metrics
 from sidecar.config import SidecarConfig
-from sidecar.director import Director, StaticWeightsDirector
-from sidecar.events import Decide, ProtocolError
+from sidecar.director import Director
+from sidecar.events import Decide, ProtocolError, ResponseHeaders
 from sidecar.processor import RequestProcessor
+from sidecar.routing import RoutingDirector
 
 log = logging.getLogger("sluice.server")
 EXT_PROC_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
@@ -45,6 +46,8 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):
                 reply = processor.handle(event)
                 if isinstance(reply, Decide):
                     reply = processor.apply(await self._director.decide(ctx))
+                elif isinstance(event, ResponseHeaders):
+                    self._director.on_response_headers(ctx)
                 response = codec.encode(reply)
                 metrics.MESSAGE_SECONDS.labels(type(event).__name__).observe(
                     time.perf_counter() - started)
@@ -68,7 +71,7 @@ class Sidecar:
         self.health = health_async.HealthServicer()
         self.server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
         pb_grpc.add_ExternalProcessorServicer_to_server(
-            ExternalProcessor(director or StaticWeightsDirector(), new_processor), self.server)
+            ExternalProcessor(director or RoutingDirector(), new_processor), self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         self.port = self.server.add_insecure_port(config.listen)
         if self.port == 0:

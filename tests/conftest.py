@@ -18,9 +18,7 @@ def _require_binaries():
         pytest.exit(f"missing system tools {missing}: run `make system-deps`", returncode=3)
 
 
-@pytest.fixture(scope="module")
-def make_stack(tmp_path_factory):
-    """Start stacks that are stopped when the module's tests are done."""
+def _stack_factory(tmp_path_factory):
     stacks = []
 
     def make(**kwargs) -> Stack:
@@ -31,3 +29,15 @@ def make_stack(tmp_path_factory):
     yield make
     for stack in stacks:
         stack.stop()
+
+
+@pytest.fixture(scope="module")
+def make_module_stack(tmp_path_factory):
+    """Start stacks shared by a module's tests, stopped when they are done."""
+    yield from _stack_factory(tmp_path_factory)
+
+
+@pytest.fixture
+def make_stack(tmp_path_factory):
+    """Start stacks for one test, stopped when it ends."""
+    yield from _stack_factory(tmp_path_factory)

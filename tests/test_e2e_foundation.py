@@ -24,8 +24,8 @@ ROUTES = [
 
 
 @pytest.fixture(scope="module")
-def stack(make_stack):
-    return make_stack(routes=ROUTES, upstream_args={
+def stack(make_module_stack):
+    return make_module_stack(routes=ROUTES, upstream_args={
         "a": ["--ttft-ms", "20", "--tokens-per-s", "1000", "--tokens", "8"],
         "b": ["--ttft-ms", "20", "--tokens-per-s", "1000", "--tokens", "8"]})
 

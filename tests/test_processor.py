@@ -6,7 +6,8 @@ import random
 import pytest
 
 from sidecar.context import Outcome
-from sidecar.director import StaticWeightsDirector
+from sidecar.routing import RoutingDirector
+from sidecar.scheduling import Scheduler
 from sidecar.events import (BodyMode, Continue, Decide, ImmediateReply, ModeOverride, Phase, Plan,
                             ProtocolError, RequestBody, RequestHeaders, ResponseBody,
                             ResponseHeaders)
@@ -19,9 +20,13 @@ TWO = parse_route_settings({"name": "chat", "candidates": [{"cluster": "a", "wei
                                                           {"cluster": "b", "weight": 1}]})
 
 
+def new_director(seed=0):
+    return RoutingDirector(Scheduler(rng=random.Random(seed)), clock=lambda: 100.0, scrape_interval_s=None)
+
+
 def run(events, route=TWO, director=None):
     """Feed events like the server does, answering Decide with the director's plan."""
-    director = director or StaticWeightsDirector(random.Random(0))
+    director = director or new_director()
     processor = RequestProcessor()
     replies = []
     for event in events:
@@ -94,7 +99,7 @@ def test_plan_can_ask_for_the_response_body():
 def test_weights_decide_the_cluster(weights, expected):
     route = parse_route_settings({"candidates": [{"cluster": "a", "weight": weights[0]},
                                                  {"cluster": "b", "weight": weights[1]}]})
-    director = StaticWeightsDirector(random.Random(1))
+    director = new_director(1)
     chosen = {run(chat_flow()[:2], route=route, director=director)[0].context.cluster
               for _ in range(50)}
     assert chosen == expected
@@ -102,7 +107,6 @@ def test_weights_decide_the_cluster(weights, expected):
 
 @pytest.mark.parametrize("route, outcome", [
     (parse_route_settings({}), Outcome.DEFAULT),
-    (parse_route_settings({"candidates": [{"cluster": "a", "weight": 0}]}), Outcome.DEFAULT),
     (RouteSettingsError("sluice.candidates[0].weight must be >= 0"), Outcome.INVALID_ROUTE),
 ])
 def test_without_usable_candidates_the_route_default_applies(route, outcome):
@@ -110,6 +114,15 @@ def test_without_usable_candidates_the_route_default_applies(route, outcome):
     assert body == Continue(Phase.REQUEST_BODY)          # no header set: Envoy's default cluster
     assert response.set_headers == ()
     assert processor.context.outcome is outcome
+
+
+def test_no_available_candidate_gets_fast_503_with_retry_after():
+    route = parse_route_settings({"candidates": [{"cluster": "a", "weight": 0}]})
+    processor, (_, reply) = run(chat_flow()[:2], route=route)
+    assert isinstance(reply, ImmediateReply) and reply.status == 503
+    assert ("retry-after", "1") in reply.headers
+    assert json.loads(reply.body)["error"]["code"] == "upstream_unavailable"
+    assert processor.context.outcome is Outcome.REFUSED
 
 
 @pytest.mark.parametrize("headers", [

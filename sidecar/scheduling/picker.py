@@ -49,7 +49,7 @@ PICKERS: dict[str, Picker] = {"weighted_random": weighted_random, "power_of_two"
 class PickerConfig:
     kind: str = "weighted_random"  # a name in PICKERS
     hysteresis: float = 0.15  # keep the held shares until one moves by more than this (absolute)
-    exponent: float = 2.0  # pick weight = static weight * score ** exponent; higher favours the best more
+    exponent: float = 4.0  # pick weight = static weight * score ** exponent; higher favours the best more
 
     def __post_init__(self) -> None:
         require(self.kind in PICKERS, "PickerConfig.kind", f"must be one of {sorted(PICKERS)}", self.kind)

@@ -186,6 +186,17 @@ class Scheduler:
         self.signals.on_complete(decision.cluster, latency_s, ok, now, completion_tokens, ttfb_s)
         self._emit(self._breaker(decision.cluster).record(ok, latency_s, now, probe=decision.probe))
 
+    def on_abandon(self, decision: Decision) -> None:
+        """The client went away before any answer: frees the in-flight slot, judges nothing."""
+        if decision.cluster is not None:
+            self.signals.on_abandon(decision.cluster)
+
+    def set_breaker_config(self, cluster: str, config: BreakerConfig) -> None:
+        """Route settings name a breaker for their clusters; a changed config restarts it closed."""
+        breaker = self._breakers.get(cluster)
+        if breaker is None or breaker.config != config:
+            self._breakers[cluster] = CircuitBreaker(cluster, config)
+
     def on_upstream_load(self, cluster: str, load: UpstreamLoad, now: float) -> None:
         self.signals.on_upstream_load(cluster, load, now)
 

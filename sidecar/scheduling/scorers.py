@@ -22,11 +22,13 @@ from sidecar.scheduling.model import Endpoint
 @dataclass(frozen=True)
 class ScoringConfig:
     latency_reference_s: float = 2.0  # P95 TTFB that scores 0
+    latency_smoothing_s: float = 0.05  # added to P95s before comparing clusters with each other
     queue_reference: float = 1.0  # waiting/running ratio that scores 0
     no_opinion_score: float = 0.5  # total of an endpoint no scorer has an opinion on
 
     def __post_init__(self) -> None:
         positive("ScoringConfig.latency_reference_s", self.latency_reference_s)
+        positive("ScoringConfig.latency_smoothing_s", self.latency_smoothing_s)
         positive("ScoringConfig.queue_reference", self.queue_reference)
         fraction("ScoringConfig.no_opinion_score", self.no_opinion_score)
 
@@ -44,9 +46,18 @@ def load_score(ep: Endpoint, pool: Sequence[Endpoint], config: ScoringConfig) ->
 
 
 def latency_score(ep: Endpoint, pool: Sequence[Endpoint], config: ScoringConfig) -> float | None:
-    """1 - P95 TTFB / reference: 1 when instant, 0 at or beyond the reference."""
+    """The lower of two views of P95 TTFB:
+    absolute, 1 - P95 / reference (0 at or beyond the reference), and
+    relative, (best P95 + s) / (P95 + s) against the fastest cluster of the pool, so that a
+    cluster 30x slower than its peer scores low even when both are far under the reference
+    (s, the smoothing, keeps millisecond differences from mattering)."""
     p95 = ep.signals.ttfb_p95_s
-    return None if p95 is None else 1 - min(p95 / config.latency_reference_s, 1.0)
+    if p95 is None:
+        return None
+    absolute = 1 - min(p95 / config.latency_reference_s, 1.0)
+    best = min((e.signals.ttfb_p95_s for e in pool if e.signals.ttfb_p95_s is not None), default=p95)
+    s = config.latency_smoothing_s
+    return min(absolute, (best + s) / (p95 + s))
 
 
 def errors_score(ep: Endpoint, pool: Sequence[Endpoint], config: ScoringConfig) -> float | None:

@@ -87,6 +87,11 @@ class SignalTracker:
         if completion_tokens and completion_tokens > 0 and decode_s > 0:
             c.tokens_per_s.add(completion_tokens / decode_s)
 
+    def on_abandon(self, cluster: str) -> None:
+        """The client left before the upstream answered: no verdict on the cluster."""
+        c = self._get(cluster)
+        c.in_flight = max(0, c.in_flight - 1)
+
     def on_upstream_load(self, cluster: str, load: UpstreamLoad, now: float) -> None:
         self._get(cluster).upstream = (now, load)
 

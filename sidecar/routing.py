@@ -1,0 +1,147 @@
+"""The routing director: picks a route's cluster with the scheduler and feeds back what happened.
+
+Per request: pick (filters, scores, picker; fallback when primaries are down), set the cluster
+header and a per-request upstream timeout, rewrite the model for a fallback, answer 503 fast
+when nothing is available. Response headers give time to first byte; the end of the stream
+gives total latency and success, which drive the signals and the circuit breakers.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from typing import Callable
+
+from sidecar import metrics
+from sidecar.chat import message_text
+from sidecar.context import Outcome, RequestContext
+from sidecar.events import Plan
+from sidecar.openai_errors import error_reply
+from sidecar.processor import CLUSTER_HEADER
+from sidecar.route_policy import RoutePlan, build_route_plan
+from sidecar.route_settings import RouteSettings, RouteSettingsError
+from sidecar.scheduling import BreakerState, BreakerTransition, Decision, Scheduler
+from sidecar.scrape import Scraper
+
+log = logging.getLogger("sluice.routing")
+TIMEOUT_HEADER = "x-envoy-upstream-rq-timeout-ms"
+_BREAKER_VALUE = {BreakerState.CLOSED: 0, BreakerState.HALF_OPEN: 1, BreakerState.OPEN: 2}
+
+
+def estimate_prompt_tokens(ctx: RequestContext) -> int:
+    return sum(len(message_text(m)) for m in ctx.chat.messages) // 4 + 1
+
+
+def rewrite_model(body: bytes, model: str) -> bytes:
+    data = json.loads(body)
+    data["model"] = model
+    return json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+class RoutingDirector:
+    def __init__(self, scheduler: Scheduler | None = None, clock: Callable[[], float] = time.monotonic,
+                 scrape_interval_s: float | None = 2.0):
+        self.scheduler = scheduler or Scheduler(on_transition=self._on_transition)
+        self._clock = clock
+        self._scraper = (Scraper(self.scheduler.on_upstream_load, scrape_interval_s)
+                         if scrape_interval_s else None)
+        self._plans: dict[bytes, RoutePlan | RouteSettingsError] = {}
+
+    # --- decision -----------------------------------------------------------------------
+
+    async def decide(self, ctx: RequestContext) -> Plan:
+        route = ctx.route
+        if isinstance(route, RouteSettings) and route.candidates:
+            route = self._route_plan(route, ctx.route_name)
+        if isinstance(route, RouteSettingsError):
+            ctx.outcome = Outcome.INVALID_ROUTE
+            return Plan()
+        if not isinstance(route, RoutePlan):
+            ctx.outcome = Outcome.DEFAULT
+            return Plan()
+        return self._schedule(ctx, route)
+
+    def _route_plan(self, route: RouteSettings, route_name: str) -> RoutePlan | RouteSettingsError:
+        key = route.SerializeToString(deterministic=True) + route_name.encode()
+        plan = self._plans.get(key)
+        if plan is None:
+            try:
+                plan = build_route_plan(route, route_name)
+            except ValueError as exc:
+                log.error("invalid route settings of route %s, using its default cluster: %s", route_name, exc)
+                plan = RouteSettingsError(str(exc))
+            else:
+                for spec in plan.candidates:
+                    self.scheduler.set_breaker_config(spec.cluster, plan.breaker)
+            if len(self._plans) > 1024:   # bounded: route configs are few; churn resets the cache
+                self._plans.clear()
+            self._plans[key] = plan
+        if isinstance(plan, RoutePlan) and self._scraper is not None:
+            for cluster, url in plan.metrics_urls:
+                self._scraper.ensure(cluster, url)
+        return plan
+
+    def _schedule(self, ctx: RequestContext, plan: RoutePlan) -> Plan:
+        now = self._clock()
+        decision = self.scheduler.pick(plan.candidates, now, plan.policy)
+        debug = (("x-sluice-debug", decision.debug_header()),) if plan.debug_header else ()
+        if not decision.available:
+            ctx.outcome = Outcome.REFUSED
+            metrics.UNAVAILABLE.labels(ctx.route_name).inc()
+            retry = str(max(1, math.ceil(decision.retry_after_s or 1)))
+            return Plan(reply=error_reply(
+                503, "no upstream cluster is available for this route; retry later",
+                type_="server_error", code="upstream_unavailable",
+                headers=(("retry-after", retry), *debug)))
+        self.scheduler.on_send(decision, now)
+        ctx.decision, ctx.outcome, ctx.cluster = decision, Outcome.ROUTED, decision.cluster
+        self._export(decision, now)
+        timeout_ms = self.scheduler.timeout_ms(decision, estimate_prompt_tokens(ctx), ctx.chat.max_tokens,
+                                               ctx.chat.model, now, plan.timeout)
+        body = None
+        if plan.rewrite_model and decision.model_rewrite and decision.model_rewrite != ctx.chat.model:
+            body = rewrite_model(ctx.body, decision.model_rewrite)
+        response_headers = [(CLUSTER_HEADER, decision.cluster), *debug]
+        if decision.degraded:
+            metrics.DEGRADED.labels(ctx.route_name).inc()
+            response_headers.append(("x-sluice-degraded", "1"))
+        return Plan(cluster=decision.cluster, body=body,
+                    request_headers=((TIMEOUT_HEADER, str(timeout_ms)),),
+                    response_headers=tuple(response_headers))
+
+    # --- feedback -----------------------------------------------------------------------
+
+    def on_response_headers(self, ctx: RequestContext) -> None:
+        now = self._clock()
+        ctx.response_headers_at = now
+        if ctx.decision is not None:
+            self.scheduler.on_first_byte(ctx.decision, now - ctx.started, now)
+
+    def on_finish(self, ctx: RequestContext) -> None:
+        decision: Decision | None = ctx.decision
+        if decision is None:
+            return
+        now = self._clock()
+        if ctx.status is None:
+            # The client left before any answer (or Envoy never got one): no verdict.
+            self.scheduler.on_abandon(decision)
+        else:
+            ttfb = ctx.response_headers_at - ctx.started if ctx.response_headers_at else None
+            self.scheduler.on_complete(decision, now - ctx.started, ctx.status < 500, now, ttfb_s=ttfb)
+        self._export(decision, now)
+
+    def _export(self, decision: Decision, now: float) -> None:
+        snapshot = self.scheduler.signals.cluster_snapshot(decision.cluster, now)
+        metrics.CLUSTER_IN_FLIGHT.labels(decision.cluster).set(snapshot.in_flight)
+        if decision.cluster in decision.scores:
+            metrics.CLUSTER_SCORE.labels(decision.cluster).set(decision.scores[decision.cluster].total)
+        if snapshot.ttfb_p95_s is not None:
+            metrics.CLUSTER_TTFB_P95.labels(decision.cluster).set(snapshot.ttfb_p95_s)
+
+    @staticmethod
+    def _on_transition(t: BreakerTransition) -> None:
+        log.warning("circuit breaker of %s: %s -> %s (%s: %s)", t.cluster, t.previous.value,
+                    t.state.value, t.trigger, t.detail)
+        metrics.BREAKER_STATE.labels(t.cluster).set(_BREAKER_VALUE[t.state])
+        metrics.BREAKER_TRANSITIONS.labels(t.cluster, t.state.value).inc()

@@ -1,0 +1,71 @@
+"""Periodic scraping of upstreams' Prometheus metrics (vLLM names) for the queue scorer."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import urllib.parse
+from typing import Callable
+
+from sidecar.scheduling import UpstreamLoad, upstream_load
+
+log = logging.getLogger("sluice.scrape")
+MAX_BYTES = 1 << 20
+
+
+async def fetch(url: str, timeout_s: float) -> bytes:
+    """A minimal HTTP/1.0 GET (plain http only); raises OSError or asyncio.TimeoutError."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme != "http" or not parts.hostname:
+        raise OSError(f"unsupported metrics URL {url!r}: only http://host:port/path")
+    async def get() -> bytes:
+        reader, writer = await asyncio.open_connection(parts.hostname, parts.port or 80)
+        try:
+            path = parts.path or "/"
+            writer.write(f"GET {path} HTTP/1.0\r\nHost: {parts.netloc}\r\n\r\n".encode())
+            await writer.drain()
+            data = await reader.read(MAX_BYTES)
+        finally:
+            writer.close()
+        head, _, body = data.partition(b"\r\n\r\n")
+        if not head.startswith(b"HTTP/1.") or b" 200 " not in head.split(b"\r\n", 1)[0] + b" ":
+            raise OSError(f"metrics URL {url} answered {head[:40]!r}")
+        return body
+    return await asyncio.wait_for(get(), timeout_s)
+
+
+class Scraper:
+    """One task per (cluster, url); each success is reported through `report`."""
+
+    def __init__(self, report: Callable[[str, UpstreamLoad, float], None], interval_s: float = 2.0,
+                 timeout_s: float = 1.0, max_targets: int = 256):
+        self._report = report
+        self._interval_s, self._timeout_s, self._max_targets = interval_s, timeout_s, max_targets
+        self._tasks: dict[tuple[str, str], asyncio.Task] = {}
+
+    def ensure(self, cluster: str, url: str) -> None:
+        key = (cluster, url)
+        if key not in self._tasks and len(self._tasks) < self._max_targets:
+            self._tasks[key] = asyncio.get_running_loop().create_task(self._run(cluster, url))
+
+    async def _run(self, cluster: str, url: str) -> None:
+        failing = False
+        while True:
+            try:
+                load = upstream_load(await fetch(url, self._timeout_s))
+                if load is not None:
+                    self._report(cluster, load, time.monotonic())
+                if failing:
+                    log.info("metrics of %s reachable again at %s", cluster, url)
+                failing = False
+            except (OSError, asyncio.TimeoutError) as exc:
+                if not failing:   # log transitions, not every failed scrape
+                    log.warning("cannot scrape metrics of %s at %s: %s", cluster, url, exc)
+                failing = True
+            await asyncio.sleep(self._interval_s)
+
+    async def close(self) -> None:
+        for task in self._tasks.values():
+            task.cancel()
+        await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+        self._tasks.clear()
