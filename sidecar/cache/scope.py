@@ -1,0 +1,238 @@
+"""Cache scopes and keys: a hit never crosses scope.
+
+A `CacheScope` is everything that must be *equal* for a stored answer to be served:
+
+- `tenant`: who asks (`tenant_of`). The upstream may answer two credentials differently
+  (per-organisation fine-tunes, injected instructions, per-key memory), and a hit plus its
+  `age` header tells a caller that somebody else asked the same thing and when. So by
+  default each credential is its own scope:
+  - `policy.shared`: the route opts into one cache for everybody: tenant "shared".
+  - `policy.tenant_header` names a header that Envoy sets from a verified identity (and
+    strips from clients), e.g. `x-sluice-tenant`: the tenant is a keyed hash of its value.
+    When the route names one and the header is missing, the caller is anonymous: there is
+    no fall-back to `authorization`, since the route said identity comes from the header.
+  - otherwise a keyed hash of the `authorization` header.
+  Credentials are HMAC-SHA256'd with the sidecar secret (domain-separated by source) and
+  never kept in clear; rotating the secret empties every cache in effect.
+  No credential at all gives None: the caller is *anonymous* and is not cached (policy
+  reason "anonymous"). A missing `authorization` header does not mean there is no
+  identity, only that the sidecar cannot see it (mTLS, cookies, an `api-key` header):
+  pooling such callers would share answers across tenants we cannot tell apart. A route
+  that really serves the public says so with `shared`.
+- `model`: the model the client asked for (not the one the upstream reported).
+- `route`: the route's name, so two routes to different upstreams that use the same model
+  name never share answers ("" when the caller does not say).
+- `context_key`: everything but the last user turn's text (`context_key`).
+- `params_key`: the sampling settings that change the answer (`params_key`).
+
+`scope.key` is SHA-256 hex over all of them; callers wrap it in a Redis Cluster hash tag
+(`{<key>}`) so all of a scope's entries live in one slot.
+
+Exact tier: `exact_key(scope, prompt)` = SHA-256 of scope.key and `exact_text(prompt)`.
+`exact_text` changes the prompt only as follows, and only in ways that leave the question
+a reader (or a program reading it as code) sees unchanged:
+
+1. `normalize_text` (sidecar/embedding/normalize.py): line breaks unified to "\\n";
+   invisible characters removed (controls but TAB/LF, format characters such as zero-width
+   spaces, bidi marks, tag characters, variation selectors); NFKC; both ends stripped.
+   It changes code points, never the glyphs a person reads: two prompts merged here
+   render the same. The semantic tier embeds exactly this text, so the exact tier merges
+   nothing the semantic tier would not also match at similarity 1.0.
+2. Trailing spaces and tabs at the end of each line are removed. They are invisible and
+   mean nothing in prose, Markdown (bar hard breaks) or any common language's syntax.
+3. A run of spaces/tabs *inside* a line (after its first visible character) becomes one
+   space. Line breaks and leading indentation are kept, because they carry meaning:
+   Python blocks, YAML, Makefile tabs, poems and tables differ by them. Inner runs only
+   align text ("x  =  1" vs "x = 1") in every such language.
+   The one kind of question these steps can merge is a question *about* invisible
+   characters or spacing ("why does this string have two spaces"), which the semantic
+   tier merges anyway (its tokenizer ignores whitespace).
+
+No lower-casing: case changes meaning ("US"/"us", "Polish"/"polish", "Turkey"/"turkey",
+identifiers in code) and the extra hits are not worth a wrong answer. No punctuation
+stripping ("Let's eat, grandma"), no trimming of question marks.
+
+Pure functions; no I/O.
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from sidecar.chat import ChatRequest
+from sidecar.embedding import prompt as embedding_prompt
+from sidecar.embedding.errors import NothingToEmbed
+from sidecar.embedding.normalize import normalize_text
+
+if TYPE_CHECKING:
+    from sidecar.cache.policy import CachePolicy
+
+KEY_VERSION = 1
+SHARED_TENANT = "shared"
+MIN_SECRET_BYTES = 16
+
+# Temperature buckets: (upper bound inclusive, label). 0 is greedy decoding and its own
+# bucket; an absent temperature is the server's default (1.0 for OpenAI and vLLM unless a
+# model's generation config says otherwise), so it is its own bucket too ("default") and
+# never shares answers with 0 or with an explicit 1.0.
+TEMPERATURE_BUCKETS = ((0.0, "0"), (0.3, "(0,0.3]"), (0.7, "(0.3,0.7]"), (1.0, "(0.7,1]"))
+TEMPERATURE_ABOVE = ">1"
+TEMPERATURE_DEFAULT = "default"
+
+# Sampling fields that are part of the context rather than of the parameters.
+_CONTEXT_SAMPLING = ("response_format",)
+# Sampling fields whose own handling is in params_key.
+_SPECIAL_PARAMS = ("temperature", "max_tokens", "max_completion_tokens", "n", "stop")
+_FLOAT_PARAMS = ("top_p", "presence_penalty", "frequency_penalty")
+
+_TRAILING_BLANKS = re.compile(r"[ \t]+$", re.MULTILINE)
+_INNER_BLANKS = re.compile(r"(?<=\S)[ \t]{2,}|(?<=\S)\t")
+
+
+@dataclass(frozen=True)
+class CacheScope:
+    tenant: str
+    model: str
+    context_key: str
+    params_key: str
+    route: str = ""
+
+    @property
+    def key(self) -> str:
+        return _digest({"v": KEY_VERSION, "tenant": self.tenant, "model": self.model,
+                        "route": self.route, "context": self.context_key,
+                        "params": self.params_key})
+
+
+def _digest(value: Any) -> str:
+    """SHA-256 hex of canonical JSON (sorted keys, no spaces, ASCII escapes)."""
+    canonical = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(canonical.encode("ascii")).hexdigest()
+
+
+# ---------------------------------------------------------------- tenant
+
+def credential(headers: Mapping[str, str], tenant_header: str = "") -> tuple[str, str] | None:
+    """(source, value) of the caller's identity as sent, or None when there is none.
+
+    source is "header:<name>" for the route's tenant header, "authorization" otherwise.
+    Header names are lower-case (as the codec gives them); blank values count as absent.
+    """
+    name = tenant_header or "authorization"
+    value = (headers.get(name) or "").strip()
+    if not value:
+        return None
+    return (f"header:{name}" if tenant_header else "authorization"), value
+
+
+def tenant_of(headers: Mapping[str, str], secret: bytes, *, tenant_header: str = "",
+              shared: bool = False) -> str | None:
+    """The tenant part of a scope: "shared", a 64-hex keyed hash, or None (anonymous)."""
+    if shared:
+        return SHARED_TENANT
+    _check_secret(secret)
+    found = credential(headers, tenant_header)
+    if found is None:
+        return None
+    source, value = found
+    message = source.encode("ascii") + b"\0" + value.encode("utf-8", "surrogatepass")
+    return hmac.new(secret, message, hashlib.sha256).hexdigest()
+
+
+def _check_secret(secret: bytes) -> None:
+    if not isinstance(secret, bytes) or len(secret) < MIN_SECRET_BYTES:
+        raise ValueError(f"secret: must be at least {MIN_SECRET_BYTES} bytes")
+
+
+# ---------------------------------------------------------------- context and parameters
+
+def context_key(chat: ChatRequest) -> str:
+    """SHA-256 hex over all that shapes the answer but the last user turn's text.
+
+    The messages' part is the embedding engine's own context key (split_prompt: every turn
+    before and after the last user turn, and that turn minus its text), so the semantic
+    index and the scope agree on what "the same conversation" is; added to it: tools,
+    tool_choice and response_format. Raises ValueError (NothingToEmbed) when there is no
+    user text; `cache_decision` bypasses such requests first ("not_text").
+    """
+    messages_key = embedding_prompt.split_prompt(chat.messages).context_key
+    return _digest({"v": KEY_VERSION, "messages": messages_key, "tools": list(chat.tools),
+                    "tool_choice": chat.tool_choice,
+                    **{name: chat.sampling.get(name) for name in _CONTEXT_SAMPLING}})
+
+
+def temperature_bucket(temperature: float | None) -> str:
+    if temperature is None:
+        return TEMPERATURE_DEFAULT
+    for upper, label in TEMPERATURE_BUCKETS:
+        if temperature <= upper:
+            return label
+    return TEMPERATURE_ABOVE
+
+
+def params_key(chat: ChatRequest) -> str:
+    """SHA-256 hex over the sampling settings, made canonical where two spellings mean one
+    thing and exact everywhere else:
+
+    - temperature: its bucket (`temperature_bucket`);
+    - max_tokens / max_completion_tokens: one value, max_completion_tokens winning (as
+      ChatRequest.max_tokens reads them);
+    - n: absent is 1;
+    - stop: a string is a one-element list; order and repeats do not matter;
+    - top_p and the penalties: as floats (1 and 1.0 are one value);
+    - seed, logit_bias (keys sorted), logprobs, top_logprobs, reasoning_effort and any
+      other field ChatRequest keeps: as sent. An absent field is not its default (top_p
+      absent is not top_p 1.0): a miss, never a wrong hit.
+    response_format is in `context_key`.
+    """
+    sampling = chat.sampling
+    params: dict[str, Any] = {name: value for name, value in sampling.items()
+                              if name not in _SPECIAL_PARAMS and name not in _CONTEXT_SAMPLING}
+    for name in _FLOAT_PARAMS:
+        if name in params:
+            params[name] = float(params[name])
+    stop = sampling.get("stop")
+    if stop is not None:
+        params["stop"] = sorted({stop} if isinstance(stop, str) else set(stop))
+    params["temperature"] = temperature_bucket(sampling.get("temperature"))
+    params["max_tokens"] = chat.max_tokens
+    params["n"] = sampling.get("n", 1)
+    return _digest({"v": KEY_VERSION, **params})
+
+
+def scope_for(chat: ChatRequest, headers: Mapping[str, str], policy: CachePolicy,
+              secret: bytes, route: str = "") -> CacheScope | None:
+    """The request's scope; None for an anonymous caller (see module doc)."""
+    tenant = tenant_of(headers, secret, tenant_header=policy.tenant_header, shared=policy.shared)
+    if tenant is None:
+        return None
+    return CacheScope(tenant=tenant, model=chat.model, context_key=context_key(chat),
+                      params_key=params_key(chat), route=route)
+
+
+# ---------------------------------------------------------------- prompt and exact key
+
+def prompt_text(chat: ChatRequest) -> str:
+    """The last user turn's text, raw: what the cache compares ("" when there is none)."""
+    try:
+        return embedding_prompt.split_prompt(chat.messages).text
+    except NothingToEmbed:
+        return ""
+
+
+def exact_text(prompt: str) -> str:
+    """The prompt as the exact tier keys it (see the module doc for each step)."""
+    text = normalize_text(prompt)
+    text = _TRAILING_BLANKS.sub("", text)
+    return _INNER_BLANKS.sub(" ", text)
+
+
+def exact_key(scope: CacheScope, prompt: str) -> str:
+    """SHA-256 hex of the scope key and the exact-tier text of the prompt."""
+    material = scope.key + "\n" + exact_text(prompt)
+    return hashlib.sha256(material.encode("utf-8", "surrogatepass")).hexdigest()
