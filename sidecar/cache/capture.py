@@ -1,0 +1,254 @@
+"""Turn an upstream response body into a CachedAnswer, or refuse to.
+
+Only a complete, plain-text, single-choice answer is stored. The caller feeds only bodies
+of responses that `response_refusal` lets through (status 200, not content-encoded, the
+content type the request asked for); both capture paths then refuse (`Refusal.reason`):
+
+| reason        | JSON body                                  | SSE stream                          |
+|---------------|--------------------------------------------|-------------------------------------|
+| too_large     | body over max_bytes                        | bytes fed over max_bytes            |
+| invalid_json  | not JSON, not an object, choices not a list| a data line that is not a JSON object|
+| error         | an "error" member                          | an "error" member or `event: error` |
+| no_choice     | no choices                                 | no chunk with a choice              |
+| n_gt_1        | more than one choice                       | a choice index other than 0         |
+| tool_calls    | message.tool_calls / function_call         | delta.tool_calls / function_call    |
+| not_text      | message.audio                              | delta.audio                         |
+| finish_reason | finish_reason not "stop" / "length"        | the same (missing: "partial")       |
+| no_content    | content missing, not a string, or empty    | no content at all                   |
+| partial       |                                            | `data: [DONE]` never came, or no    |
+|               |                                            | finish_reason before it             |
+
+Usage: the `usage` object when the upstream sent one (the last one in a stream: vLLM may
+send running totals). Otherwise estimated at one token per 4 characters (of the content,
+and of `prompt_text` when the caller gives it) and marked `usage_estimated`.
+
+SSE parsing follows the EventSource rules that matter here: lines end in LF or CRLF, and
+may be split anywhere across feed() calls; `data:` lines of one event are joined with
+"\\n"; an empty line ends an event; lines starting with ":" are comments.
+
+Pure (no I/O); `SseCapture` keeps state but only of the bytes it is given.
+"""
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from sidecar.cache.answer import FINISH_REASONS, CachedAnswer
+
+MAX_BYTES = 1 << 20
+_LAST_DONE = (b"[DONE]", b"data: [DONE]", b"data:[DONE]")
+
+
+@dataclass(frozen=True)
+class Refusal:
+    reason: str
+
+
+def estimate_tokens(text: str) -> int:
+    return math.ceil(len(text) / 4)
+
+
+def response_refusal(headers: Mapping[str, str], stream: bool) -> Refusal | None:
+    """Whether a response's headers allow capturing its body at all (None: they do)."""
+    if headers.get(":status") != "200":
+        return Refusal("status")
+    if (headers.get("content-encoding") or "identity").strip().lower() != "identity":
+        return Refusal("encoded")
+    content_type = (headers.get("content-type") or "").split(";")[0].strip().lower()
+    if content_type != ("text/event-stream" if stream else "application/json"):
+        return Refusal("content_type")
+    return None
+
+
+def _usage(value: Any) -> tuple[int, int] | None:
+    if not isinstance(value, dict):
+        return None
+    prompt, completion = value.get("prompt_tokens"), value.get("completion_tokens")
+    if all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in (prompt, completion)):
+        return prompt, completion
+    return None
+
+
+def _answer(content: str, finish_reason: str, model: Any, usage: tuple[int, int] | None,
+            now: float, prompt_text: str) -> CachedAnswer:
+    estimated = usage is None
+    if usage is None:
+        usage = (estimate_tokens(prompt_text), estimate_tokens(content))
+    return CachedAnswer(content=content, finish_reason=finish_reason,
+                        model=model if isinstance(model, str) else "",
+                        prompt_tokens=usage[0], completion_tokens=usage[1],
+                        created_at=now, usage_estimated=estimated)
+
+
+def _part_refusal(part: Any) -> Refusal | None:
+    """What in one message or delta makes the answer more than text."""
+    if not isinstance(part, dict):
+        return Refusal("invalid_json")
+    if part.get("tool_calls") or part.get("function_call"):
+        return Refusal("tool_calls")
+    if part.get("audio"):
+        return Refusal("not_text")
+    if part.get("role") not in (None, "assistant"):
+        return Refusal("invalid_json")
+    return None
+
+
+def _finish_refusal(finish_reason: Any) -> Refusal | None:
+    return None if finish_reason in FINISH_REASONS else Refusal("finish_reason")
+
+
+def _parse_object(data: bytes | str) -> dict | Refusal:
+    try:
+        value = json.loads(data)
+    except ValueError:                      # JSONDecodeError, UnicodeDecodeError
+        return Refusal("invalid_json")
+    if not isinstance(value, dict):
+        return Refusal("invalid_json")
+    if value.get("error") is not None:
+        return Refusal("error")
+    if not isinstance(value.get("choices", []), list):
+        return Refusal("invalid_json")
+    return value
+
+
+def capture_json(body: bytes, now: float, *, prompt_text: str = "",
+                 max_bytes: int = MAX_BYTES) -> CachedAnswer | Refusal:
+    """A `chat.completion` body to an answer stored at `now`, or why not."""
+    if len(body) > max_bytes:
+        return Refusal("too_large")
+    value = _parse_object(body)
+    if isinstance(value, Refusal):
+        return value
+    choices = value.get("choices", [])
+    if not choices:
+        return Refusal("no_choice")
+    if len(choices) > 1:
+        return Refusal("n_gt_1")
+    choice = choices[0]
+    if not isinstance(choice, dict):
+        return Refusal("invalid_json")
+    message = choice.get("message")
+    refusal = _part_refusal(message) or _finish_refusal(choice.get("finish_reason"))
+    if refusal:
+        return refusal
+    content = message.get("content")
+    if not isinstance(content, str) or not content:
+        return Refusal("no_content")
+    return _answer(content, choice["finish_reason"], value.get("model"),
+                   _usage(value.get("usage")), now, prompt_text)
+
+
+class SseCapture:
+    """Collects a streamed answer chunk by chunk: feed() as bytes arrive, then finish()."""
+
+    def __init__(self, max_bytes: int = MAX_BYTES):
+        self._max_bytes = max_bytes
+        self._seen = 0
+        self._line = b""                     # an incomplete line
+        self._data: list[bytes] = []         # data lines of the event being read
+        self._event = b""                    # its `event:` field
+        self._content: list[str] = []
+        self._finish_reason: str | None = None
+        self._model: Any = None
+        self._usage: tuple[int, int] | None = None
+        self._saw_choice = False
+        self._done = False
+        self._refusal: Refusal | None = None
+
+    @property
+    def refused(self) -> Refusal | None:
+        """Set as soon as the stream cannot be stored; the caller may stop feeding."""
+        return self._refusal
+
+    def feed(self, chunk: bytes) -> None:
+        if self._refusal or self._done:
+            return
+        self._seen += len(chunk)
+        if self._seen > self._max_bytes:
+            self._refuse("too_large")
+            return
+        lines = (self._line + chunk).split(b"\n")
+        self._line = lines.pop()
+        for line in lines:
+            self._on_line(line.removesuffix(b"\r"))
+            if self._refusal or self._done:
+                return
+
+    def finish(self, now: float, *, prompt_text: str = "") -> CachedAnswer | Refusal:
+        if self._refusal:
+            return self._refusal
+        if not self._done and b"\n".join(self._data + [self._line]).strip() in _LAST_DONE:
+            self._done = True                # "[DONE]" without the blank line after it
+        if not self._done or self._finish_reason is None:
+            return Refusal("no_choice" if self._done and not self._saw_choice else "partial")
+        content = "".join(self._content)
+        if not content:
+            return Refusal("no_content")
+        return _answer(content, self._finish_reason, self._model, self._usage, now, prompt_text)
+
+    # ------------------------------------------------------------ internals
+
+    def _refuse(self, reason: str) -> None:
+        self._refusal = Refusal(reason)
+        self._line, self._data, self._content = b"", [], []
+
+    def _on_line(self, line: bytes) -> None:
+        if not line:
+            self._dispatch()
+            return
+        if line.startswith(b":"):
+            return
+        name, _, value = line.partition(b":")
+        value = value.removeprefix(b" ")
+        if name == b"data":
+            self._data.append(value)
+        elif name == b"event":
+            self._event = value
+
+    def _dispatch(self) -> None:
+        data, event = b"\n".join(self._data), self._event
+        self._data, self._event = [], b""
+        if event == b"error":
+            self._refuse("error")
+        elif data == b"[DONE]":
+            self._done = True
+        elif data:
+            self._on_chunk(data)
+
+    def _on_chunk(self, data: bytes) -> None:
+        value = _parse_object(data)
+        if isinstance(value, Refusal):
+            self._refuse(value.reason)
+            return
+        if self._model is None:
+            self._model = value.get("model")
+        usage = _usage(value.get("usage"))
+        if usage is not None:
+            self._usage = usage
+        for choice in value.get("choices", []):
+            self._on_choice(choice)
+            if self._refusal:
+                return
+
+    def _on_choice(self, choice: Any) -> None:
+        if not isinstance(choice, dict):
+            self._refuse("invalid_json")
+            return
+        if choice.get("index", 0) != 0:
+            self._refuse("n_gt_1")
+            return
+        self._saw_choice = True
+        delta = choice.get("delta") or {}
+        refusal = _part_refusal(delta)
+        if refusal is None and choice.get("finish_reason") is not None:
+            refusal = _finish_refusal(choice["finish_reason"])
+            self._finish_reason = choice["finish_reason"]
+        if refusal:
+            self._refuse(refusal.reason)
+            return
+        content = delta.get("content")
+        if isinstance(content, str):
+            self._content.append(content)
