@@ -1,0 +1,309 @@
+"""The admission queue: who waits for an upstream slot, and who goes next. Pure: no asyncio, no
+clock (time comes in as `now`, seconds on a monotonic clock).
+
+Order, when a slot frees (`pop`):
+
+1. Class -- smooth weighted round robin (nginx's SWRR) over the classes that have an entry that
+   may take the slot: each pick adds every such class's weight to that class's credit, picks the
+   class with the most credit (the higher priority on a tie) and takes the sum of those weights
+   off the picked class's credit. A class that empties loses its credit. While every class stays
+   backlogged, each run of sum(weights) picks gives each class exactly its weight: with vip 8,
+   standard 4, batch 1, every 13 admissions are 8 vip, 4 standard and 1 batch, spread out
+   (vip, standard, vip, vip, standard, vip, batch, ...). A vip arriving at a queue of standard
+   entries goes next: its 8 beats standard's 4.
+2. Tenant -- round robin among the tenants that have an entry in the picked class: the tenant
+   served goes to the back of the rotation.
+3. Entry -- within that tenant's entries in the class, the earliest deadline first (then arrival).
+
+Bounds (`push`): the whole queue holds at most `max_queued`, each class at most its `max_queued`,
+each tenant at most `max_queued_per_tenant` across classes. A push over a class or tenant bound is
+refused; a push into a full queue evicts the entry that would be served last in the lowest class
+below the newcomer's (the latest deadline of that class's busiest tenant), or is refused when no
+class below has any.
+
+Expiry: `expire(now)` removes and returns every entry whose deadline has passed.
+"""
+from __future__ import annotations
+
+import bisect
+import heapq
+import itertools
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from sidecar.scheduling._validate import count, positive, require
+
+
+@dataclass(frozen=True)
+class PriorityClass:
+    name: str
+    weight: int = 1  # share of admissions while every class is backlogged
+    max_queued: int | None = None  # entries of this class; None: only the queue's bound
+
+    def __post_init__(self) -> None:
+        require(bool(self.name), "PriorityClass.name", "must be a non-empty name", self.name)
+        count("PriorityClass.weight", self.weight)
+        if self.max_queued is not None:
+            count("PriorityClass.max_queued", self.max_queued)
+
+
+DEFAULT_CLASSES = (PriorityClass("vip", 8), PriorityClass("standard", 4), PriorityClass("batch", 1))
+
+
+@dataclass(frozen=True)
+class QueueConfig:
+    classes: tuple[PriorityClass, ...] = DEFAULT_CLASSES  # highest priority first
+    default_class: str = "standard"  # for a request naming no class, or an unknown one
+    max_queued: int = 1024
+    max_queued_per_tenant: int = 64
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "classes", tuple(self.classes))
+        names = [c.name for c in self.classes]
+        require(bool(names), "QueueConfig.classes", "must name at least one class", names)
+        require(len(set(names)) == len(names), "QueueConfig.classes", "must name each class once", names)
+        require(self.default_class in names, "QueueConfig.default_class", f"must be one of {names}", self.default_class)
+        count("QueueConfig.max_queued", self.max_queued)
+        count("QueueConfig.max_queued_per_tenant", self.max_queued_per_tenant)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.classes)
+
+    def resolve(self, priority: str | None) -> str:
+        """The class a request goes in: its own when configured, else default_class."""
+        return priority if priority in self.names else self.default_class
+
+
+@dataclass(frozen=True, eq=False)
+class Entry:
+    """One queued request. Compared by identity; `item` is the caller's (the gate's waiter)."""
+
+    priority: str
+    tenant: str
+    deadline: float  # absolute, on the caller's monotonic clock; math.inf for none
+    arrival: float
+    seq: int
+    item: Any = None
+
+    @property
+    def order(self) -> tuple[float, int]:
+        return (self.deadline, self.seq)
+
+
+@dataclass(frozen=True)
+class Pushed:
+    """The result of `push`: the queued entry, or the refusal reason; and any entry evicted."""
+
+    entry: Entry | None
+    refused: str | None = None  # "queue_full" | "class_full" | "tenant_full"
+    evicted: Entry | None = None
+
+
+@dataclass
+class _Class:
+    spec: PriorityClass
+    tenants: OrderedDict[str, list[Entry]] = field(default_factory=OrderedDict)  # rotation order
+    size: int = 0
+    credit: int = 0
+
+
+class AdmissionQueue:
+    def __init__(self, config: QueueConfig | None = None) -> None:
+        self.config = config or QueueConfig()
+        self._classes = {c.name: _Class(c) for c in self.config.classes}
+        self._rank = {name: i for i, name in enumerate(self.config.names)}
+        self._per_tenant: dict[str, int] = {}
+        self._by_deadline: list[tuple[float, int, Entry]] = []  # lazy: may hold removed entries
+        self._live: set[int] = set()  # seq of the entries in the queue
+        self._seq = itertools.count()
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self._live)
+
+    def depth(self, priority: str | None = None) -> int:
+        """Entries of one class, or of all classes with None."""
+        return len(self) if priority is None else self._classes[self.config.resolve(priority)].size
+
+    def depths(self) -> Mapping[str, int]:
+        return {name: c.size for name, c in self._classes.items()}
+
+    def tenant_depth(self, tenant: str) -> int:
+        return self._per_tenant.get(tenant, 0)
+
+    def __contains__(self, entry: Entry) -> bool:
+        return entry.seq in self._live
+
+    def position(self, priority: str | None, tenant: str) -> int:
+        """How many admissions a new entry of this class and tenant would wait for, its own
+        included, if every queued entry could take the same slots and nothing else arrived."""
+        cls = self._classes[self.config.resolve(priority)]
+        own = [len(entries) for t, entries in cls.tenants.items() if t == tenant]
+        others = [len(entries) for t, entries in cls.tenants.items() if t != tenant]
+        other_classes = [(c.size, c.spec.weight) for c in self._classes.values() if c is not cls]
+        return estimate_position(own[0] if own else 0, others, cls.spec.weight, other_classes)
+
+    # -- changing ----------------------------------------------------------------------------
+
+    def push(self, priority: str | None, tenant: str, deadline: float, arrival: float, item: Any = None) -> Pushed:
+        name = self.config.resolve(priority)
+        cls = self._classes[name]
+        if self.tenant_depth(tenant) >= self.config.max_queued_per_tenant:
+            return Pushed(None, "tenant_full")
+        if cls.spec.max_queued is not None and cls.size >= cls.spec.max_queued:
+            return Pushed(None, "class_full")
+        evicted = None
+        if len(self) >= self.config.max_queued:
+            evicted = self._evict_below(name)
+            if evicted is None:
+                return Pushed(None, "queue_full")
+        entry = Entry(name, tenant, deadline, arrival, next(self._seq), item)
+        entries = cls.tenants.setdefault(tenant, [])
+        bisect.insort(entries, entry, key=lambda e: e.order)
+        cls.size += 1
+        self._per_tenant[tenant] = self.tenant_depth(tenant) + 1
+        self._live.add(entry.seq)
+        heapq.heappush(self._by_deadline, (deadline, entry.seq, entry))
+        return Pushed(entry, evicted=evicted)
+
+    def pop(self, eligible: Callable[[Entry], bool] | None = None) -> Entry | None:
+        """Remove and return the next entry (see the module's docstring) among those `eligible`
+        says may take the slot (all with None); None when there is none."""
+        heads = {}
+        for name, cls in self._classes.items():
+            head = _head(cls, eligible)
+            if head is not None:
+                heads[name] = head
+        if not heads:
+            return None
+        contenders = [self._classes[name] for name in heads]
+        total = sum(c.spec.weight for c in contenders)
+        best = contenders[0]
+        for cls in contenders:
+            cls.credit += cls.spec.weight
+            if cls.credit > best.credit:
+                best = cls
+        best.credit -= total
+        entry = heads[best.spec.name]
+        self._unlink(entry, rotate=True)
+        return entry
+
+    def remove(self, entry: Entry) -> bool:
+        """Take an entry out (its request was cancelled); False when it is no longer queued."""
+        if entry.seq not in self._live:
+            return False
+        self._unlink(entry, rotate=False)
+        return True
+
+    def expire(self, now: float) -> list[Entry]:
+        """Remove and return the entries whose deadline is at or before now, earliest first."""
+        expired = []
+        while self._by_deadline and self._by_deadline[0][0] <= now:
+            _, seq, entry = heapq.heappop(self._by_deadline)
+            if seq in self._live:
+                self._unlink(entry, rotate=False)
+                expired.append(entry)
+        return expired
+
+    def _evict_below(self, name: str) -> Entry | None:
+        for cls in reversed(self._classes.values()):
+            if self._rank[cls.spec.name] <= self._rank[name]:
+                return None
+            if cls.size:
+                busiest = max(cls.tenants.values(), key=len)
+                victim = busiest[-1]
+                self._unlink(victim, rotate=False)
+                return victim
+        return None
+
+    def _unlink(self, entry: Entry, rotate: bool) -> None:
+        cls = self._classes[entry.priority]
+        entries = cls.tenants[entry.tenant]
+        entries.remove(entry)
+        if not entries:
+            del cls.tenants[entry.tenant]
+        elif rotate:
+            cls.tenants.move_to_end(entry.tenant)
+        cls.size -= 1
+        if cls.size == 0:
+            cls.credit = 0
+        left = self._per_tenant[entry.tenant] - 1
+        if left:
+            self._per_tenant[entry.tenant] = left
+        else:
+            del self._per_tenant[entry.tenant]
+        self._live.discard(entry.seq)
+        if not self._live:
+            self._by_deadline.clear()
+
+
+def _head(cls: _Class, eligible: Callable[[Entry], bool] | None) -> Entry | None:
+    """The entry this class would give up next: the first tenant in rotation with an eligible
+    entry, and its earliest-deadline eligible entry."""
+    for entries in cls.tenants.values():
+        for entry in entries:
+            if eligible is None or eligible(entry):
+                return entry
+    return None
+
+
+def estimate_position(own: int, other_tenants: Iterable[int], weight: int, other_classes: Iterable[tuple[int, int]]) -> int:
+    """Admissions until a new entry is served, its own included.
+
+    own: entries its tenant has queued in its class; other_tenants: the other tenants' counts in
+    that class; weight: the class's weight; other_classes: (entries, weight) of every other class.
+    Within the class, tenant round robin serves up to own + 1 entries of each tenant first; while
+    those are served, another class gets floor(served x its weight / class weight) admissions,
+    no more than it has queued.
+    """
+    rounds = own + 1
+    in_class = rounds + sum(min(n, rounds) for n in other_tenants)
+    return in_class + sum(min(n, in_class * w // weight) for n, w in other_classes)
+
+
+def admit_or_refuse(remaining_deadline_s: float, expected_wait_s: float, expected_ttft_s: float) -> Literal["admit", "refuse"]:
+    """Refuse at once when what is left of the deadline cannot cover the expected wait in the
+    queue plus the cluster's expected time to first token; waiting would only waste the wait."""
+    if remaining_deadline_s <= 0 or remaining_deadline_s < expected_wait_s + expected_ttft_s:
+        return "refuse"
+    return "admit"
+
+
+def retry_after_s(queued: int, drain_rate_per_s: float | None, min_s: float, max_s: float) -> float:
+    """When a refused client should come back: the time the queue takes to drain at the observed
+    rate, within [min_s, max_s]; min_s when the rate is unknown."""
+    if not drain_rate_per_s or drain_rate_per_s <= 0:
+        return min_s
+    return max(min_s, min(max_s, queued / drain_rate_per_s))
+
+
+class DrainMeter:
+    """Slots freed per second over the last `window_s` seconds (at most `max_events` remembered)."""
+
+    def __init__(self, window_s: float = 10.0, max_events: int = 4096) -> None:
+        positive("DrainMeter.window_s", window_s)
+        self._window_s = window_s
+        self._events: deque[float] = deque(maxlen=max_events)
+        self._first: float | None = None
+
+    def add(self, now: float) -> None:
+        if self._first is None:
+            self._first = now
+        self._events.append(now)
+
+    def rate(self, now: float) -> float | None:
+        """Events per second; None (unknown) when the window holds none. Taken over the time
+        since the first event ever while that is shorter than the window, so that a young meter
+        is not diluted."""
+        horizon = now - self._window_s
+        while self._events and self._events[0] <= horizon:
+            self._events.popleft()
+        span = min(self._window_s, now - self._first) if self._first is not None else 0.0
+        if not self._events or span <= 0:
+            return None
+        return len(self._events) / span
+
