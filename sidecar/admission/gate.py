@@ -1,0 +1,324 @@
+"""The admission gate: per-cluster concurrency limits in front of the upstreams, and a priority
+queue for the requests that find every candidate cluster at its limit.
+
+Request path:
+    result = await gate.acquire(candidates, priority, tenant, deadline)
+    Permit:  send to result.cluster; when the response ends (or the request is abandoned)
+             result.release(latency_s, ok) -- exactly once; a second call is ignored
+    Refusal: answer result.status at once, with Retry-After: ceil(result.retry_after_s)
+    Degrade: send to the route's fallback, outside this gate (only with degrade_after_s set)
+
+All decisions are the pure parts' (`ConcurrencyLimiter`, `AdmissionQueue`, `admit_or_refuse`);
+this module only parks waiters on futures and wakes them. Single-threaded: call it from one
+event loop. Times come from the injected `clock` (monotonic seconds); deadlines are on it.
+"""
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from sidecar.admission.limiter import ConcurrencyLimiter, LimiterConfig
+from sidecar.admission.metrics import AdmissionMetrics, PrometheusAdmissionMetrics
+from sidecar.admission.outcomes import Degrade, Refusal
+from sidecar.admission.queue import (
+    AdmissionQueue,
+    DrainMeter,
+    Entry,
+    QueueConfig,
+    admit_or_refuse,
+    retry_after_s,
+)
+from sidecar.scheduling._validate import positive, require
+from sidecar.scheduling.signals import P95
+from sidecar.scheduling.windows import SampleWindow
+
+Chooser = Callable[[Sequence[str]], str]  # clusters with a free slot, in the caller's order -> one of them
+TtftEstimate = Callable[[str], "float | None"]  # cluster -> expected time to first token (s), None if unknown
+
+
+@dataclass(frozen=True)
+class GateConfig:
+    queue: QueueConfig = field(default_factory=QueueConfig)
+    limiter: LimiterConfig = field(default_factory=LimiterConfig)  # for every cluster ...
+    limiters: Mapping[str, LimiterConfig] = field(default_factory=dict)  # ... unless named here
+    default_deadline_s: float = 60.0  # a request that brings no deadline waits at most this long
+    degrade_after_s: float | None = None  # None: never degrade
+    degrade_classes: tuple[str, ...] | None = None  # classes that may degrade; None: the highest
+    drain_window_s: float = 30.0  # window of the drain rate behind wait estimates and Retry-After
+    retry_after_min_s: float = 1.0
+    retry_after_max_s: float = 60.0
+    wait_stats_window_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "limiters", MappingProxyType(dict(self.limiters)))
+        positive("GateConfig.default_deadline_s", self.default_deadline_s)
+        if self.degrade_after_s is not None:
+            positive("GateConfig.degrade_after_s", self.degrade_after_s)
+        if self.degrade_classes is None:
+            object.__setattr__(self, "degrade_classes", self.queue.names[:1])
+        names = self.queue.names
+        unknown = [c for c in self.degrade_classes if c not in names]
+        require(not unknown, "GateConfig.degrade_classes", f"must name classes of {names}", self.degrade_classes)
+        positive("GateConfig.drain_window_s", self.drain_window_s)
+        positive("GateConfig.retry_after_min_s", self.retry_after_min_s)
+        require(self.retry_after_max_s >= self.retry_after_min_s, "GateConfig.retry_after_max_s",
+                "must be >= retry_after_min_s", self.retry_after_max_s)
+        positive("GateConfig.wait_stats_window_s", self.wait_stats_window_s)
+
+    def limiter_for(self, cluster: str) -> LimiterConfig:
+        return self.limiters.get(cluster, self.limiter)
+
+
+@dataclass(frozen=True)
+class WaitStats:
+    """Waits of the requests of one class admitted (or degraded) in the last wait_stats_window_s."""
+
+    count: int
+    p50_s: float | None
+    p95_s: float | None
+
+
+class Permit:
+    """A slot on `cluster`. Release it once, when the response ends or the request is dropped."""
+
+    def __init__(self, gate: Gate, cluster: str, priority: str, tenant: str, waited_s: float, in_flight: int) -> None:
+        self.cluster = cluster
+        self.priority = priority
+        self.tenant = tenant
+        self.waited_s = waited_s
+        self._gate = gate
+        self._in_flight = in_flight  # the cluster's count with this request, for the limiter
+        self.released = False
+
+    def release(self, latency_s: float | None = None, ok: bool = True, upstream_waiting: float | None = None) -> None:
+        """Give the slot back. latency_s (time to first byte preferred, see limiter.py) and ok
+        (False for 5xx, resets, timeouts) feed the cluster's limiter; latency_s=None with ok=True
+        (never sent, or client gone) teaches it nothing. upstream_waiting: the upstream's own
+        queue length if known. Idempotent."""
+        if not self.released:
+            self.released = True
+            self._gate._release(self, latency_s, ok, upstream_waiting)
+
+    def __repr__(self) -> str:
+        return f"Permit({self.cluster!r}, {self.priority!r}, tenant={self.tenant!r}, waited_s={self.waited_s:.3f})"
+
+
+@dataclass(eq=False)
+class _Waiter:
+    candidates: tuple[str, ...]
+    future: asyncio.Future
+    chooser: Chooser | None
+
+
+class Gate:
+    def __init__(
+        self,
+        config: GateConfig | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        metrics: AdmissionMetrics | None = None,
+        expected_ttft: TtftEstimate | None = None,
+        chooser: Chooser | None = None,
+    ) -> None:
+        self.config = config or GateConfig()
+        self._clock = clock
+        self._metrics = metrics if metrics is not None else PrometheusAdmissionMetrics()
+        self._expected_ttft = expected_ttft or (lambda cluster: None)
+        self._chooser = chooser
+        self._queue = AdmissionQueue(self.config.queue)
+        self._limiters: dict[str, ConcurrencyLimiter] = {}
+        self._in_flight: dict[str, int] = {}
+        self._drain = DrainMeter(self.config.drain_window_s)
+        self._waits = {name: SampleWindow(self.config.wait_stats_window_s, 1024) for name in self.config.queue.names}
+
+    # -- the request path --------------------------------------------------------------------
+
+    async def acquire(
+        self,
+        candidates: Sequence[str],
+        priority: str | None,
+        tenant: str,
+        deadline: float | None = None,
+        now: float | None = None,
+        *,
+        chooser: Chooser | None = None,
+        allow_degrade: bool = True,
+    ) -> Permit | Refusal | Degrade:
+        """A slot on one of `candidates` (cluster names, in preference order), a refusal, or a
+        degrade. `deadline`: absolute on the gate's clock (None or inf: now + default_deadline_s);
+        `now`: the gate's clock() unless given. `chooser` picks among the candidates with a free
+        slot (default: the gate's, else the first). Cancelling the awaiting task (the client went
+        away) takes the request out of the queue at once; it never holds a slot."""
+        require(bool(candidates), "candidates", "must not be empty", list(candidates))
+        now = self._clock() if now is None else now
+        cls = self.config.queue.resolve(priority)
+        if deadline is None or not math.isfinite(deadline):
+            deadline = now + self.config.default_deadline_s
+        clusters = tuple(dict.fromkeys(candidates))
+        for cluster in clusters:
+            self._limiter(cluster)
+        chooser = chooser or self._chooser
+        free = [c for c in clusters if self._has_slot(c)]
+        wait = 0.0 if free else self._expected_wait(cls, tenant, now)
+        ttft = self._ttft(free or clusters)
+        if admit_or_refuse(deadline - now, wait, ttft) == "refuse":
+            return self._refuse(cls, "deadline", now)
+        if free:
+            return self._grant(_choose(chooser, free), cls, tenant, 0.0, queued=False)
+        waiter = _Waiter(clusters, asyncio.get_running_loop().create_future(), chooser)
+        pushed = self._queue.push(cls, tenant, deadline, now, waiter)
+        if pushed.entry is None:
+            return self._refuse(cls, pushed.refused or "queue_full", now)
+        entry = pushed.entry
+        if pushed.evicted is not None:
+            self._resolve(pushed.evicted, self._refuse(pushed.evicted.priority, "evicted", now))
+        self._report_depths()
+        return await self._wait(entry, waiter, now, allow_degrade)
+
+    async def _wait(self, entry: Entry, waiter: _Waiter, now: float, allow_degrade: bool) -> Permit | Refusal | Degrade:
+        loop = asyncio.get_running_loop()
+        timers = [loop.call_later(max(0.0, entry.deadline - now), self._on_deadline, entry)]
+        degrade_after = self.config.degrade_after_s
+        if allow_degrade and degrade_after is not None and entry.priority in self.config.degrade_classes:
+            timers.append(loop.call_later(degrade_after, self._on_degrade, entry))
+        try:
+            return await waiter.future
+        except asyncio.CancelledError:
+            self._abandon(entry, waiter)
+            raise
+        finally:
+            for timer in timers:
+                timer.cancel()
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def queue_depth(self, priority: str | None = None) -> int:
+        """Waiting requests of one class, or of all with None."""
+        return self._queue.depth(priority)
+
+    def limit(self, cluster: str) -> int:
+        return self._limiter(cluster).limit
+
+    def in_flight(self, cluster: str) -> int:
+        return self._in_flight.get(cluster, 0)
+
+    def drain_rate(self, now: float | None = None) -> float | None:
+        """Slots freed per second recently, over all clusters; None when unknown."""
+        return self._drain.rate(self._clock() if now is None else now)
+
+    def wait_stats(self, priority: str, now: float | None = None) -> WaitStats:
+        window = self._waits[self.config.queue.resolve(priority)]
+        now = self._clock() if now is None else now
+        return WaitStats(window.count(now), window.quantile(0.5, now), window.quantile(P95, now))
+
+    # -- inside ------------------------------------------------------------------------------
+
+    def _limiter(self, cluster: str) -> ConcurrencyLimiter:
+        limiter = self._limiters.get(cluster)
+        if limiter is None:
+            limiter = self._limiters[cluster] = ConcurrencyLimiter(self.config.limiter_for(cluster))
+            self._in_flight[cluster] = 0
+            self._metrics.concurrency(cluster, limiter.limit, 0)
+        return limiter
+
+    def _has_slot(self, cluster: str) -> bool:
+        return self._in_flight[cluster] < self._limiters[cluster].limit
+
+    def _ttft(self, clusters: Sequence[str]) -> float:
+        """The best expected time to first token among these clusters; 0 when none is known."""
+        known = [t for t in map(self._expected_ttft, clusters) if t is not None and math.isfinite(t) and t >= 0]
+        return min(known, default=0.0)
+
+    def _expected_wait(self, cls: str, tenant: str, now: float) -> float:
+        rate = self._drain.rate(now)
+        return self._queue.position(cls, tenant) / rate if rate else 0.0
+
+    def _retry_after(self, now: float) -> float:
+        cfg = self.config
+        return retry_after_s(len(self._queue), self._drain.rate(now), cfg.retry_after_min_s, cfg.retry_after_max_s)
+
+    def _refuse(self, cls: str, reason: str, now: float) -> Refusal:
+        self._metrics.refused(cls, reason)
+        return Refusal(reason, self._retry_after(now))
+
+    def _grant(self, cluster: str, cls: str, tenant: str, waited_s: float, queued: bool) -> Permit:
+        self._in_flight[cluster] += 1
+        in_flight = self._in_flight[cluster]
+        self._waits[cls].add(self._clock(), waited_s)
+        self._metrics.admitted(cls, waited_s, queued)
+        self._metrics.concurrency(cluster, self._limiters[cluster].limit, in_flight)
+        return Permit(self, cluster, cls, tenant, waited_s, in_flight)
+
+    def _release(self, permit: Permit, latency_s: float | None, ok: bool, upstream_waiting: float | None) -> None:
+        now = self._clock()
+        cluster = permit.cluster
+        self._in_flight[cluster] = max(0, self._in_flight[cluster] - 1)
+        self._drain.add(now)
+        limiter = self._limiters[cluster]
+        if latency_s is not None or not ok:
+            limiter.on_sample(latency_s, ok, permit._in_flight, now, upstream_waiting)
+        self._metrics.concurrency(cluster, limiter.limit, self._in_flight[cluster])
+        self._dispatch(now)
+
+    def _dispatch(self, now: float) -> None:
+        """Hand free slots to waiters, in the queue's order. Invariant kept by calling this after
+        every freed slot: no waiter waits while one of its candidates has a free slot."""
+        for entry in self._queue.expire(now):
+            self._resolve(entry, self._refuse(entry.priority, "expired", now))
+        while len(self._queue):
+            free = {c for c in self._limiters if self._has_slot(c)}
+            if not free:
+                break
+            entry = self._queue.pop(lambda e, free=free: not free.isdisjoint(e.item.candidates))
+            if entry is None:
+                break
+            waiter: _Waiter = entry.item
+            if waiter.future.done():  # its task was cancelled and has not yet run its handler
+                continue
+            cluster = _choose(waiter.chooser, [c for c in waiter.candidates if c in free])
+            waiter.future.set_result(self._grant(cluster, entry.priority, entry.tenant, now - entry.arrival, queued=True))
+        self._report_depths()
+
+    def _on_deadline(self, entry: Entry) -> None:
+        if self._queue.remove(entry):
+            self._resolve(entry, self._refuse(entry.priority, "expired", self._clock()))
+            self._report_depths()
+
+    def _on_degrade(self, entry: Entry) -> None:
+        if self._queue.remove(entry):
+            waited = self._clock() - entry.arrival
+            self._waits[entry.priority].add(self._clock(), waited)
+            self._metrics.degraded(entry.priority, waited)
+            self._resolve(entry, Degrade(waited))
+            self._report_depths()
+
+    def _abandon(self, entry: Entry, waiter: _Waiter) -> None:
+        """The waiting task was cancelled: leave the queue, or give back a slot granted meanwhile."""
+        if self._queue.remove(entry):
+            self._report_depths()
+        future = waiter.future
+        if future.done() and not future.cancelled() and isinstance(future.result(), Permit):
+            future.result().release()
+
+    def _resolve(self, entry: Entry, result: Refusal | Degrade) -> None:
+        future = entry.item.future
+        if not future.done():
+            future.set_result(result)
+
+    def _report_depths(self) -> None:
+        for cls, depth in self._queue.depths().items():
+            self._metrics.queue_depth(cls, depth)
+
+
+def _choose(chooser: Chooser | None, free: Sequence[str]) -> str:
+    """The chooser's pick among the free clusters; the first one without a chooser, or when the
+    chooser names a cluster that is not free."""
+    if chooser is not None:
+        picked = chooser(free)
+        if picked in free:
+            return picked
+    return free[0]
