@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.installed
 GEN     := sidecar/gen/.stamp
 PROTOS  := $(wildcard proto/sluice/v1/*.proto)
 
-.PHONY: all run test test-fast proto bench bench-overhead bench-embed bench-decode lint system-deps clean
+.PHONY: all run test test-fast proto bench bench-overhead bench-embed bench-decode bench-route lint system-deps clean
 
 all: $(STAMP) $(GEN)
 
@@ -45,6 +45,9 @@ bench-decode: all
 
 bench-embed: all system-deps
 	$(BIN)/python -m bench.embed
+
+bench-route: all system-deps
+	$(BIN)/python -m bench.route
 
 lint: all
 	$(BIN)/python -m compileall -q sidecar devtools bench tests

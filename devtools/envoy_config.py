@@ -71,6 +71,17 @@ def set_routes(config: dict, routes: list[dict]) -> None:
         hcm["route_config"]["virtual_hosts"][0]["routes"] = routes
 
 
+def add_cluster(config: dict, name: str, port: int) -> None:
+    """Another loopback upstream cluster, shaped like the template's upstream_b."""
+    import copy
+    clusters = config["static_resources"]["clusters"]
+    cluster = copy.deepcopy(next(c for c in clusters if c["name"] == "upstream_b"))
+    cluster["name"] = cluster["load_assignment"]["cluster_name"] = name
+    endpoint = cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]
+    endpoint["address"]["socket_address"]["port_value"] = port
+    clusters.append(cluster)
+
+
 def write(config: dict, path: pathlib.Path) -> pathlib.Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(config, sort_keys=False))

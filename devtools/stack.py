@@ -88,8 +88,15 @@ class Stack:
     upstream_args: dict = field(default_factory=dict)  # name -> extra demo-upstream flags
     sidecar_args: list = field(default_factory=list)
     sidecar_env: dict = field(default_factory=dict)
+    extra_upstreams: tuple = ()                        # more demo upstreams: "c" -> cluster upstream_c
     with_sidecar: bool = True
     procs: dict = field(default_factory=dict)
+    extra_ports: dict = field(default_factory=dict)
+
+    def upstream_port(self, name: str) -> int:
+        if name in ("a", "b"):
+            return getattr(self.ports, f"upstream_{name}")
+        return self.extra_ports.setdefault(name, free_port())
 
     @property
     def base_url(self) -> str:
@@ -107,7 +114,7 @@ class Stack:
         return proc
 
     def start_upstream(self, name: str) -> None:
-        port = getattr(self.ports, f"upstream_{name}")
+        port = self.upstream_port(name)
         proc = self._spawn(f"upstream_{name}", [
             str(BIN / "python"), "-m", "devtools.demo_upstream", "--port", str(port), "--name", name,
             *self.upstream_args.get(name, [])])
@@ -145,6 +152,8 @@ class Stack:
             "TLS_CERT": cert, "TLS_KEY": key, "HEALTH_CHECK_INTERVAL": "0.5s", **self.envoy_vars})
         if self.routes is not None:
             envoy_config.set_routes(config, self.routes)
+        for name in self.extra_upstreams:
+            envoy_config.add_cluster(config, f"upstream_{name}", self.upstream_port(name))
         return envoy_config.write(config, self.workdir / "envoy.yaml")
 
     def start_envoy(self) -> None:
@@ -168,7 +177,7 @@ class Stack:
 
     def start(self) -> "Stack":
         try:
-            for name in ("a", "b"):
+            for name in ("a", "b", *self.extra_upstreams):
                 self.start_upstream(name)
             if self.with_sidecar:
                 self.start_sidecar()

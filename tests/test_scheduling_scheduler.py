@@ -129,10 +129,10 @@ def test_decision_carries_a_score_breakdown_for_the_debug_header():
     s.on_first_byte(Decision("a"), 1.0, now=0.0)
     d = s.pick([A, B, FALLBACK], now=0.0, policy=RoutePolicy(scorers={"latency": 1, "load": 1}))
     assert d.scores["a"].parts == {"latency": 0.5, "load": 1.0}
-    assert d.scores["a"].total == 0.75
+    assert d.scores["a"].total == pytest.approx(0.5 ** 0.5)   # geometric mean of 0.5 and 1
     assert d.scores["b"].parts == {"latency": None, "load": 1.0}
     header = d.debug_header()
-    assert "a=0.75 latency:0.50,load:1.00" in header and "b=1.00 latency:-,load:1.00" in header
+    assert "a=0.71 latency:0.50,load:1.00" in header and "b=1.00 latency:-,load:1.00" in header
     assert "\n" not in header
 
 

@@ -1,3 +1,4 @@
+import dataclasses
 import math
 
 import pytest
@@ -96,9 +97,23 @@ def test_gpu(gpu, expected):
 )
 def test_weighted_total(weights, signals, expected_total):
     endpoint = ep(**signals)
-    breakdown = WeightedScorers(weights, CONFIG).score([endpoint])["a"]
+    arithmetic = dataclasses.replace(CONFIG, combine="arithmetic")
+    breakdown = WeightedScorers(weights, arithmetic).score([endpoint])["a"]
     assert breakdown.total == pytest.approx(expected_total)
     assert set(breakdown.parts) == set(weights)
+
+
+@pytest.mark.parametrize(
+    "weights, signals, expected_total",
+    [
+        ({"gpu": 1, "latency": 3}, dict(gpu=GpuLoad(utilisation=0.5), ttfb_p95_s=1.0), 0.5),
+        # fine on errors, far too slow: the geometric mean keeps it low (arithmetic would give 0.5)
+        ({"errors": 1, "latency": 1}, dict(error_rate=0.0, ttfb_p95_s=1.9), pytest.approx(0.2236, abs=1e-3)),
+        ({"errors": 1, "latency": 1}, dict(error_rate=0.0, ttfb_p95_s=2.0), pytest.approx(0.0316, abs=1e-3)),
+    ],
+)
+def test_geometric_total_keeps_one_bad_axis_bad(weights, signals, expected_total):
+    assert WeightedScorers(weights, CONFIG).score([ep(**signals)])["a"].total == expected_total
 
 
 def test_every_part_is_clamped_to_the_unit_interval(monkeypatch):
@@ -112,7 +127,7 @@ def test_registry_assembles_a_custom_scorer(monkeypatch):
     monkeypatch.setattr(scorers, "SCORERS", dict(scorers.SCORERS))
     scorers.register_scorer("prefers_b", lambda e, pool, cfg: 1.0 if e.cluster == "b" else 0.0)
     result = WeightedScorers({"prefers_b": 1}).score([ep("a"), ep("b")])
-    assert (result["a"].total, result["b"].total) == (0.0, 1.0)
+    assert (result["a"].total, result["b"].total) == (pytest.approx(0.001), 1.0)  # floored, not erased
     with pytest.raises(ValueError, match="already registered"):
         scorers.register_scorer("prefers_b", lambda e, pool, cfg: 0.0)
 

@@ -18,6 +18,8 @@ class Config:
     error_mode: str = "500"
     capacity: int = 0
     slowdown_per_running: float = 0.0
+    tail_rate: float = 0.0
+    tail_factor: float = 10.0
     seed: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
@@ -76,6 +78,8 @@ OPTIONS: dict[str, tuple[Callable[[Any], Any], str]] = {
         _number(float, 0),
         "per-token time grows by this factor for each running request above capacity/2",
     ),
+    "tail_rate": (_number(float, 0, 1), "share of requests whose time to first token is multiplied by tail_factor"),
+    "tail_factor": (_number(float, 1), "the long tail: TTFT multiplier for tail_rate of requests"),
     "seed": (_seed, "seed for completion text and error draws"),
 }
 

@@ -130,6 +130,12 @@ class DemoUpstream:
             return self.config.error_mode
         return None
 
+    def _ttft_s(self) -> float:
+        """Time to first token; a tail_rate share of requests take tail_factor times longer."""
+        cfg = self.config
+        tail = cfg.tail_rate and self.rng.random() < cfg.tail_rate
+        return cfg.ttft_ms / 1000 * (cfg.tail_factor if tail else 1.0)
+
     def _token_interval(self) -> float:
         """Seconds per token now; a fuller batch decodes each token slower."""
         cfg = self.config
@@ -148,7 +154,7 @@ class DemoUpstream:
 
     async def _complete(self, request: web.Request, plan: ChatPlan, cut: bool) -> web.StreamResponse:
         loop = asyncio.get_running_loop()
-        await sleep_until(loop.time() + self.config.ttft_ms / 1000 + len(plan.tokens) * self._token_interval())
+        await sleep_until(loop.time() + self._ttft_s() + len(plan.tokens) * self._token_interval())
         body = fmt.completion_body(self._new_id(), int(time.time()), plan)
         if cut:
             return await self._send_partial(request, body)
@@ -172,7 +178,7 @@ class DemoUpstream:
         cut_after = max(1, len(plan.tokens) // 2) if cut else 0
         # Token i is due at ttft + i * interval, the stop step one interval after
         # the last, so a stream takes as long as the same non-stream answer.
-        due = asyncio.get_running_loop().time() + self.config.ttft_ms / 1000
+        due = asyncio.get_running_loop().time() + self._ttft_s()
         await sleep_until(due)
         await response.write(chunks.role())
         for sent, token in enumerate(plan.tokens, 1):

@@ -25,12 +25,18 @@ class ScoringConfig:
     latency_smoothing_s: float = 0.05  # added to P95s before comparing clusters with each other
     queue_reference: float = 1.0  # waiting/running ratio that scores 0
     no_opinion_score: float = 0.5  # total of an endpoint no scorer has an opinion on
+    # "geometric": total = prod(score_i ** w_i) ** (1 / sum w_i), so a cluster that is bad on one
+    # axis (a 2 s tail) stays bad although it is fine on the others; "arithmetic" is the seed's
+    # weighted sum, where agreeing scorers dilute the one that differs.
+    combine: str = "geometric"
 
     def __post_init__(self) -> None:
         positive("ScoringConfig.latency_reference_s", self.latency_reference_s)
         positive("ScoringConfig.latency_smoothing_s", self.latency_smoothing_s)
         positive("ScoringConfig.queue_reference", self.queue_reference)
         fraction("ScoringConfig.no_opinion_score", self.no_opinion_score)
+        require(self.combine in ("geometric", "arithmetic"), "ScoringConfig.combine",
+                "must be 'geometric' or 'arithmetic'", self.combine)
 
 
 Scorer = Callable[[Endpoint, Sequence[Endpoint], ScoringConfig], "float | None"]
@@ -125,7 +131,13 @@ class WeightedScorers:
         parts = {name: _clamp(SCORERS[name](ep, pool, self.config)) for name in self.weights}
         weighted = [(self.weights[n], s) for n, s in parts.items() if s is not None and self.weights[n] > 0]
         weight_sum = sum(w for w, _ in weighted)
-        total = sum(w * s for w, s in weighted) / weight_sum if weighted else self.config.no_opinion_score
+        if not weighted:
+            total = self.config.no_opinion_score
+        elif self.config.combine == "geometric":
+            # Floor at 1e-3 so one zero does not erase the cluster from the weighted pick entirely.
+            total = math.exp(sum(w * math.log(max(s, 1e-3)) for w, s in weighted) / weight_sum)
+        else:
+            total = sum(w * s for w, s in weighted) / weight_sum
         return ScoreBreakdown(total=total, parts=MappingProxyType(parts))
 
 
