@@ -5,7 +5,8 @@ For each model, through Sluice's own loader and encoder (the serving pipeline):
   (tests/data/embedding_reference.npy), must be >= 0.995;
 - batch invariance: largest difference between a text embedded alone and in a
   mixed-length batch (fp16 kernels may pick other algorithms per shape; reported);
-- speed: texts/s at batch 1, 8, 32 and 128 (paraphrase prompts when found, else the
+- speed: texts/s at batch 1, 8, 32 and 128 (texts per encoder call, which the planner
+  may split into runs of similar length; paraphrase prompts when found, else the
   reference texts), each for a fixed time slice;
 - on the GPU, free memory through NVML and the batch the engine would allow.
 
@@ -108,9 +109,10 @@ def main() -> int:
     sha256 = args.fp16_sha256 or Path(str(args.fp16) + ".sha256").read_text().split()[0]
     texts = prompts(4096)
     rows = [
-        check("int8 (packaged)", EmbeddingSettings(provider="cpu", intra_op_threads=0), texts, args.seconds),
+        check("int8 (packaged)", EmbeddingSettings(provider="cpu", intra_op_threads=0,
+                                                   max_batch=max(BATCHES)), texts, args.seconds),
         check("fp16 (export_fp16)", EmbeddingSettings(model_path=str(args.fp16), model_sha256=sha256,
-                                                      provider=args.provider, max_batch=128),
+                                                      provider=args.provider, max_batch=max(BATCHES)),
               texts, args.seconds),
     ]
     print(f"{'model':20} {'provider':22} {'min cos':>8} {'alone/batch':>11} "

@@ -203,11 +203,20 @@ def test_plan_covers_every_text_once_within_max_batch():
     assert all(1 <= len(run) <= 4 for run in runs)
 
 
-def test_plan_groups_similar_lengths_and_orders_short_first():
+def test_plan_groups_similar_lengths():
     lengths = [10, 200, 11, 12, 210, 9]
     # Padding 200 to 210 costs 10 token-times, less than a second run (20).
     runs = plan_batches(lengths, max_batch=32, run_overhead_tokens=20)
-    assert [sorted(lengths[i] for i in run) for run in runs] == [[9, 10, 11, 12], [200, 210]]
+    assert sorted(sorted(lengths[i] for i in run) for run in runs) == [[9, 10, 11, 12], [200, 210]]
+
+
+def test_plan_runs_go_in_order_of_their_oldest_text():
+    # Index = arrival order. The long text came first: its run goes first.
+    lengths = [200, 10, 11, 210, 12]
+    runs = plan_batches(lengths, max_batch=32, run_overhead_tokens=20)
+    assert runs == [[0, 3], [1, 2, 4]]
+    assert [min(run) for run in plan_batches([5, 90, 6, 91, 7, 92], 2, 1)] == sorted(
+        min(run) for run in plan_batches([5, 90, 6, 91, 7, 92], 2, 1))
 
 
 def test_plan_with_a_dear_run_makes_one_batch_and_with_a_free_run_no_padding():
@@ -242,8 +251,14 @@ def test_default_settings_are_valid():
     assert settings.provider == "auto" and settings.max_tokens == 256
 
 
+def test_max_batch_zero_means_the_providers_default():
+    assert EmbeddingSettings().batch_ceiling(on_gpu=False) == 4
+    assert EmbeddingSettings().batch_ceiling(on_gpu=True) == 128
+    assert EmbeddingSettings(max_batch=16).batch_ceiling(on_gpu=True) == 16
+
+
 @pytest.mark.parametrize("field, value", [
-    ("provider", "tpu"), ("intra_op_threads", -1), ("max_batch", 0), ("max_batch", 2.5),
+    ("provider", "tpu"), ("intra_op_threads", -1), ("max_batch", -1), ("max_batch", 2.5),
     ("max_wait_ms", -1), ("max_wait_ms", float("nan")), ("max_queue", 0), ("max_tokens", 2),
     ("max_tokens", 513), ("model_sha256", "xyz"), ("max_batch", True),
 ])

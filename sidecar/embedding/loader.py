@@ -45,13 +45,14 @@ def load(settings: EmbeddingSettings, metrics: EmbedMetrics | None = None) -> Lo
         probe = FreeMemoryProbe()
         batch_limit = lambda tokens, ceiling: batch_limit_for_memory(probe(), tokens, ceiling)  # noqa: E731
     encoder = Encoder(session, tokenizer, max_tokens=settings.max_tokens,
-                      max_batch=settings.max_batch, batch_limit=batch_limit)
+                      max_batch=settings.batch_ceiling(on_gpu=provider == CUDA),
+                      batch_limit=batch_limit)
     dimension = _check_output(encoder, files.model)
     encoder.run_overhead_tokens = _measure_run_overhead(encoder)
     encoder.run([_filler(encoder, settings.max_tokens)])  # size the buffers for the longest text
     encoder.metrics = metrics or NoMetrics()  # warm-up runs stay out of the metrics
-    log.info("embedding model %s loaded on %s: dim %d, run overhead %.0f tokens",
-             files.model, provider, dimension, encoder.run_overhead_tokens)
+    log.info("embedding model %s loaded on %s: dim %d, max batch %d, run overhead %.0f tokens",
+             files.model, provider, dimension, encoder.max_batch, encoder.run_overhead_tokens)
     return LoadedModel(encoder, dimension, provider, files.model_sha256)
 
 

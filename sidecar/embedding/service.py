@@ -60,7 +60,7 @@ class EmbeddingService:
     async def _load(self) -> None:
         model = await asyncio.to_thread(load, self.settings, self._metrics)
         self._model = model
-        self._batcher = Batcher(model.encoder.encode_iter, max_batch=self.settings.max_batch,
+        self._batcher = Batcher(model.encoder.encode_iter, max_batch=model.encoder.max_batch,
                                 max_wait_s=self.settings.max_wait_s,
                                 max_queue=self.settings.max_queue, metrics=self._metrics)
 

@@ -17,6 +17,12 @@ PROVIDERS = ("auto", "cpu", "cuda")
 # The model's position table has 512 rows; all-MiniLM-L6-v2 was trained on 256.
 MODEL_POSITION_LIMIT = 512
 _SHA256 = re.compile(r"[0-9a-f]{64}")
+# A CPU run costs in proportion to its tokens, so batching only saves the fixed cost of
+# a run (about a quarter at 16 tokens); groups of 4 take most of that without making
+# a text wait long behind others (bench/embed.py, and the planning module's note).
+CPU_MAX_BATCH = 4
+# On a GPU a run of 128 short texts costs little more than a run of one.
+GPU_MAX_BATCH = 128
 
 
 @dataclass(frozen=True)
@@ -33,8 +39,10 @@ class EmbeddingSettings:
     # 1 is the measured best on a 2-core box that also runs Envoy and the event loop
     # (bench/embed.py); raise it on a dedicated machine.
     intra_op_threads: int = 1
-    # Most texts in one model run. On a GPU the engine may use fewer when memory is short.
-    max_batch: int = 32
+    # Most texts the worker takes at once (and so in one model run). 0 = by provider:
+    # CPU_MAX_BATCH on a CPU, GPU_MAX_BATCH on a GPU, where fewer are used when memory
+    # is short.
+    max_batch: int = 0
     # Most extra time a text waits for others to fill a batch, once the model is busy.
     # A text that arrives while the model is idle and nothing is queued runs at once.
     max_wait_ms: float = 0.0
@@ -52,10 +60,14 @@ class EmbeddingSettings:
             raise ConfigError("model_sha256: required when model_path is set "
                               "(sha256sum of the model file; it is checked at load)")
         _check_range("intra_op_threads", self.intra_op_threads, 0, 256)
-        _check_range("max_batch", self.max_batch, 1, 4096)
+        _check_range("max_batch", self.max_batch, 0, 4096)
         _check_range("max_wait_ms", self.max_wait_ms, 0, 1000, integer=False)
         _check_range("max_queue", self.max_queue, 1, 1_000_000)
         _check_range("max_tokens", self.max_tokens, 3, MODEL_POSITION_LIMIT)
+
+    def batch_ceiling(self, on_gpu: bool) -> int:
+        """max_batch, or the provider's default when it is 0."""
+        return self.max_batch or (GPU_MAX_BATCH if on_gpu else CPU_MAX_BATCH)
 
     @property
     def max_wait_s(self) -> float:

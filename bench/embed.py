@@ -1,0 +1,192 @@
+"""Embedding engine: the micro-batcher against one text at a time, on this machine's CPU.
+
+Run: `make bench-embed` (= `.venv/bin/python -m bench.embed`); about 2.5 minutes.
+
+Workload: prompts from the paraphrase set (fields a and b of
+../shared/data/paraphrase/dev.jsonl beside the repo, or $SLUICE_PARAPHRASE), shuffled
+with a fixed seed; every request embeds the next prompt. C closed-loop clients
+(C = 1, 8, 32, 128) on one event loop each await one embedding at a time, for a fixed
+time per cell.
+
+Modes (the same loaded model and session; onnxruntime intra-op threads varied):
+  one-at-a-time  each request is one model run of one text on one worker thread
+                 (await run_in_executor), the best a server without batching can do;
+  batcher        sidecar.embedding.batcher with the default settings (on a CPU:
+                 max_batch 4, max_wait 0, i.e. no timer);
+  batcher/32     the same with max_batch 32 (more throughput at high concurrency,
+                 longer tail at moderate concurrency);
+  batcher+wait2  the defaults with max_wait_ms=2, to show what a fill timer costs on a CPU.
+The modes take turns in ROUNDS rounds of SECONDS each per concurrency, and each row
+pools its rounds, so that other load on the machine falls on every mode alike.
+
+Reports texts/s, p50/p99 latency per request (from embed() called to vector back), and
+the process RSS after load and at its peak under load. Prints a table, writes
+reports/embed.json.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import statistics
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from bench.report import ROOT, rss_mb, table, write
+from sidecar.embedding.batcher import Batcher
+from sidecar.embedding.loader import load
+from sidecar.embedding.settings import EmbeddingSettings
+
+CONCURRENCY = (1, 8, 32, 128)
+# Batcher modes: (max_batch, max_wait_ms); None = the settings' default.
+MODES = {"one-at-a-time": None, "batcher": (None, None), "batcher/32": (32, None),
+         "batcher+wait2": (None, 2.0)}
+THREADS = (1, 2)
+ROUNDS = 3
+SECONDS = 1.2
+PROMPTS = 6000
+
+
+def paraphrase_path() -> Path:
+    return Path(os.environ.get("SLUICE_PARAPHRASE", ROOT.parent / "shared" / "data" / "paraphrase" / "dev.jsonl"))
+
+
+def load_prompts(path: Path, count: int) -> list[str]:
+    texts: list[str] = []
+    with open(path, encoding="utf-8") as handle:
+        for line in handle:
+            row = json.loads(line)
+            texts += [row["a"], row["b"]]
+            if len(texts) >= count:
+                break
+    random.Random(7).shuffle(texts)
+    return texts
+
+
+class RssPeak:
+    """Samples this process's RSS every 50 ms while the load runs."""
+
+    def __init__(self):
+        self.peak = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.05):
+            self.peak = max(self.peak, rss_mb(os.getpid()))
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+
+async def closed_loop(embed, texts: list[str], clients: int, seconds: float, offset: int) -> dict:
+    latencies: list[float] = []
+    cursor = iter(range(offset, 10**9))
+    deadline = time.perf_counter() + seconds
+
+    async def client() -> None:
+        while time.perf_counter() < deadline:
+            text = texts[next(cursor) % len(texts)]
+            started = time.perf_counter()
+            await embed(text)
+            latencies.append(time.perf_counter() - started)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(client() for _ in range(clients)))
+    return {"latencies": latencies, "elapsed": time.perf_counter() - started}
+
+
+async def run_cell(model, mode: str, clients: int, texts: list[str], seconds: float,
+                   offset: int) -> dict:
+    if mode == "one-at-a-time":
+        worker = ThreadPoolExecutor(max_workers=1)
+        loop = asyncio.get_running_loop()
+        encoder = model.encoder
+
+        async def embed(text):  # one model run per text, never on the loop
+            return await loop.run_in_executor(worker, lambda: encoder.run([encoder.tokenize(text)])[0])
+        try:
+            return await closed_loop(embed, texts, clients, seconds, offset)
+        finally:
+            worker.shutdown()
+    max_batch, wait_ms = MODES[mode]
+    settings = EmbeddingSettings.from_env(max_batch=max_batch, max_wait_ms=wait_ms)
+    default_batch = model.encoder.max_batch
+    model.encoder.max_batch = settings.batch_ceiling(on_gpu=False)  # the planner's cap too
+    batcher = Batcher(model.encoder.encode_iter, max_batch=model.encoder.max_batch,
+                      max_wait_s=settings.max_wait_s, max_queue=1024)
+    try:
+        return await closed_loop(batcher.embed, texts, clients, seconds, offset)
+    finally:
+        await batcher.close()
+        model.encoder.max_batch = default_batch
+
+
+def summarize(cells: list[dict]) -> dict:
+    latencies = sorted(x for cell in cells for x in cell["latencies"])
+    return {"texts_per_s": len(latencies) / sum(cell["elapsed"] for cell in cells),
+            "p50_ms": 1000 * statistics.median(latencies),
+            "p99_ms": 1000 * latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))],
+            "requests": len(latencies)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=SECONDS, help="per cell")
+    parser.add_argument("--threads", default=",".join(map(str, THREADS)),
+                        help="onnxruntime intra-op thread counts to compare")
+    args = parser.parse_args(argv)
+    texts = load_prompts(paraphrase_path(), PROMPTS)
+    rss_start = rss_mb(os.getpid())
+    rows, loads = [], []
+    for threads in (int(t) for t in args.threads.split(",")):
+        settings = EmbeddingSettings.from_env(provider="cpu", intra_op_threads=threads)
+        started = time.perf_counter()
+        model = load(settings)
+        loads.append({"intra_op_threads": threads, "load_s": round(time.perf_counter() - started, 2),
+                      "rss_after_load_mb": round(rss_mb(os.getpid()), 1),
+                      "run_overhead_tokens": round(model.encoder.run_overhead_tokens, 1)})
+        with RssPeak() as rss:
+            for clients in CONCURRENCY:
+                # Modes take turns, round after round, so that load from elsewhere on the
+                # machine falls on all of them alike.
+                cells: dict[str, list[dict]] = {mode: [] for mode in MODES}
+                for round_ in range(ROUNDS):
+                    for number, mode in enumerate(MODES):
+                        offset = 997 * (round_ * len(MODES) + number)
+                        cells[mode].append(asyncio.run(
+                            run_cell(model, mode, clients, texts, args.seconds, offset)))
+                for mode, runs in cells.items():
+                    row = {"threads": threads, "clients": clients, "mode": mode, **summarize(runs)}
+                    rows.append(row)
+                    print(f"  threads={threads} clients={clients:3} {mode:14} "
+                          f"{row['texts_per_s']:7.1f} texts/s  p50 {row['p50_ms']:7.2f} ms  "
+                          f"p99 {row['p99_ms']:7.2f} ms", flush=True)
+        loads[-1]["rss_peak_under_load_mb"] = round(rss.peak, 1)
+        del model
+    print()
+    print(table(rows, ["threads", "clients", "mode", "texts_per_s", "p50_ms", "p99_ms"]))
+    print()
+    print(table(loads, list(loads[0])))
+    tokens = [len(t) for t in texts]
+    path = write("embed", {
+        "workload": {"source": str(paraphrase_path()), "prompts": len(texts),
+                     "mean_chars": round(statistics.mean(tokens), 1), "seconds_per_cell": args.seconds, "rounds": ROUNDS},
+        "load_average_at_start": os.getloadavg(),
+        "rss_start_mb": round(rss_start, 1),
+        "loads": loads, "rows": rows})
+    print(f"\nwrote {path.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
