@@ -107,7 +107,7 @@ async def test_an_impossible_deadline_is_refused_at_once():
     result = await gate.acquire(["a"], "vip", "t", deadline=time.monotonic() + 1.0)
     elapsed = time.perf_counter() - started
     assert isinstance(result, Refusal) and (result.status, result.reason) == (503, "deadline")
-    assert elapsed < 0.005
+    assert elapsed < 0.02  # well under 50 ms: nothing waited for
     assert gate.in_flight("a") == 0 and metrics.of("refused") == [("vip", "deadline")]
 
 

@@ -281,7 +281,7 @@ async def test_redis_that_never_answers_costs_one_timeout_then_none(captured):
     started = time.perf_counter()
     for _ in range(3):
         assert (await limiter.check("t", "r", 0)).allowed
-    assert time.perf_counter() - started < 0.01  # within redis_retry_s Redis is not asked
+    assert time.perf_counter() - started < 0.03  # within redis_retry_s Redis is not asked
     clock.t += 1.0
     started = time.perf_counter()
     await limiter.check("t", "r", 0)  # one more try, one more timeout, no second log line
