@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -44,17 +43,11 @@ def reference() -> tuple[list[str], np.ndarray]:
 
 
 def prompts(count: int) -> list[str]:
-    path = Path(os.environ.get("SLUICE_PARAPHRASE", REPO.parent / "shared/data/paraphrase/dev.jsonl"))
-    texts: list[str] = []
-    if path.is_file():
-        with open(path, encoding="utf-8") as handle:
-            for line in handle:
-                row = json.loads(line)
-                texts += [row["a"], row["b"]]
-                if len(texts) >= count:
-                    break
-    if not texts:
-        texts = reference()[0]
+    """Paraphrase prompts as bench/embed.py reads them, else the reference texts, repeated."""
+    from bench.embed import load_prompts, paraphrase_path
+
+    path = paraphrase_path()
+    texts = load_prompts(path, count) if path.is_file() else reference()[0]
     return (texts * (count // len(texts) + 1))[:count]
 
 

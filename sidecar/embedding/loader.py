@@ -41,6 +41,10 @@ def load(settings: EmbeddingSettings, metrics: EmbedMetrics | None = None) -> Lo
     session = open_session(files.model, settings.provider, settings.intra_op_threads)
     provider = session.get_providers()[0]
     batch_limit = None
+    if provider == CUDA and not settings.model_path:
+        log.warning("the packaged int8 embedding model is running on a GPU, where int8 is no "
+                    "gain: make the fp16 model with scripts/export_fp16.py and set "
+                    "SLUICE_EMBED_MODEL_PATH and SLUICE_EMBED_MODEL_SHA256")
     if provider == CUDA:
         probe = FreeMemoryProbe()
         batch_limit = lambda tokens, ceiling: batch_limit_for_memory(probe(), tokens, ceiling)  # noqa: E731
