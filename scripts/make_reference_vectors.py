@@ -9,8 +9,10 @@
   has the wrong rank, for the load-error test.
 
 Needs torch, sentence-transformers, onnx and the fp32 model package, which Sluice does
-not depend on; use the export environment (see scripts/export_fp16.py):
+not depend on: the export environment (see scripts/export_fp16.py) plus
+sentence-transformers:
 
+    build/export-venv/bin/pip install sentence-transformers
     build/export-venv/bin/python scripts/make_reference_vectors.py
 """
 from __future__ import annotations
