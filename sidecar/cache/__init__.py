@@ -1,0 +1,1 @@
+"""Response cache: exact keys and semantic ("same question?") hits."""

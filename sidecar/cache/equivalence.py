@@ -1,0 +1,464 @@
+"""Is a stored answer for one prompt a correct answer to another?  ("same question?")
+
+A semantic-cache hit is served only when the two prompts' embeddings are close
+(cosine >= threshold) *and* cheap lexical checks agree.  Sentence embeddings are
+nearly blind to the details that change an answer: a number, a "not", a name,
+"why" versus "how", "best" versus "worst", one extra clause.  Each check below is
+a pure function of the two texts; the first that disagrees names the verdict.
+
+Serving a wrong answer is the worst failure, so every check errs towards a miss.
+The defaults and their measured effect are documented in docs/semantic-quality.md
+(reproduce with scripts/tune_semantic.py).
+"""
+
+from __future__ import annotations
+
+import re
+from bisect import bisect_left
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+from functools import lru_cache
+
+from sidecar.embedding.normalize import normalize_text
+
+__all__ = ["EquivalenceSettings", "Verdict", "Requirement", "Profile", "profile",
+           "requirement", "same_question"]
+
+
+@dataclass(frozen=True)
+class EquivalenceSettings:
+    """Threshold and switches for `same_question`.
+
+    The defaults are what scripts/tune_semantic.py picks (docs/semantic-quality.md):
+    the most recall with at most 2 % false hits on every source of the labelled pairs,
+    and no hit on its suite of different-question prompts.
+    """
+
+    threshold: float = 0.94
+    check_numbers: bool = True
+    check_negation: bool = True
+    check_question_words: bool = True
+    check_comparisons: bool = True
+    check_entities: bool = True
+    check_word_order: bool = True
+    check_content_words: bool = True
+    # Content words that only one prompt has ("how do I center a div [vertically]") raise
+    # the cosine needed: + extra_word_cost for each, counted on the side with more ...
+    extra_word_cost: float = 0.0
+    # ... and more than max_extra_words of them is a miss outright.
+    max_extra_words: int = 6
+    # When *both* prompts have a word the other lacks (a substitution: "install docker on
+    # ubuntu" / "on windows", and every lower-cased name the entity check cannot see),
+    # the cosine must clear the threshold by this much more; >= 1 means never a hit.
+    # The labelled pairs do not reward these three (their label-1 pairs reword freely),
+    # so the defaults are loose; extra_word_cost=0.02, max_extra_words=2,
+    # substitution_margin=1.0 is the strict setting the report also measures.
+    substitution_margin: float = 0.0
+    # The embedding reads only the last 256 tokens (about 190 words) of a prompt, so a
+    # difference earlier in a long prompt leaves the cosine near 1.  Past this many
+    # words (either prompt), every content word must match, whatever the knobs above.
+    long_prompt_words: int = 150
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.threshold <= 1.0:
+            raise ValueError(f"threshold: must be in (0, 1], got {self.threshold!r}")
+        for name in ("extra_word_cost", "substitution_margin"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)!r}")
+        for name in ("max_extra_words", "long_prompt_words"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)!r}")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    hit: bool
+    reason: str  # "ok" or the check that said no, e.g. "numbers_differ"
+
+
+@dataclass(frozen=True)
+class Requirement:
+    """The least cosine at which two prompts may share an answer, and why it is that high.
+
+    reason: "ok" (min_cosine is the threshold), "content_differs" (raised by extra or
+    swapped content words) or a check that rules the pair out (min_cosine is infinite).
+    """
+    min_cosine: float
+    reason: str
+
+
+@dataclass(frozen=True)
+class Profile:
+    """What the checks need to know about one prompt (see `profile`)."""
+
+    numbers: frozenset[str]          # canonical values: "1698.02", "30000000000", "3th"
+    negations: int                   # count of negation cues
+    question_words: frozenset[str]   # interrogative classes: "what", "why", "when", ...
+    comparisons: frozenset[str]      # classes of polar words: "+good" (best), "-more" (lower)
+    entities: frozenset[str]         # lower-cased names, acronyms, camel-case words
+    content: frozenset[str]          # stems of the remaining content words
+    directions: frozenset[tuple[str, str]]  # ("to", "fahrenheit"), ("than", "android")
+    words: frozenset[str]            # every lower-cased word and its stem, for matching
+    sorted_words: tuple[str, ...]    # the same, sorted, for prefix look-ups
+    length: int                      # words, numbers left out
+
+
+# ---------------------------------------------------------------- word tables
+
+_UNITS = {w: i for i, w in enumerate(
+    "zero one two three four five six seven eight nine ten eleven twelve thirteen "
+    "fourteen fifteen sixteen seventeen eighteen nineteen".split())}
+_TENS = {w: 10 * i for i, w in enumerate(
+    "_ _ twenty thirty forty fifty sixty seventy eighty ninety".split()) if w != "_"}
+_SCALES = {"hundred": 100, "thousand": 10**3, "k": 10**3, "million": 10**6, "mn": 10**6,
+           "billion": 10**9, "bn": 10**9, "trillion": 10**12, "tn": 10**12}
+_ORDINALS = {w: i + 1 for i, w in enumerate(
+    "first second third fourth fifth sixth seventh eighth ninth tenth eleventh twelfth".split())}
+_NUMBER_WORDS = frozenset(_UNITS) | frozenset(_TENS) | frozenset(_SCALES) | {"dozen", "percent", "per", "cent"}
+
+_NEGATIONS = frozenset(
+    "not no never none nobody nothing nowhere neither nor without cannot "
+    "nicht kein keine keinen keiner nie niemals jamais pas nunca nada nadie ningún ninguna "
+    "non mai dont cant wont isnt doesnt didnt aint".split())
+
+# Interrogative -> class.  "what", "which" and "how" often ask the same thing
+# ("what is the best way to ..." / "how do I ..."), so they share a class.
+_INTERROGATIVES = {
+    "what": "what", "what's": "what", "whats": "what", "which": "what", "how": "what",
+    "how's": "what", "why": "why", "when": "when", "when's": "when", "where": "where",
+    "where's": "where", "who": "who", "who's": "who", "whom": "who", "whose": "who",
+    # Other languages: only forms that are not also common words elsewhere
+    # (German "was", French "que"/"qui", unaccented Spanish "que"/"como" are left out).
+    "qué": "what", "cómo": "what", "cuál": "what", "cuáles": "what", "por qué": "why",
+    "cuándo": "when", "dónde": "where", "adónde": "where", "quién": "who", "quiénes": "who",
+    "pourquoi": "why", "quand": "when", "où": "where", "quel": "what", "quelle": "what",
+    "quels": "what", "quelles": "what", "warum": "why", "wieso": "why", "weshalb": "why",
+    "wie": "what", "wann": "when", "wo": "where", "wer": "who", "wen": "who", "wem": "who",
+    "welche": "what", "welcher": "what", "welches": "what",
+    "perché": "why", "quando": "when", "dove": "where", "onde": "where",
+}
+# These also introduce relative clauses ("the man who ..."), so they count as a
+# question word only at the start of a sentence.
+_RELATIVES = frozenset({"which", "who", "whom", "whose", "when", "where", "quando", "onde"})
+
+# Words whose swap for a counterpart flips the answer, by class: "+good"/"-good"
+# are opposites, words in one class are near enough ("good"/"best"/"top").
+_COMPARISONS = {w: cls for cls, words in {
+    "+good": "good great best better top nice excellent",
+    "-good": "bad worst worse poor terrible awful",
+    "+more": "more most higher highest greater greatest increase increased increases maximum max",
+    "-more": "less least fewer fewest lower lowest decrease decreased decreases minimum min",
+    "+big": "big bigger biggest large larger largest huge",
+    "-big": "small smaller smallest tiny",
+    "+long": "long longer longest",
+    "-long": "short shorter shortest",
+    "+fast": "fast faster fastest quick quicker quickest quickly",
+    "-fast": "slow slower slowest slowly",
+    "+easy": "easy easier easiest simple",
+    "-easy": "hard harder hardest difficult",
+    "+cheap": "cheap cheaper cheapest",
+    "-cheap": "expensive costly",
+    "+after": "after later late afterwards",
+    "-after": "before earlier early",
+    "+old": "old older oldest",
+    "-old": "young younger youngest new newer newest",
+    "+buy": "buy buying bought",
+    "-buy": "sell selling sold",
+    "+import": "import imports",
+    "-import": "export exports",
+    "+win": "win wins winning won",
+    "-win": "lose loses losing lost",
+    "+pro": "pros advantage advantages benefits",
+    "-pro": "cons disadvantage disadvantages drawbacks",
+    "+positive": "positive",
+    "-positive": "negative",
+    "+male": "male men man boy boys",
+    "-male": "female women woman girl girls",
+    "+legal": "legal",
+    "-legal": "illegal",
+    "+safe": "safe",
+    "-safe": "dangerous unsafe",
+    "+true": "true",
+    "-true": "false",
+}.items() for w in words.split()}
+
+_STOPWORDS = frozenset("""
+way ways ever please tell explain exactly actually basically probably simply said say says
+told according mr mrs ms dr
+a an the and or but if then else so than that this these those there here of in on at to for
+from by with about into onto over under through during as is am are was were be been being do
+does did doing done have has had having i me my mine myself we us our ours ourselves you your
+yours yourself he him his she her hers it its it's itself they them their theirs themselves
+what which who whom whose when where why how can could should would will shall may might must
+i'm i've i'd i'll you're you've you'd we're we've they're they've he's she's that's there's
+what's let's also just very really quite some any all each every both most much many such
+other another own same only even still yet again too get got gets getting one ones thing
+things someone something anyone anything everyone everything somebody anybody s t
+""".split())
+
+# "A to B", "from A", "better than B", "A against B": swapping A and B changes the question.
+_DIRECTIONS = frozenset("from to into than vs versus against".split())
+
+# Titles and company suffixes: present or absent, they name the same thing.
+_NOT_ENTITIES = frozenset(
+    "mr mrs ms miss dr prof sir gov sen rep st jr sr inc corp co ltd plc llc gmbh "
+    "i i'm i've i'd i'll".split())
+
+
+# ---------------------------------------------------------------- tokens
+
+_TOKEN = re.compile(
+    r"(?P<acronym>(?:[^\W\d_]\.){2,})"              # U.S., e.g.
+    r"|(?P<code>[A-Za-z]\+\+|[A-Za-z]#)"             # C++, C#
+    r"|(?P<ordinal>\d+(?:st|nd|rd|th)\b)"           # 3rd
+    r"|(?P<number>\d+(?:[.,]\d+)*)"
+    r"|(?P<word>[^\W\d_]+(?:['’][^\W\d_]+)*)"
+    r"|(?P<percent>%)"
+    r"|(?P<stop>[.!?:;]+)")
+
+
+@dataclass(frozen=True)
+class _Token:
+    text: str        # as written (acronym dots removed)
+    lower: str
+    kind: str        # acronym | code | ordinal | number | word
+    starts_sentence: bool
+
+
+def _tokens(text: str) -> list[_Token]:
+    out: list[_Token] = []
+    sentence_start = True
+    for m in _TOKEN.finditer(normalize_text(text)):  # as embedded: NFKC, invisibles removed
+        kind = m.lastgroup
+        raw = m.group()
+        if kind == "stop":
+            # "Dr. Smith" does not start a sentence.
+            if not (raw == "." and out and out[-1].lower in _NOT_ENTITIES):
+                sentence_start = True
+            continue
+        if kind == "acronym":
+            raw = raw.replace(".", "")
+        elif kind == "percent":
+            raw, kind = "percent", "word"
+        raw = raw.replace("’", "'")
+        out.append(_Token(raw, raw.lower(), kind, sentence_start))
+        sentence_start = False
+    return out
+
+
+def _stem(word: str) -> str:
+    """A crude, consistent stem: enough to match "shares"/"share", "playing"/"played"."""
+    if word.endswith("'s"):
+        word = word[:-2]
+    if len(word) <= 3:
+        return word
+    if word.endswith("ies") and len(word) > 4:
+        return word[:-3] + "y"
+    for suffix in ("ing", "ed"):
+        if word.endswith(suffix) and len(word) - len(suffix) >= 3:
+            word = word[: -len(suffix)]
+            if word[-1] == word[-2] and word[-1] not in "lsz":
+                word = word[:-1]  # stopped -> stop
+            return word.rstrip("e") if len(word) > 3 else word
+    if word.endswith("s") and not word.endswith(("ss", "us", "is")):
+        word = word[:-1]
+    return word.rstrip("e") if len(word) > 3 else word
+
+
+# ---------------------------------------------------------------- numbers
+
+def _canonical_number(text: str, scale: int = 1) -> str:
+    if re.fullmatch(r"\d{1,3}(?:,\d{3})+(?:\.\d+)?", text):
+        text = text.replace(",", "")
+    try:
+        value = Decimal(text)
+    except InvalidOperation:
+        return text  # "1.2.3", "3,5": kept verbatim
+    return format((value * scale).normalize(), "f")
+
+
+def _numbers(tokens: list[_Token]) -> frozenset[str]:
+    """Digits and number words as canonical values: "twenty-five" == "25", "$3bn" == "3 billion".
+
+    A lone "one" is skipped: it is more often a pronoun ("which one") than a count.
+    """
+    found: set[str] = set()
+    total: int | None = None  # a run of number words: total + current
+    current = 0
+
+    def flush() -> None:
+        nonlocal total, current
+        if total is not None:
+            found.add(str(total + current))
+        total, current = None, 0
+
+    for i, tok in enumerate(tokens):
+        word = tok.lower
+        after = tokens[i + 1].lower if i + 1 < len(tokens) else ""
+        if tok.kind == "ordinal":
+            flush()
+            found.add(_canonical_number(word[:-2]) + "th")
+        elif tok.kind == "number":
+            flush()
+            if after in _SCALES and _SCALES[after] >= 1000:
+                found.add(_canonical_number(word, _SCALES[after]))
+            else:
+                found.add(_canonical_number(word))
+        elif word in _UNITS or word in _TENS:
+            if word == "one" and total is None and after not in _SCALES:
+                continue
+            total = total or 0
+            current += _UNITS.get(word, 0) + _TENS.get(word, 0)
+        elif word in _SCALES and total is not None:
+            current = max(current, 1) * _SCALES[word]
+            if _SCALES[word] >= 1000:
+                total, current = total + current, 0
+        elif word == "and" and total is not None:
+            continue
+        else:
+            flush()
+            if word in _ORDINALS:
+                found.add(f"{_ORDINALS[word]}th")
+            elif word == "dozen":
+                found.add("12")
+    flush()
+    return frozenset(found)
+
+
+# ---------------------------------------------------------------- profile
+
+def _is_entity(tok: _Token) -> bool:
+    if tok.kind == "code":
+        return True
+    if tok.kind not in ("word", "acronym") or tok.lower in _NOT_ENTITIES or len(tok.text) < 2:
+        return False
+    if tok.lower in _STOPWORDS or tok.lower in _INTERROGATIVES:
+        return False
+    inner_caps = any(c.isupper() for c in tok.text[1:])  # NASA, iPhone, LendingTree
+    return inner_caps or (tok.text[0].isupper() and not tok.starts_sentence)
+
+
+@lru_cache(maxsize=16384)
+def profile(text: str) -> Profile:
+    """Everything the checks need from one prompt; cached, as stored prompts recur."""
+    tokens = _tokens(text)
+    words = [t.lower for t in tokens if t.kind not in ("number", "ordinal")]
+    questions = set()
+    for i, tok in enumerate(tokens):
+        word = tok.lower
+        if word == "qué" and i and tokens[i - 1].lower == "por":
+            word = "por qué"
+        if word in _INTERROGATIVES and (word not in _RELATIVES or tok.starts_sentence
+                                        or (i and tokens[i - 1].lower in ("and", "or"))):
+            questions.add(_INTERROGATIVES[word])
+    entities = frozenset(t.lower for t in tokens if not t.text.islower() and _is_entity(t))
+    directions = set()
+    for i, tok in enumerate(tokens):
+        if tok.lower in _DIRECTIONS:
+            follower = next((t.lower for t in tokens[i + 1:i + 4] if t.lower not in _STOPWORDS), None)
+            if follower:
+                directions.add((tok.lower, _stem(follower)))
+    stems = {w: _stem(w) for w in set(words)}
+    content = frozenset(
+        stem for w, stem in stems.items()
+        if w not in _STOPWORDS and w not in _NEGATIONS and w not in _NUMBER_WORDS
+        and w not in _ORDINALS and w not in _COMPARISONS and w not in entities
+        and not w.endswith("n't") and len(w) > 1)
+    all_words = frozenset(stems) | frozenset(stems.values())
+    return Profile(
+        numbers=_numbers(tokens),
+        negations=sum(1 for w in words if w in _NEGATIONS or w.endswith("n't")),
+        question_words=frozenset(questions),
+        comparisons=frozenset(_COMPARISONS[w] for w in stems if w in _COMPARISONS),
+        entities=entities,
+        content=content,
+        directions=frozenset(directions),
+        words=all_words,
+        sorted_words=tuple(sorted(all_words)),
+        length=len(words),
+    )
+
+
+# ---------------------------------------------------------------- the checks
+
+def _matches(word: str, other: Profile) -> bool:
+    """Same word, same stem, or one stem a prefix of the other ("Afghan"/"Afghanistan")."""
+    stem = _stem(word)
+    if word in other.words or stem in other.words:
+        return True
+    if len(stem) < 4:
+        return False
+    # A longer word of the other's that starts with this stem ...
+    i = bisect_left(other.sorted_words, stem)
+    if i < len(other.sorted_words) and other.sorted_words[i].startswith(stem):
+        return True
+    # ... or a word of the other's (4 letters or more) that this stem starts with.
+    return any(stem[:n] in other.words for n in range(4, len(stem)))
+
+
+def _unmatched(mine: frozenset[str], other: Profile) -> int:
+    return sum(1 for w in mine if not _matches(w, other))
+
+
+def _extra_words(mine: Profile, other: Profile) -> int:
+    """Content words and polar-word classes that only `mine` has."""
+    return _unmatched(mine.content, other) + len(mine.comparisons - other.comparisons)
+
+
+def _swapped(a: Profile, b: Profile) -> bool:
+    """The same words in other roles: "celsius to fahrenheit" / "fahrenheit to celsius"."""
+    for prep, word in a.directions - b.directions:
+        if word in b.words and any(p == prep and w in a.words and w != word
+                                   for p, w in b.directions - a.directions):
+            return True
+    return False
+
+
+def requirement(a_text: str, b_text: str, settings: EquivalenceSettings) -> Requirement:
+    """The least cosine at which the answer for one prompt may serve the other.
+
+    Pure and symmetric.  `same_question` is this compared with the embeddings' cosine;
+    it is public so that a threshold sweep need not re-run the checks.
+    """
+    a, b = profile(a_text), profile(b_text)
+    never = float("inf")
+    if settings.check_numbers and a.numbers != b.numbers:
+        return Requirement(never, "numbers_differ")
+    if settings.check_negation and a.negations != b.negations:
+        return Requirement(never, "negation_differs")
+    if settings.check_question_words and a.question_words and b.question_words \
+            and a.question_words != b.question_words:
+        return Requirement(never, "question_word_differs")
+    if settings.check_comparisons and a.comparisons - b.comparisons \
+            and b.comparisons - a.comparisons:
+        return Requirement(never, "comparison_differs")  # "best" for "worst"; an extra one counts below
+    if settings.check_entities and (_unmatched(a.entities, b) or _unmatched(b.entities, a)):
+        return Requirement(never, "entities_differ")
+    if settings.check_word_order and (_swapped(a, b) or _swapped(b, a)):
+        return Requirement(never, "order_differs")
+    if settings.check_content_words:
+        extra_a, extra_b = _extra_words(a, b), _extra_words(b, a)
+        long = max(a.length, b.length) > settings.long_prompt_words
+        if max(extra_a, extra_b) > (0 if long else settings.max_extra_words):
+            return Requirement(never, "content_differs")
+        raise_by = settings.extra_word_cost * max(extra_a, extra_b)
+        if extra_a and extra_b:
+            raise_by += settings.substitution_margin
+        if raise_by > 0:
+            return Requirement(settings.threshold + raise_by, "content_differs")
+    return Requirement(settings.threshold, "ok")
+
+
+def same_question(a_text: str, b_text: str, cosine: float,
+                  settings: EquivalenceSettings) -> Verdict:
+    """May the answer stored for one prompt be served for the other?
+
+    `cosine` is the similarity of the two prompts' embeddings.  Symmetric in the
+    prompts.  The reason names the first check that said no, or "ok".
+    """
+    if cosine < settings.threshold:
+        return Verdict(False, "below_threshold")
+    need = requirement(a_text, b_text, settings)
+    if cosine >= need.min_cosine:
+        return Verdict(True, "ok")
+    return Verdict(False, need.reason)

@@ -1,0 +1,190 @@
+"""The "same question?" decision for semantic-cache hits.
+
+Every sentence here is written for these tests; none comes from the paraphrase data
+sets (which we may not ship).  Cosines are given, not computed: the decision is a pure
+function of two texts, a cosine and settings.
+"""
+import dataclasses
+import math
+
+import pytest
+
+from sidecar.cache.equivalence import (EquivalenceSettings, Requirement, Verdict, profile,
+                                       requirement, same_question)
+
+DEFAULT = EquivalenceSettings()
+HIGH = 0.99  # above the default threshold plus any default margin
+
+# (a, b, cosine, hit, reason) under the default settings.
+CASES = [
+    # Rewordings of one question are served.
+    ("how to reset my password", "how do I reset my password", HIGH, True, "ok"),
+    ("How do I reset my password?", "How can I reset my password?", HIGH, True, "ok"),
+    ("What is the capital of France?", "What's the capital city of France?", HIGH, True, "ok"),
+    ("What is the best way to learn Python?", "How do I learn Python?", HIGH, True, "ok"),
+    ("Give me three tips for sleeping better", "Give me 3 tips for sleeping better", HIGH, True, "ok"),
+    ("what is the population of tokyo", "What is the population of Tokyo?", HIGH, True, "ok"),
+    ("What is the GDP of the U.S.?", "What is the GDP of the US?", HIGH, True, "ok"),
+    ("What did Mr. Smith say about taxes?", "What did Smith say about taxes?", HIGH, True, "ok"),
+    ("Tell me about the scientist who discovered penicillin",
+     "Tell me about the scientist that discovered penicillin", HIGH, True, "ok"),
+    ("What is the difference between TCP and UDP?", "What's the difference between UDP and TCP?",
+     HIGH, True, "ok"),
+    ("reset my pass\u200bword", "reset my password", HIGH, True, "ok"),  # invisible character
+    # The embedding must be close first.
+    ("how to reset my password", "how do I reset my password", 0.80, False, "below_threshold"),
+    # Numbers, digits or words.
+    ("What is 15% of 200?", "What is 20% of 200?", HIGH, False, "numbers_differ"),
+    ("Plan a 3 day trip to Rome", "Plan a 5 day trip to Rome", HIGH, False, "numbers_differ"),
+    ("Plan a three day trip to Rome", "Plan a five day trip to Rome", HIGH, False, "numbers_differ"),
+    ("Who won the World Cup in 2014?", "Who won the World Cup in 2018?", HIGH, False, "numbers_differ"),
+    ("Explain the causes of the first world war", "Explain the causes of the second world war",
+     HIGH, False, "numbers_differ"),
+    ("Convert 5 km to miles", "Convert km to miles", HIGH, False, "numbers_differ"),
+    # Negation.
+    ("Why is coffee bad for you?", "Why isn't coffee bad for you?", HIGH, False, "negation_differs"),
+    ("Is it safe to swim after eating?", "Is it not safe to swim after eating?",
+     HIGH, False, "negation_differs"),
+    ("Can I take ibuprofen with food?", "Can I take ibuprofen without food?",
+     HIGH, False, "negation_differs"),
+    ("¿Es seguro nadar después de comer?", "¿No es seguro nadar después de comer?",
+     HIGH, False, "negation_differs"),
+    # Names.
+    ("What is the capital of France?", "What is the capital of Germany?", HIGH, False, "entities_differ"),
+    ("Write a Python function to merge two lists", "Write a JavaScript function to merge two lists",
+     HIGH, False, "entities_differ"),
+    ("How do I install Docker on Ubuntu?", "How do I install Docker on Windows?",
+     HIGH, False, "entities_differ"),
+    # Question words.
+    ("Why do cats purr?", "How do cats purr?", HIGH, False, "question_word_differs"),
+    ("When did the Berlin Wall fall?", "Where did the Berlin Wall fall?",
+     HIGH, False, "question_word_differs"),
+    ("Who invented the telephone?", "When was the telephone invented?",
+     HIGH, False, "question_word_differs"),
+    ("¿Por qué el cielo es azul?", "¿Cuándo el cielo es azul?", HIGH, False, "question_word_differs"),
+    ("Warum ist der Himmel blau?", "Wann ist der Himmel blau?", HIGH, False, "question_word_differs"),
+    # Opposites.
+    ("What are the best books on statistics?", "What are the worst books on statistics?",
+     HIGH, False, "comparison_differs"),
+    ("Should I buy shares before the split?", "Should I buy shares after the split?",
+     HIGH, False, "comparison_differs"),
+    ("how to lose weight fast", "how to lose weight slowly", HIGH, False, "comparison_differs"),
+    # Same words, other roles.
+    ("convert celsius to fahrenheit", "convert fahrenheit to celsius", HIGH, False, "order_differs"),
+    ("flights from Paris to London", "flights from London to Paris", HIGH, False, "order_differs"),
+    ("Is tea healthier than coffee?", "Is coffee healthier than tea?", HIGH, False, "order_differs"),
+]
+
+
+@pytest.mark.parametrize("a, b, cosine, hit, reason", CASES)
+def test_same_question(a, b, cosine, hit, reason):
+    assert same_question(a, b, cosine, DEFAULT) == Verdict(hit, reason)
+
+
+@pytest.mark.parametrize("a, b, cosine, hit, reason", CASES)
+def test_order_of_the_prompts_does_not_matter(a, b, cosine, hit, reason):
+    assert same_question(b, a, cosine, DEFAULT) == same_question(a, b, cosine, DEFAULT)
+
+
+# Switching a check off lets its pair through.
+@pytest.mark.parametrize("switch, a, b", [
+    ("check_numbers", "What is 15% of 200?", "What is 20% of 200?"),
+    ("check_negation", "Why is coffee bad for you?", "Why isn't coffee bad for you?"),
+    ("check_entities", "What is the capital of France?", "What is the capital of Germany?"),
+    ("check_question_words", "Why do cats purr?", "How do cats purr?"),
+    ("check_comparisons", "What are the best books on statistics?", "What are the worst books on statistics?"),
+    ("check_word_order", "convert celsius to fahrenheit", "convert fahrenheit to celsius"),
+])
+def test_each_check_has_a_switch(switch, a, b):
+    assert not same_question(a, b, HIGH, DEFAULT).hit
+    assert same_question(a, b, HIGH, dataclasses.replace(DEFAULT, **{switch: False})) == Verdict(True, "ok")
+
+
+# Content words: lower-case names reach only this check.
+SWAP = ("how do i install docker on ubuntu", "how do i install docker on windows")
+NARROWER = ("how do i center a div", "how do i center a div vertically in a flex container")
+
+
+@pytest.mark.parametrize("settings, cosine, hit", [
+    (EquivalenceSettings(threshold=0.90, substitution_margin=0.0), 0.95, True),
+    (EquivalenceSettings(threshold=0.90, substitution_margin=0.04), 0.93, False),
+    (EquivalenceSettings(threshold=0.90, substitution_margin=0.04), 0.95, True),
+    (EquivalenceSettings(threshold=0.90, substitution_margin=1.0), 0.9999, False),
+])
+def test_a_swapped_word_needs_the_substitution_margin(settings, cosine, hit):
+    verdict = same_question(*SWAP, cosine, settings)
+    assert verdict == Verdict(hit, "ok" if hit else "content_differs")
+
+
+@pytest.mark.parametrize("settings, cosine, hit", [
+    (EquivalenceSettings(threshold=0.90, extra_word_cost=0.0), 0.91, True),
+    # "vertically", "flex", "container": three extra words, 0.02 each.
+    (EquivalenceSettings(threshold=0.90, extra_word_cost=0.02), 0.95, False),
+    (EquivalenceSettings(threshold=0.90, extra_word_cost=0.02), 0.97, True),
+    (EquivalenceSettings(threshold=0.90, max_extra_words=2), HIGH, False),
+])
+def test_extra_words_raise_the_bar(settings, cosine, hit):
+    verdict = same_question(*NARROWER, cosine, settings)
+    assert verdict == Verdict(hit, "ok" if hit else "content_differs")
+
+
+def test_requirement_is_what_same_question_compares_with():
+    strict = EquivalenceSettings(threshold=0.90, extra_word_cost=0.02)
+    need = requirement(*NARROWER, strict)
+    assert need.reason == "content_differs" and need.min_cosine == pytest.approx(0.96)
+    assert not same_question(*NARROWER, need.min_cosine - 1e-9, strict).hit
+    assert same_question(*NARROWER, need.min_cosine, strict).hit
+    assert requirement("how to reset my password", "how do I reset my password", DEFAULT) == \
+        Requirement(DEFAULT.threshold, "ok")
+    assert requirement("What is 15% of 200?", "What is 20% of 200?", DEFAULT) == \
+        Requirement(math.inf, "numbers_differ")
+
+
+@pytest.mark.parametrize("a, b", [
+    ("It costs $1,000", "It costs 1000 dollars"),
+    ("twenty-five people", "25 people"),
+    ("one hundred and five", "105"),
+    ("$3bn deal", "3 billion deal"),
+    ("the 3rd floor", "the third floor"),
+    ("2.50 euros", "2.5 euros"),
+    ("which one is better", "which is better"),  # a lone "one" is not a count
+])
+def test_numbers_are_compared_by_value(a, b):
+    assert profile(a).numbers == profile(b).numbers
+
+
+def test_relative_pronouns_are_not_question_words():
+    assert profile("The man who sold the car left").question_words == frozenset()
+    assert profile("Who sold the car?").question_words == {"who"}
+    assert profile("What is it and why?").question_words == {"what", "why"}
+
+
+def test_sentence_start_capitals_are_not_names():
+    assert profile("Summarize the French Revolution").entities == {"french", "revolution"}
+    assert profile("Paris. Tell me about NASA and iPhone sales").entities == {"nasa", "iphone"}
+
+
+@pytest.mark.parametrize("field, value", [
+    ("threshold", 0.0), ("threshold", 1.5), ("extra_word_cost", -0.1),
+    ("max_extra_words", -1), ("substitution_margin", -0.01), ("long_prompt_words", -1),
+])
+def test_settings_are_validated_naming_the_field(field, value):
+    with pytest.raises(ValueError, match=field):
+        EquivalenceSettings(**{field: value})
+
+
+def test_settings_are_frozen():
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        DEFAULT.threshold = 0.5
+
+
+def test_long_prompts_must_match_word_for_word():
+    # The embedding sees only the end of a long prompt: a change near the start leaves
+    # the cosine at about 1, so the content words decide.
+    context = " ".join(["The quarterly report covers revenue, hiring and the platform roadmap."] * 20)
+    a = "Our revenue grew this year. " + context + " Summarize the report."
+    b = "Our revenue shrank this year. " + context + " Summarize the report."
+    assert same_question(a, a, 1.0, DEFAULT) == Verdict(True, "ok")
+    assert same_question(a, b, 1.0, DEFAULT) == Verdict(False, "content_differs")
+    short = dataclasses.replace(DEFAULT, long_prompt_words=10_000)
+    assert same_question(a, b, 1.0, short) == Verdict(True, "ok")
