@@ -11,10 +11,10 @@ time per cell.
 Modes (the same loaded model and session; onnxruntime intra-op threads varied):
   one-at-a-time  each request is one model run of one text on one worker thread
                  (await run_in_executor), the best a server without batching can do;
-  batcher        sidecar.embedding.batcher with the default settings (on a CPU:
-                 max_batch 4, max_wait 0, i.e. no timer);
-  batcher/32     the same with max_batch 32 (more throughput at high concurrency,
-                 longer tail at moderate concurrency);
+  batcher        sidecar.embedding.batcher as served with the default settings (on a
+                 CPU: groups of a quarter of the backlog, 4 to 32 texts; no timer);
+  take-all/32    the worker takes everything queued, up to 32 (the GPU policy), to
+                 show what big groups cost the tail on a CPU;
   batcher+wait2  the defaults with max_wait_ms=2, to show what a fill timer costs on a CPU.
 The modes take turns in ROUNDS rounds of SECONDS each per concurrency, and each row
 pools its rounds, so that other load on the machine falls on every mode alike.
@@ -42,9 +42,9 @@ from sidecar.embedding.loader import load
 from sidecar.embedding.settings import EmbeddingSettings
 
 CONCURRENCY = (1, 8, 32, 128)
-# Batcher modes: (max_batch, max_wait_ms); None = the settings' default.
-MODES = {"one-at-a-time": None, "batcher": (None, None), "batcher/32": (32, None),
-         "batcher+wait2": (None, 2.0)}
+# Batcher modes: (max_wait_ms, take all up to max_batch); None = the settings' default.
+MODES = {"one-at-a-time": None, "batcher": (None, False), "take-all/32": (None, True),
+         "batcher+wait2": (2.0, False)}
 THREADS = (1, 2)
 ROUNDS = 3
 SECONDS = 1.2
@@ -118,17 +118,15 @@ async def run_cell(model, mode: str, clients: int, texts: list[str], seconds: fl
             return await closed_loop(embed, texts, clients, seconds, offset)
         finally:
             worker.shutdown()
-    max_batch, wait_ms = MODES[mode]
-    settings = EmbeddingSettings.from_env(max_batch=max_batch, max_wait_ms=wait_ms)
-    default_batch = model.encoder.max_batch
-    model.encoder.max_batch = settings.batch_ceiling(on_gpu=False)  # the planner's cap too
+    wait_ms, take_all = MODES[mode]
+    settings = EmbeddingSettings.from_env(max_wait_ms=wait_ms)
     batcher = Batcher(model.encoder.encode_iter, max_batch=model.encoder.max_batch,
+                      min_group=None if take_all else settings.min_group(on_gpu=False),
                       max_wait_s=settings.max_wait_s, max_queue=1024)
     try:
         return await closed_loop(batcher.embed, texts, clients, seconds, offset)
     finally:
         await batcher.close()
-        model.encoder.max_batch = default_batch
 
 
 def summarize(cells: list[dict]) -> dict:

@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 
-from sidecar.embedding.batcher import Batcher
+from sidecar.embedding.batcher import Batcher, group_size
 from sidecar.embedding.errors import EmbeddingUnavailable, NothingToEmbed, NotReady, QueueFull
 
 
@@ -189,4 +189,37 @@ async def test_rejects_non_text():
     batcher = make(FakeEncoder())
     with pytest.raises(TypeError):
         await batcher.embed(None)
+    await batcher.close()
+
+
+@pytest.mark.parametrize("backlog, max_batch, min_group, expected", [
+    (100, 32, None, 32), (3, 32, None, 32),      # GPU: all it may
+    (1, 32, 4, 4), (8, 32, 4, 4), (40, 32, 4, 10), (500, 32, 4, 32),  # CPU: a quarter
+    (500, 2, 4, 2),                              # never above max_batch
+])
+def test_group_size(backlog, max_batch, min_group, expected):
+    assert group_size(backlog, max_batch, min_group) == expected
+
+
+async def test_on_a_cpu_the_worker_takes_a_quarter_of_the_backlog():
+    gate = threading.Event()
+    encoder = FakeEncoder(gate=gate)
+    batcher = make(encoder, max_batch=32, min_group=4)
+    first = asyncio.ensure_future(batcher.embed("first"))
+    await asyncio.sleep(0.01)
+    rest = [asyncio.ensure_future(batcher.embed(f"t{n}")) for n in range(40)]
+    await asyncio.sleep(0.01)
+    gate.set()
+    await asyncio.gather(first, *rest)
+    assert [len(c) for c in encoder.calls][:3] == [1, 10, 7]  # 40 // 4, then 30 // 4
+    await batcher.close()
+
+
+async def test_a_lone_caller_never_waits_for_a_batch_after_a_run():
+    # One caller, one text at a time: each text finds the worker idle and nothing queued.
+    batcher = make(FakeEncoder(), max_wait_s=0.2)
+    started = time.perf_counter()
+    for _ in range(5):
+        await batcher.embed("again")
+    assert time.perf_counter() - started < 0.2
     await batcher.close()

@@ -252,7 +252,7 @@ def test_default_settings_are_valid():
 
 
 def test_max_batch_zero_means_the_providers_default():
-    assert EmbeddingSettings().batch_ceiling(on_gpu=False) == 4
+    assert EmbeddingSettings().batch_ceiling(on_gpu=False) == 32
     assert EmbeddingSettings().batch_ceiling(on_gpu=True) == 128
     assert EmbeddingSettings(max_batch=16).batch_ceiling(on_gpu=True) == 16
 

@@ -21,6 +21,7 @@ from sidecar.embedding.errors import NotReady
 from sidecar.embedding.loader import LoadedModel, load
 from sidecar.embedding.metrics import EmbedMetrics, PrometheusMetrics
 from sidecar.embedding.prompt import split_prompt
+from sidecar.embedding.runtime import CUDA
 from sidecar.embedding.settings import EmbeddingSettings
 
 
@@ -60,7 +61,9 @@ class EmbeddingService:
     async def _load(self) -> None:
         model = await asyncio.to_thread(load, self.settings, self._metrics)
         self._model = model
+        on_gpu = model.provider == CUDA
         self._batcher = Batcher(model.encoder.encode_iter, max_batch=model.encoder.max_batch,
+                                min_group=self.settings.min_group(on_gpu),
                                 max_wait_s=self.settings.max_wait_s,
                                 max_queue=self.settings.max_queue, metrics=self._metrics)
 

@@ -17,10 +17,10 @@ PROVIDERS = ("auto", "cpu", "cuda")
 # The model's position table has 512 rows; all-MiniLM-L6-v2 was trained on 256.
 MODEL_POSITION_LIMIT = 512
 _SHA256 = re.compile(r"[0-9a-f]{64}")
-# A CPU run costs in proportion to its tokens, so batching only saves the fixed cost of
-# a run (about a quarter at 16 tokens); groups of 4 take most of that without making
-# a text wait long behind others (bench/embed.py, and the planning module's note).
-CPU_MAX_BATCH = 4
+# On a CPU the worker takes a quarter of the backlog, from CPU_MIN_GROUP to max_batch
+# texts (sidecar.embedding.batcher says why; bench/embed.py measures it).
+CPU_MAX_BATCH = 32
+CPU_MIN_GROUP = 4
 # On a GPU a run of 128 short texts costs little more than a run of one.
 GPU_MAX_BATCH = 128
 
@@ -68,6 +68,10 @@ class EmbeddingSettings:
     def batch_ceiling(self, on_gpu: bool) -> int:
         """max_batch, or the provider's default when it is 0."""
         return self.max_batch or (GPU_MAX_BATCH if on_gpu else CPU_MAX_BATCH)
+
+    def min_group(self, on_gpu: bool) -> int | None:
+        """The batcher's min_group: None on a GPU (take all it may), CPU_MIN_GROUP on a CPU."""
+        return None if on_gpu else CPU_MIN_GROUP
 
     @property
     def max_wait_s(self) -> float:
