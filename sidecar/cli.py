@@ -13,9 +13,12 @@ def _serve(args: argparse.Namespace) -> int:
     from prometheus_client import start_http_server
 
     from sidecar import logs
+    from sidecar.app import App
     from sidecar.config import ConfigError, SidecarConfig
+    from sidecar.embedding import ModelLoadError
     from sidecar.noop import NoopProcessor
     from sidecar.processor import RequestProcessor
+    from sidecar.routing import RoutingDirector
     from sidecar.server import serve
 
     try:
@@ -30,8 +33,11 @@ def _serve(args: argparse.Namespace) -> int:
         if config.metrics_listen:
             host, _, port = config.metrics_listen.rpartition(":")
             start_http_server(int(port), addr=host)
-        asyncio.run(serve(config, new_processor=NoopProcessor if args.noop else RequestProcessor))
-    except OSError as exc:
+        if args.noop:
+            asyncio.run(serve(config, App(RoutingDirector()), new_processor=NoopProcessor))
+        else:
+            asyncio.run(serve(config))
+    except (OSError, ModelLoadError) as exc:
         print(f"sluice: cannot start: {exc}", file=sys.stderr)
         return EXIT_START_FAILED
     return 0
@@ -48,6 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--grace", type=float, help="seconds open streams get to finish (env SLUICE_GRACE_S)")
     serve.add_argument("--noop", action="store_true", help="change nothing (benchmark baseline)")
     serve.set_defaults(func=_serve)
+    from sidecar.embedding.cli import add_subcommands as add_embedding_commands
+    add_embedding_commands(commands)
     return parser
 
 

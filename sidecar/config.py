@@ -24,6 +24,11 @@ class SidecarConfig:
     grace_s: float = 10.0        # then open streams get this long to finish
     log_level: str = "INFO"
     log_prompts: bool = False    # prompts are never logged unless an operator turns this on
+    cache: bool = True           # the answer cache and in-flight dedup (routes can still opt out)
+    semantic: bool = True        # load the embedding model for the semantic tier
+    redis_url: str = ""          # shared tiers across replicas; "" keeps everything in memory
+    cache_secret: str = ""       # HMAC key for tenant ids; replicas sharing Redis need the same one
+    cache_max_entries: int = 100_000
 
     def __post_init__(self) -> None:
         for name in ("listen", "metrics_listen"):
@@ -33,6 +38,12 @@ class SidecarConfig:
         for name in ("drain_delay_s", "grace_s"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name}: must be >= 0")
+        if self.cache_max_entries < 1:
+            raise ConfigError("cache_max_entries: must be >= 1")
+        if self.cache_secret and len(self.cache_secret.encode()) < 16:
+            raise ConfigError("cache_secret: must be at least 16 bytes")
+        if self.redis_url and not self.redis_url.startswith(("redis://", "rediss://", "unix://")):
+            raise ConfigError(f"redis_url: expected redis://, rediss:// or unix://, got {self.redis_url!r}")
         if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
             raise ConfigError(f"log_level: expected DEBUG, INFO, WARNING or ERROR, got {self.log_level!r}")
 
@@ -44,6 +55,8 @@ class SidecarConfig:
             raw = environ.get(ENV_PREFIX + field.name.upper())
             if raw is not None:
                 values[field.name] = _convert(field, raw)
+        if "redis_url" not in values and environ.get("REDIS_URL"):
+            values["redis_url"] = environ["REDIS_URL"]          # the conventional name works too
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
 

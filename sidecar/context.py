@@ -36,7 +36,10 @@ class RequestContext:
     cluster: str | None = None
     decision: object = None            # sidecar.scheduling.Decision, when the scheduler picked
     status: int | None = None
+    response_headers: Mapping[str, str] = field(default_factory=dict)
     response_headers_at: float | None = None
+    cache_status: str | None = None    # exact|semantic|coalesced|miss|bypass
+    capture: object = None             # sidecar.caching.Capture of a cache miss
     response_complete: bool = False
 
     @property

@@ -18,5 +18,8 @@ class Director(Protocol):
     def on_response_headers(self, ctx: RequestContext) -> None:
         """The upstream's (or Envoy's) response headers passed: time to first byte."""
 
+    def on_response_body(self, ctx: RequestContext, chunk: bytes, end_of_stream: bool) -> None:
+        """A chunk of the response body, when the plan asked for it."""
+
     def on_finish(self, ctx: RequestContext) -> None:
         """Called once per request when its stream ends, whatever happened."""

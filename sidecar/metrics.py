@@ -25,3 +25,12 @@ BREAKER_STATE = Gauge("sluice_scheduler_breaker_state", "Circuit breaker: 0 clos
 BREAKER_TRANSITIONS = Counter("sluice_scheduler_breaker_transitions_total", "Breaker transitions, by cluster and new state.", ["cluster", "state"])
 UNAVAILABLE = Counter("sluice_scheduler_unavailable_total", "Requests refused with 503: no candidate cluster available.", ["route"])
 DEGRADED = Counter("sluice_scheduler_degraded_total", "Requests sent to a fallback cluster.", ["route"])
+
+# Cache and in-flight dedup.
+CACHE_LOOKUPS = Counter("sluice_cache_requests_total", "Chat requests by cache result: exact, semantic, coalesced, miss, or a bypass reason.", ["route", "result"])
+CACHE_SAVED_TOKENS = Counter("sluice_cache_saved_tokens_total", "Prompt + completion tokens answered without an upstream call.", ["route"])
+CACHE_STORED = Counter("sluice_cache_stored_total", "Answers captured and stored.", ["route"])
+CACHE_NOT_STORED = Counter("sluice_cache_not_stored_total", "Answers not stored, by reason (status, partial, finish_reason, ...).", ["route", "reason"])
+CACHE_SEMANTIC_VERDICTS = Counter("sluice_cache_semantic_checks_total", "Semantic candidates by the check that decided (ok = served).", ["reason"])
+CACHE_EMBED_SKIPPED = Counter("sluice_cache_embedding_skipped_total", "Requests that skipped the semantic tier because embedding failed.", ["reason"])
+CACHE_FOLLOWERS = Counter("sluice_cache_dedup_followers_total", "Requests that waited for an identical in-flight request.")

@@ -115,11 +115,12 @@ class RequestProcessor:
 
     def _on_response_headers(self, event: ResponseHeaders) -> Reply:
         ctx = self.context
-        ctx.status = _status(event.headers)
+        ctx.status, ctx.response_headers = _status(event.headers), event.headers
         self.state = State.DONE if event.end_of_stream else State.AWAIT_RESPONSE_BODY
         ctx.response_complete = event.end_of_stream
         mode = None
-        if self._plan.response_body is not None and not event.end_of_stream:
+        # Only a complete 200 answer is worth reading (e.g. for the cache).
+        if self._plan.response_body is not None and ctx.status == 200 and not event.end_of_stream:
             mode = ModeOverride(response_body=self._plan.response_body)
         return Continue(Phase.RESPONSE_HEADERS, set_headers=self._plan.response_headers, mode=mode)
 

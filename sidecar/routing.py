@@ -118,6 +118,9 @@ class RoutingDirector:
         if ctx.decision is not None:
             self.scheduler.on_first_byte(ctx.decision, now - ctx.started, now)
 
+    def on_response_body(self, ctx: RequestContext, chunk: bytes, end_of_stream: bool) -> None:
+        pass
+
     def on_finish(self, ctx: RequestContext) -> None:
         decision: Decision | None = ctx.decision
         if decision is None:

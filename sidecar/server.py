@@ -18,9 +18,10 @@ from grpc_health.v1 import _async as health_async
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from sidecar import codec, metrics
+from sidecar.app import App, build
 from sidecar.config import SidecarConfig
 from sidecar.director import Director
-from sidecar.events import Decide, ProtocolError, ResponseHeaders
+from sidecar.events import Decide, ProtocolError, ResponseBody, ResponseHeaders
 from sidecar.processor import RequestProcessor
 from sidecar.routing import RoutingDirector
 
@@ -48,6 +49,8 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):
                     reply = processor.apply(await self._director.decide(ctx))
                 elif isinstance(event, ResponseHeaders):
                     self._director.on_response_headers(ctx)
+                elif isinstance(event, ResponseBody):
+                    self._director.on_response_body(ctx, event.body, event.end_of_stream)
                 response = codec.encode(reply)
                 metrics.MESSAGE_SECONDS.labels(type(event).__name__).observe(
                     time.perf_counter() - started)
@@ -77,12 +80,13 @@ class Sidecar:
         if self.port == 0:
             raise OSError(f"cannot listen on {config.listen}")
 
-    async def start(self) -> None:
+    async def start(self, serving: bool = True) -> None:
+        """Listen; with serving=False the health service says NOT_SERVING until set_serving."""
         await self.server.start()
-        await self._set_serving(True)
-        log.info("sluice sidecar serving ext_proc on %s", self.config.listen)
+        await self.set_serving(serving)
+        log.info("sluice sidecar listening for ext_proc on %s", self.config.listen)
 
-    async def _set_serving(self, serving: bool) -> None:
+    async def set_serving(self, serving: bool) -> None:
         status = (health_pb2.HealthCheckResponse.SERVING if serving
                   else health_pb2.HealthCheckResponse.NOT_SERVING)
         for service in ("", EXT_PROC_SERVICE):
@@ -91,17 +95,26 @@ class Sidecar:
     async def stop(self) -> None:
         log.info("draining: NOT_SERVING for %.1fs, then %.1fs grace for open streams",
                  self.config.drain_delay_s, self.config.grace_s)
-        await self._set_serving(False)
+        await self.set_serving(False)
         await asyncio.sleep(self.config.drain_delay_s)
         await self.server.stop(self.config.grace_s)
         log.info("sidecar stopped")
 
 
-async def serve(config: SidecarConfig, director: Director | None = None,
+async def serve(config: SidecarConfig, app: App | None = None,
                 new_processor: Callable[[], object] = RequestProcessor) -> None:
-    """Run until SIGTERM or SIGINT; a second signal stops at once."""
-    sidecar = Sidecar(config, director, new_processor)
-    await sidecar.start()
+    """Run until SIGTERM or SIGINT; a second signal stops at once. Envoy sees NOT_SERVING
+    until the heavy parts (the embedding model) are loaded and warm."""
+    app = app or build(config)
+    sidecar = Sidecar(config, app.director, new_processor)
+    await sidecar.start(serving=False)
+    try:
+        await app.start()
+    except BaseException:
+        await sidecar.server.stop(0)
+        raise
+    await sidecar.set_serving(True)
+    log.info("sluice sidecar serving")
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
 
@@ -115,3 +128,4 @@ async def serve(config: SidecarConfig, director: Director | None = None,
         loop.add_signal_handler(sig, on_signal)
     await stopping.wait()
     await sidecar.stop()
+    await app.close()

@@ -22,6 +22,8 @@ def _stack_factory(tmp_path_factory):
     stacks = []
 
     def make(**kwargs) -> Stack:
+        # Routing tests repeat prompts; a cache would answer them. Cache tests turn it on.
+        kwargs.setdefault("sidecar_env", {"SLUICE_CACHE": "false"})
         stack = Stack(tmp_path_factory.mktemp("stack"), **kwargs).start()
         stacks.append(stack)
         return stack

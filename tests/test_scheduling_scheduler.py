@@ -287,3 +287,19 @@ def test_a_failing_cluster_is_cut_off_within_the_window_and_taken_back_after_rec
     assert recovered and 50.0 <= recovered[0] < 50.0 + BREAKER.cooldown_s + 5.0
     assert sim.share("a", 70.0, 100.0) > 0.3  # taken back
     assert sched.breaker_states(100.0)["a"] is BreakerState.CLOSED
+
+
+def test_closing_a_breaker_forgets_the_clusters_old_errors():
+    s = Scheduler(SchedulerConfig(breaker=BreakerConfig(window_s=10, min_requests=2, cooldown_s=1,
+                                                        close_after_successes=1)))
+    a = Decision("a")
+    for t in (0.0, 0.1, 0.2, 0.3):
+        s.on_complete(a, 0.1, ok=False, now=t)
+    assert s.breaker_states(0.5)["a"] is BreakerState.OPEN
+    assert s.snapshot(0.5)["a"].error_rate == 1.0
+    assert s.breaker_states(2.0)["a"] is BreakerState.HALF_OPEN   # cooled down
+    probe = s.pick([CandidateSpec("a")], now=2.0)
+    assert probe.probe
+    s.on_complete(probe, 0.1, ok=True, now=2.1)
+    assert s.breaker_states(2.2)["a"] is BreakerState.CLOSED
+    assert s.snapshot(2.2)["a"].error_rate in (None, 0.0)

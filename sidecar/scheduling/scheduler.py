@@ -231,4 +231,6 @@ class Scheduler:
 
     def _emit(self, transition: BreakerTransition | None) -> None:
         if transition is not None:
+            if transition.state is BreakerState.CLOSED:
+                self.signals.forget_errors(transition.cluster)
             self._on_transition(transition)

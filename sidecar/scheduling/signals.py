@@ -87,6 +87,11 @@ class SignalTracker:
         if completion_tokens and completion_tokens > 0 and decode_s > 0:
             c.tokens_per_s.add(completion_tokens / decode_s)
 
+    def forget_errors(self, cluster: str) -> None:
+        """The cluster's breaker closed after successful probes: its old failures no longer
+        describe it, and would keep its score low until they left the window."""
+        self._get(cluster).outcomes = OutcomeWindow(self._config.error_window_s)
+
     def on_abandon(self, cluster: str) -> None:
         """The client left before the upstream answered: no verdict on the cluster."""
         c = self._get(cluster)

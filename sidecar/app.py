@@ -1,0 +1,80 @@
+"""Assembles the sidecar's parts from its config: director, cache, embedding model.
+
+`build()` returns an App whose `start()` loads what is heavy (the embedding model) before the
+server reports SERVING, and whose `close()` releases connections at shutdown.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+
+from sidecar.config import SidecarConfig
+from sidecar.routing import RoutingDirector
+
+log = logging.getLogger("sluice.app")
+
+
+@dataclass
+class App:
+    director: object
+    embedder: object | None = None
+    closers: list = field(default_factory=list)
+
+    async def start(self) -> None:
+        """Raises ModelLoadError when the embedding model cannot be loaded (a failed start)."""
+        if self.embedder is not None:
+            await self.embedder.warm_up()
+            log.info("embedding model ready")
+        for part in self.closers:
+            if hasattr(part, "start"):
+                await part.start()
+
+    async def close(self) -> None:
+        for part in reversed(self.closers):
+            await part.close()
+        if self.embedder is not None:
+            await self.embedder.close()
+
+
+def build(config: SidecarConfig) -> App:
+    routing = RoutingDirector()
+    if not config.cache:
+        return App(routing)
+    from sidecar.cache.inflight import InFlight
+    from sidecar.caching import CacheRuntime, CachingDirector
+
+    embedder = None
+    if config.semantic:
+        from sidecar.embedding import EmbeddingService, EmbeddingSettings
+        embedder = EmbeddingService(EmbeddingSettings.from_env())
+    secret = config.cache_secret.encode() if config.cache_secret else os.urandom(32)
+    if config.redis_url:
+        if not config.cache_secret:
+            log.warning("SLUICE_CACHE_SECRET is not set: replicas sharing Redis will not share tenants' entries")
+        from redis.asyncio import Redis
+
+        from sidecar.cache.inflight_redis import RedisInFlight
+        from sidecar.cache.redis_store import RedisStore
+        redis = Redis.from_url(config.redis_url, socket_timeout=0.05, socket_connect_timeout=0.05)
+        store = RedisStore(redis, max_entries=config.cache_max_entries)
+        inflight = RedisInFlight(redis, InFlight())
+        closers = [store, _Closing(inflight.aclose)]
+    else:
+        from sidecar.cache.memory_store import MemoryStore
+        store = MemoryStore(_limits(config))
+        inflight = InFlight()
+        closers = [store]
+    runtime = CacheRuntime(store=store, inflight=inflight, embedder=embedder, secret=secret)
+    return App(CachingDirector(routing, runtime), embedder, closers)
+
+
+def _limits(config: SidecarConfig):
+    from sidecar.cache.store import StoreLimits
+    return StoreLimits(max_entries=config.cache_max_entries,
+                       max_entries_per_scope=min(config.cache_max_entries, 20_000))
+
+
+@dataclass
+class _Closing:
+    close: object

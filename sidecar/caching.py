@@ -1,0 +1,277 @@
+"""The caching director: answer from cache, coalesce in-flight twins, capture fresh answers.
+
+Wraps the routing director. Per chat request:
+  1. bypass rules (no-store, time-sensitive, n > 1, tools, temperature, anonymous caller);
+  2. exact tier: SHA-256 of scope + normalised prompt;
+  3. semantic tier: nearest stored prompt in the same scope with cosine >= tau, and the cheap
+     "same question?" checks (sidecar/cache/equivalence.py) must agree;
+  4. in-flight dedup: a twin already upstream -> wait for its answer (bounded);
+  5. miss: the routing director picks the cluster; Envoy is asked for the response body of a
+     200 answer, which is captured, stored and handed to the waiting followers.
+Every response carries x-sluice-cache: exact|semantic|coalesced|miss|bypass.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from sidecar import metrics
+from sidecar.cache.answer import CachedAnswer
+from sidecar.cache.capture import Refusal, SseCapture, capture_json, response_refusal
+from sidecar.cache.equivalence import EquivalenceSettings, same_question
+from sidecar.cache.inflight import Answered, Follow, Lead, Near, Promoted
+from sidecar.cache.policy import TIME_SENSITIVE_WORDS, CachePolicy, cache_decision
+from sidecar.cache.replay import completion_id, hit_headers, json_body, sse_body
+from sidecar.cache.scope import exact_key, prompt_text, scope_for
+from sidecar.context import Outcome, RequestContext
+from sidecar.events import BodyMode, ImmediateReply, Plan
+from sidecar.route_settings import RouteSettings
+
+log = logging.getLogger("sluice.cache")
+CACHE_HEADER = "x-sluice-cache"
+
+
+def cache_policy(route: RouteSettings) -> CachePolicy:
+    """The route's cache settings (proto sluice.v1.Cache) as a validated CachePolicy."""
+    c, d = route.cache, CachePolicy()
+
+    def get(name, default):
+        return getattr(c, name) if c.HasField(name) else default
+
+    return CachePolicy(
+        enabled=get("enabled", d.enabled), semantic_threshold=get("semantic_threshold", d.semantic_threshold),
+        ttl_s=get("ttl_s", d.ttl_s), allow_tools=c.allow_tools,
+        max_temperature=get("max_temperature", d.max_temperature), shared=c.shared,
+        tenant_header=c.tenant_header.lower(),
+        time_sensitive_words=TIME_SENSITIVE_WORDS + tuple(c.time_sensitive_words),
+        dedup=get("dedup", d.dedup), max_dedup_wait_s=get("max_dedup_wait_s", d.max_dedup_wait_s))
+
+
+@dataclass
+class Capture:
+    """What a miss must do with its answer: store it, and hand it to followers."""
+    scope: str
+    key: str
+    prompt: str
+    vector: np.ndarray | None
+    ttl_s: float
+    stream: bool
+    lead: Lead | None
+    sse: SseCapture | None = None
+    body: bytearray = field(default_factory=bytearray)
+    finished: bool = False
+
+    def abandon(self) -> None:
+        self.finished = True
+        if self.lead is not None:
+            self.lead.abandon()
+
+
+@dataclass
+class CacheRuntime:
+    """Process-wide pieces of the cache."""
+    store: object                      # sidecar.cache.store.CacheStore
+    inflight: object                   # InFlight or RedisInFlight
+    embedder: object | None = None     # EmbeddingService; None: exact tier only
+    secret: bytes = field(default_factory=lambda: os.urandom(32))
+    equivalence: EquivalenceSettings = field(default_factory=EquivalenceSettings)
+    max_capture_bytes: int = 1 << 20
+
+
+class CachingDirector:
+    def __init__(self, inner, runtime: CacheRuntime, clock: Callable[[], float] = time.time):
+        self._inner = inner
+        self._rt = runtime
+        self._clock = clock
+        self._policies: dict[bytes, CachePolicy | None] = {}
+        self._tasks: set[asyncio.Task] = set()
+
+    # --- decision -----------------------------------------------------------------------
+
+    async def decide(self, ctx: RequestContext) -> Plan:
+        policy = self._policy(ctx)
+        if policy is None or not policy.enabled:
+            return await self._upstream(ctx, "bypass", None)
+        chat = ctx.chat
+        bypass = cache_decision(chat, ctx.headers, policy)
+        scope = scope_for(chat, ctx.headers, policy, self._rt.secret, route=ctx.route_name)
+        if scope is None or (bypass is not None and not bypass.may_store):
+            metrics.CACHE_LOOKUPS.labels(ctx.route_name, "bypass").inc()
+            return await self._upstream(ctx, "bypass", None)
+        prompt = prompt_text(chat)
+        key = exact_key(scope, prompt)
+        vector = None
+        lead: Lead | None = None
+        try:
+            if bypass is None:                                   # may serve from cache
+                entry = await self._rt.store.get_exact(scope.key, key)
+                if entry is not None:
+                    return self._serve(ctx, CachedAnswer.from_bytes(entry.answer), "exact", None, entry.stored_at)
+                vector = await self._embed(prompt, policy)
+                if vector is not None:
+                    hit = await self._semantic(scope.key, prompt, vector, policy)
+                    if hit is not None:
+                        return self._serve(ctx, *hit)
+                if policy.dedup:
+                    lead, answered = await self._coalesce(ctx, scope.key, key, prompt, vector, policy)
+                    if answered is not None:
+                        return self._serve(ctx, answered, "coalesced", None, self._clock())
+            else:
+                metrics.CACHE_LOOKUPS.labels(ctx.route_name, bypass.reason).inc()
+                vector = await self._embed(prompt, policy)
+            capture = Capture(scope.key, key, prompt, vector, policy.ttl_s, chat.stream, lead)
+            lead = None   # owned by the capture from here on
+            return await self._upstream(ctx, "miss" if bypass is None else "bypass", capture)
+        finally:
+            if lead is not None:       # cancelled (client left) or failed before the capture owned it
+                lead.abandon()
+
+    def _policy(self, ctx: RequestContext) -> CachePolicy | None:
+        route = ctx.route
+        if not isinstance(route, RouteSettings):
+            return None
+        key = route.cache.SerializeToString(deterministic=True)
+        if key not in self._policies:
+            try:
+                self._policies[key] = cache_policy(route)
+            except ValueError as exc:
+                log.error("invalid cache settings of route %s, cache off: %s", ctx.route_name, exc)
+                self._policies[key] = None
+        return self._policies[key]
+
+    async def _embed(self, prompt: str, policy: CachePolicy) -> np.ndarray | None:
+        if self._rt.embedder is None:
+            return None
+        try:
+            return await self._rt.embedder.embed(prompt)
+        except Exception as exc:   # EmbeddingUnavailable and anything else: skip the semantic tier
+            metrics.CACHE_EMBED_SKIPPED.labels(type(exc).__name__).inc()
+            return None
+
+    async def _semantic(self, scope: str, prompt: str, vector: np.ndarray, policy: CachePolicy):
+        neighbour = await self._rt.store.nearest(scope, vector, policy.semantic_threshold)
+        if neighbour is None:
+            return None
+        settings = dataclasses.replace(self._rt.equivalence, threshold=policy.semantic_threshold)
+        verdict = same_question(neighbour.entry.prompt, prompt, neighbour.similarity, settings)
+        metrics.CACHE_SEMANTIC_VERDICTS.labels(verdict.reason).inc()
+        if not verdict.hit:
+            return None
+        return (CachedAnswer.from_bytes(neighbour.entry.answer), "semantic", neighbour.similarity,
+                neighbour.entry.stored_at)
+
+    async def _coalesce(self, ctx, scope, key, prompt, vector, policy):
+        """(lead, None) to go upstream leading (or alone); (None, answer) when a twin answered."""
+        near = None
+        if vector is not None:
+            settings = dataclasses.replace(self._rt.equivalence, threshold=policy.semantic_threshold)
+            near = Near(vector, policy.semantic_threshold, prompt,
+                        same=lambda leader, cosine: same_question(leader, prompt, cosine, settings).hit)
+        ticket = await self._rt.inflight.join(scope, key, near)
+        if not isinstance(ticket, Follow):
+            return ticket, None
+        metrics.CACHE_FOLLOWERS.inc()
+        outcome = await ticket.wait(policy.max_dedup_wait_s)
+        if isinstance(outcome, Answered):
+            return None, CachedAnswer.from_bytes(outcome.payload)
+        if isinstance(outcome, Promoted):
+            return outcome.lead, None
+        return None, None                       # timed out: go upstream alone
+
+    def _serve(self, ctx: RequestContext, answer: CachedAnswer, tier: str, similarity: float | None,
+               stored_at: float) -> Plan:
+        now = self._clock()
+        chat = ctx.chat
+        ident = completion_id(os.urandom(12))
+        if chat.stream:
+            body = sse_body(answer, chat.model, now, ident, chat.include_usage)
+        else:
+            body = json_body(answer, chat.model, now, ident)
+        ctx.outcome, ctx.cache_status = Outcome.ANSWERED, tier
+        metrics.CACHE_LOOKUPS.labels(ctx.route_name, tier).inc()
+        metrics.CACHE_SAVED_TOKENS.labels(ctx.route_name).inc(answer.prompt_tokens + answer.completion_tokens)
+        return Plan(reply=ImmediateReply(200, body, hit_headers(tier, similarity, now - stored_at,
+                                                                stream=chat.stream)))
+
+    async def _upstream(self, ctx: RequestContext, status: str, capture: Capture | None) -> Plan:
+        try:
+            plan = await self._inner.decide(ctx)
+        except BaseException:
+            if capture is not None:
+                capture.abandon()
+            raise
+        ctx.cache_status = status
+        if status == "miss":
+            metrics.CACHE_LOOKUPS.labels(ctx.route_name, "miss").inc()
+        if plan.reply is not None:                      # refused (e.g. 503): nothing to capture
+            if capture is not None:
+                capture.abandon()
+            return plan
+        ctx.capture = capture
+        extra = ((CACHE_HEADER, status),)
+        if capture is None:
+            return dataclasses.replace(plan, response_headers=plan.response_headers + extra)
+        # A compressed answer could not be captured: ask the upstream for identity encoding.
+        return dataclasses.replace(
+            plan, response_headers=plan.response_headers + extra,
+            request_headers=plan.request_headers + (("accept-encoding", "identity"),),
+            response_body=BodyMode.STREAMED if capture.stream else BodyMode.BUFFERED)
+
+    # --- response -----------------------------------------------------------------------
+
+    def on_response_headers(self, ctx: RequestContext) -> None:
+        self._inner.on_response_headers(ctx)
+        capture: Capture | None = ctx.capture
+        if capture is None:
+            return
+        refusal = response_refusal(ctx.response_headers, capture.stream)
+        if refusal is not None:
+            self._refuse(ctx, capture, refusal)
+        elif capture.stream:
+            capture.sse = SseCapture(self._rt.max_capture_bytes)
+
+    def on_response_body(self, ctx: RequestContext, chunk: bytes, end_of_stream: bool) -> None:
+        capture: Capture | None = ctx.capture
+        if capture is None or capture.finished:
+            return
+        if capture.sse is not None:
+            capture.sse.feed(chunk)
+        elif len(capture.body) + len(chunk) <= self._rt.max_capture_bytes:
+            capture.body += chunk
+        else:
+            return self._refuse(ctx, capture, Refusal("too_large"))
+        if end_of_stream:
+            self._finish(ctx, capture)
+
+    def _finish(self, ctx: RequestContext, capture: Capture) -> None:
+        now = self._clock()
+        answer = (capture.sse.finish(now, prompt_text=capture.prompt) if capture.sse is not None
+                  else capture_json(bytes(capture.body), now, prompt_text=capture.prompt))
+        if isinstance(answer, Refusal):
+            return self._refuse(ctx, capture, answer)
+        capture.finished = True
+        payload = answer.to_bytes()
+        if capture.lead is not None:
+            capture.lead.complete(payload)
+        task = asyncio.get_running_loop().create_task(self._rt.store.put(
+            capture.scope, capture.key, capture.prompt, capture.vector, payload, capture.ttl_s))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        metrics.CACHE_STORED.labels(ctx.route_name).inc()
+
+    def _refuse(self, ctx: RequestContext, capture: Capture, refusal: Refusal) -> None:
+        metrics.CACHE_NOT_STORED.labels(ctx.route_name, refusal.reason).inc()
+        capture.abandon()
+
+    def on_finish(self, ctx: RequestContext) -> None:
+        self._inner.on_finish(ctx)
+        capture: Capture | None = ctx.capture
+        if capture is not None and not capture.finished:   # partial, reset or client gone
+            self._refuse(ctx, capture, Refusal("incomplete"))
