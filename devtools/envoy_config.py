@@ -82,6 +82,16 @@ def add_cluster(config: dict, name: str, port: int) -> None:
     clusters.append(cluster)
 
 
+def add_endpoint(config: dict, cluster_name: str, port: int) -> None:
+    """Another loopback endpoint of a cluster (e.g. a second sidecar replica)."""
+    import copy
+    cluster = next(c for c in config["static_resources"]["clusters"] if c["name"] == cluster_name)
+    endpoints = cluster["load_assignment"]["endpoints"][0]["lb_endpoints"]
+    extra = copy.deepcopy(endpoints[0])
+    extra["endpoint"]["address"]["socket_address"]["port_value"] = port
+    endpoints.append(extra)
+
+
 def write(config: dict, path: pathlib.Path) -> pathlib.Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(config, sort_keys=False))

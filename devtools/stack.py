@@ -89,6 +89,7 @@ class Stack:
     sidecar_args: list = field(default_factory=list)
     sidecar_env: dict = field(default_factory=dict)
     extra_upstreams: tuple = ()                        # more demo upstreams: "c" -> cluster upstream_c
+    sidecars: int = 1                                  # replicas behind Envoy: "sidecar", "sidecar2", ...
     with_sidecar: bool = True
     procs: dict = field(default_factory=dict)
     extra_ports: dict = field(default_factory=dict)
@@ -121,13 +122,23 @@ class Stack:
         wait_until(lambda: http_get(f"http://127.0.0.1:{port}/health")[0] == 200,
                    f"demo upstream {name}", proc=proc)
 
-    def start_sidecar(self) -> None:
-        proc = self._spawn("sidecar", [
-            str(BIN / "sluice"), "serve", "--listen", f"127.0.0.1:{self.ports.sidecar}",
-            "--metrics-listen", f"127.0.0.1:{self.ports.metrics}", *self.sidecar_args],
+    def sidecar_names(self) -> list[str]:
+        return ["sidecar"] + [f"sidecar{i}" for i in range(2, self.sidecars + 1)]
+
+    def sidecar_ports(self, name: str = "sidecar") -> tuple[int, int]:
+        """(gRPC port, metrics port) of a sidecar replica."""
+        if name == "sidecar":
+            return self.ports.sidecar, self.ports.metrics
+        return self.extra_ports.setdefault(name, free_port()), self.extra_ports.setdefault(name + "_metrics", free_port())
+
+    def start_sidecar(self, name: str = "sidecar") -> None:
+        grpc_port, metrics_port = self.sidecar_ports(name)
+        proc = self._spawn(name, [
+            str(BIN / "sluice"), "serve", "--listen", f"127.0.0.1:{grpc_port}",
+            "--metrics-listen", f"127.0.0.1:{metrics_port}", *self.sidecar_args],
             env=self.sidecar_env)
-        wait_until(lambda: http_get(f"http://127.0.0.1:{self.ports.metrics}/metrics")[0] == 200,
-                   "sidecar", timeout=60, proc=proc)
+        wait_until(lambda: http_get(f"http://127.0.0.1:{metrics_port}/metrics")[0] == 200,
+                   name, timeout=60, proc=proc)
 
     def stop_process(self, name: str, sig: int = signal.SIGTERM, timeout: float = 15.0) -> int | None:
         proc = self.procs.pop(name, None)
@@ -140,8 +151,8 @@ class Stack:
             proc.kill()
             return proc.wait()
 
-    def stop_sidecar(self) -> None:
-        self.stop_process("sidecar")
+    def stop_sidecar(self, name: str = "sidecar") -> None:
+        self.stop_process(name)
 
     def write_envoy_config(self) -> pathlib.Path:
         cert, key = ensure_certificate(ROOT / "build" / "tls")
@@ -154,6 +165,8 @@ class Stack:
             envoy_config.set_routes(config, self.routes)
         for name in self.extra_upstreams:
             envoy_config.add_cluster(config, f"upstream_{name}", self.upstream_port(name))
+        for name in self.sidecar_names()[1:]:
+            envoy_config.add_endpoint(config, "sluice_sidecar", self.sidecar_ports(name)[0])
         return envoy_config.write(config, self.workdir / "envoy.yaml")
 
     def start_envoy(self) -> None:
@@ -164,14 +177,17 @@ class Stack:
         wait_until(lambda: http_get(f"http://127.0.0.1:{self.ports.admin}/ready")[0] == 200,
                    "envoy", proc=proc)
         if self.with_sidecar:
-            self.wait_sidecar_health(True)
+            for name in self.sidecar_names():
+                self.wait_sidecar_health(True, name=name)
 
-    def wait_sidecar_health(self, healthy: bool, timeout: float = 15.0) -> None:
-        """Wait until Envoy's health check sees the sidecar as (un)healthy."""
+    def wait_sidecar_health(self, healthy: bool, timeout: float = 15.0, name: str = "sidecar") -> None:
+        """Wait until Envoy's health check sees a sidecar replica as (un)healthy."""
+        port = self.sidecar_ports(name)[0]
+
         def seen() -> bool:
             _, text = http_get(f"http://127.0.0.1:{self.ports.admin}/clusters")
             flags = [line for line in text.splitlines()
-                     if line.startswith("sluice_sidecar::") and "::health_flags::" in line]
+                     if line.startswith(f"sluice_sidecar::127.0.0.1:{port}::health_flags::")]
             return bool(flags) and (flags[0].endswith("::healthy") == healthy)
         wait_until(seen, f"sidecar {'healthy' if healthy else 'unhealthy'} in Envoy", timeout)
 
@@ -180,7 +196,8 @@ class Stack:
             for name in ("a", "b", *self.extra_upstreams):
                 self.start_upstream(name)
             if self.with_sidecar:
-                self.start_sidecar()
+                for name in self.sidecar_names():
+                    self.start_sidecar(name)
             self.start_envoy()
         except BaseException:
             self.stop()
@@ -188,7 +205,7 @@ class Stack:
         return self
 
     def stop(self) -> None:
-        for name in ("envoy", "sidecar", *[n for n in list(self.procs) if n.startswith("upstream")]):
+        for name in ("envoy", *self.sidecar_names(), *[n for n in list(self.procs) if n.startswith("upstream")]):
             self.stop_process(name)
         for name in list(self.procs):
             self.stop_process(name)
