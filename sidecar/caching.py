@@ -38,6 +38,17 @@ log = logging.getLogger("sluice.cache")
 CACHE_HEADER = "x-sluice-cache"
 
 
+@dataclass(frozen=True)
+class RouteCache:
+    policy: CachePolicy
+    semantic: bool          # the semantic tier (and near-duplicate dedup) on this route
+
+
+def route_cache(route: RouteSettings) -> RouteCache:
+    c = route.cache
+    return RouteCache(cache_policy(route), c.semantic if c.HasField("semantic") else True)
+
+
 def cache_policy(route: RouteSettings) -> CachePolicy:
     """The route's cache settings (proto sluice.v1.Cache) as a validated CachePolicy."""
     c, d = route.cache, CachePolicy()
@@ -90,15 +101,16 @@ class CachingDirector:
         self._inner = inner
         self._rt = runtime
         self._clock = clock
-        self._policies: dict[bytes, CachePolicy | None] = {}
+        self._routes: dict[bytes, RouteCache | None] = {}
         self._tasks: set[asyncio.Task] = set()
 
     # --- decision -----------------------------------------------------------------------
 
     async def decide(self, ctx: RequestContext) -> Plan:
-        policy = self._policy(ctx)
-        if policy is None or not policy.enabled:
+        settings = self._route_cache(ctx)
+        if settings is None or not settings.policy.enabled:
             return await self._upstream(ctx, "bypass", None)
+        policy = settings.policy
         chat = ctx.chat
         bypass = cache_decision(chat, ctx.headers, policy)
         scope = scope_for(chat, ctx.headers, policy, self._rt.secret, route=ctx.route_name)
@@ -114,7 +126,7 @@ class CachingDirector:
                 entry = await self._rt.store.get_exact(scope.key, key)
                 if entry is not None:
                     return self._serve(ctx, CachedAnswer.from_bytes(entry.answer), "exact", None, entry.stored_at)
-                vector = await self._embed(prompt, policy)
+                vector = await self._embed(prompt) if settings.semantic else None
                 if vector is not None:
                     hit = await self._semantic(scope.key, prompt, vector, policy)
                     if hit is not None:
@@ -125,7 +137,7 @@ class CachingDirector:
                         return self._serve(ctx, answered, "coalesced", None, self._clock())
             else:
                 metrics.CACHE_LOOKUPS.labels(ctx.route_name, bypass.reason).inc()
-                vector = await self._embed(prompt, policy)
+                vector = await self._embed(prompt) if settings.semantic else None
             capture = Capture(scope.key, key, prompt, vector, policy.ttl_s, chat.stream, lead)
             lead = None   # owned by the capture from here on
             return await self._upstream(ctx, "miss" if bypass is None else "bypass", capture)
@@ -133,20 +145,22 @@ class CachingDirector:
             if lead is not None:       # cancelled (client left) or failed before the capture owned it
                 lead.abandon()
 
-    def _policy(self, ctx: RequestContext) -> CachePolicy | None:
+    def _route_cache(self, ctx: RequestContext) -> RouteCache | None:
         route = ctx.route
         if not isinstance(route, RouteSettings):
             return None
         key = route.cache.SerializeToString(deterministic=True)
-        if key not in self._policies:
+        if key not in self._routes:
+            if len(self._routes) > 1024:    # bounded: route configs are few
+                self._routes.clear()
             try:
-                self._policies[key] = cache_policy(route)
+                self._routes[key] = route_cache(route)
             except ValueError as exc:
                 log.error("invalid cache settings of route %s, cache off: %s", ctx.route_name, exc)
-                self._policies[key] = None
-        return self._policies[key]
+                self._routes[key] = None
+        return self._routes[key]
 
-    async def _embed(self, prompt: str, policy: CachePolicy) -> np.ndarray | None:
+    async def _embed(self, prompt: str) -> np.ndarray | None:
         if self._rt.embedder is None:
             return None
         try:
