@@ -36,9 +36,9 @@ class EmbeddingSettings:
     # auto: CUDA when onnxruntime-gpu sees a GPU, else CPU. cuda: fail the start without one.
     provider: str = "auto"
     # onnxruntime intra-op threads per model run; 0 lets onnxruntime use every core.
-    # 1 is the measured best on a 2-core box that also runs Envoy and the event loop
-    # (bench/embed.py); raise it on a dedicated machine.
-    intra_op_threads: int = 1
+    # 2 measured best on the 2-core box, alone and batched (bench/embed.py); use 1 where
+    # other work on the box (Envoy at full load) needs the second core.
+    intra_op_threads: int = 2
     # Most texts the worker takes at once (and so in one model run). 0 = by provider:
     # CPU_MAX_BATCH on a CPU, GPU_MAX_BATCH on a GPU, where fewer are used when memory
     # is short.
