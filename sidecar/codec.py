@@ -105,6 +105,13 @@ def _common(reply: Continue) -> pb.CommonResponse:
     return common
 
 
+def extend_message_timeout(seconds: float) -> pb.ProcessingResponse:
+    """Asks Envoy to wait longer for the answer to the current message (max_message_timeout caps it)."""
+    response = pb.ProcessingResponse()
+    response.override_message_timeout.FromNanoseconds(int(seconds * 1e9))
+    return response
+
+
 def encode(reply: Reply) -> pb.ProcessingResponse:
     if isinstance(reply, ImmediateReply):
         return pb.ProcessingResponse(immediate_response=pb.ImmediateResponse(

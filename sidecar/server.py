@@ -29,6 +29,17 @@ log = logging.getLogger("sluice.server")
 EXT_PROC_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
 
 
+# Envoy's message_timeout is 2 s (envoy/envoy.yaml.tmpl); a decision still pending after
+# EXTEND_AFTER_S asks for EXTENDED_MESSAGE_TIMEOUT_S, which must not exceed max_message_timeout.
+EXTEND_AFTER_S = 0.5
+EXTENDED_MESSAGE_TIMEOUT_S = 60.0
+
+
+async def _done_within(task: asyncio.Future, seconds: float) -> bool:
+    done, _ = await asyncio.wait({task}, timeout=seconds)
+    return bool(done)
+
+
 class ExternalProcessor(pb_grpc.ExternalProcessorServicer):
     def __init__(self, director: Director, new_processor: Callable[[], object] = RequestProcessor):
         self._director = director
@@ -46,7 +57,15 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):
                     continue
                 reply = processor.handle(event)
                 if isinstance(reply, Decide):
-                    reply = processor.apply(await self._director.decide(ctx))
+                    decision = asyncio.ensure_future(self._director.decide(ctx))
+                    try:
+                        if not await _done_within(decision, EXTEND_AFTER_S):
+                            # Queued or waiting for a twin's answer: keep Envoy from timing
+                            # the message out (and failing open past the gate).
+                            yield codec.extend_message_timeout(EXTENDED_MESSAGE_TIMEOUT_S)
+                        reply = processor.apply(await decision)
+                    finally:
+                        decision.cancel()      # the client went away: leave queues at once
                 elif isinstance(event, ResponseHeaders):
                     self._director.on_response_headers(ctx)
                 elif isinstance(event, ResponseBody):
