@@ -38,7 +38,9 @@ class App:
 
 
 def build(config: SidecarConfig) -> App:
+    secret = config.cache_secret.encode() if config.cache_secret else os.urandom(32)
     routing = RoutingDirector()
+    routing.admission = _admission(config, routing, secret)
     if not config.cache:
         return App(routing)
     from sidecar.cache.inflight import InFlight
@@ -48,7 +50,6 @@ def build(config: SidecarConfig) -> App:
     if config.semantic:
         from sidecar.embedding import EmbeddingService, EmbeddingSettings
         embedder = EmbeddingService(EmbeddingSettings.from_env())
-    secret = config.cache_secret.encode() if config.cache_secret else os.urandom(32)
     if config.redis_url:
         if not config.cache_secret:
             log.warning("SLUICE_CACHE_SECRET is not set: replicas sharing Redis will not share tenants' entries")
@@ -67,6 +68,20 @@ def build(config: SidecarConfig) -> App:
         closers = [store]
     runtime = CacheRuntime(store=store, inflight=inflight, embedder=embedder, secret=secret)
     return App(CachingDirector(routing, runtime), embedder, closers)
+
+
+def _admission(config: SidecarConfig, routing: RoutingDirector, secret: bytes):
+    """The gate (queue + per-cluster concurrency limits) and the per-tenant rate limits; routes
+    turn admission on in their settings. Expected time to first byte comes from the scheduler."""
+    import time
+
+    from sidecar.admission import Gate, LocalTokenLimiter, RedisTokenLimiter, connect
+    from sidecar.admitting import Admission
+
+    signals = routing.scheduler.signals
+    gate = Gate(expected_ttft=lambda cluster: signals.cluster_snapshot(cluster, time.monotonic()).ttfb_ewma_s)
+    tokens = RedisTokenLimiter(connect(config.redis_url)) if config.redis_url else LocalTokenLimiter()
+    return Admission(gate, tokens, secret)
 
 
 def _limits(config: SidecarConfig):

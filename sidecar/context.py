@@ -35,6 +35,8 @@ class RequestContext:
     outcome: Outcome | None = None
     cluster: str | None = None
     decision: object = None            # sidecar.scheduling.Decision, when the scheduler picked
+    permit: object = None              # sidecar.admission.Permit: a slot held on the cluster
+    tenant: str | None = None          # keyed hash of the caller's credential (admission)
     status: int | None = None
     response_headers: Mapping[str, str] = field(default_factory=dict)
     response_headers_at: float | None = None

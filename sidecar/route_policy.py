@@ -19,6 +19,11 @@ class RoutePlan:
     debug_header: bool
     metrics_urls: tuple[tuple[str, str], ...]   # (cluster, url)
 
+    @property
+    def unbounded_candidates(self) -> tuple[CandidateSpec, ...]:
+        """With admission on, saturation is the gate's business: requests queue for a slot."""
+        return tuple(replace(c, max_in_flight=None) for c in self.candidates)
+
 
 def _set(message, field: str, default):
     return getattr(message, field) if message.HasField(field) else default

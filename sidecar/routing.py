@@ -7,6 +7,7 @@ gives total latency and success, which drive the signals and the circuit breaker
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -14,6 +15,8 @@ import time
 from typing import Callable
 
 from sidecar import metrics
+from sidecar.admission import Degrade, Refusal
+from sidecar.admitting import Admission, RouteAdmission
 from sidecar.chat import message_text
 from sidecar.context import Outcome, RequestContext
 from sidecar.events import Plan
@@ -41,7 +44,8 @@ def rewrite_model(body: bytes, model: str) -> bytes:
 
 class RoutingDirector:
     def __init__(self, scheduler: Scheduler | None = None, clock: Callable[[], float] = time.monotonic,
-                 scrape_interval_s: float | None = 2.0):
+                 scrape_interval_s: float | None = 2.0, admission: Admission | None = None):
+        self.admission = admission
         self.scheduler = scheduler or Scheduler(on_transition=self._on_transition)
         self._clock = clock
         self._scraper = (Scraper(self.scheduler.on_upstream_load, scrape_interval_s)
@@ -60,7 +64,7 @@ class RoutingDirector:
         if not isinstance(route, RoutePlan):
             ctx.outcome = Outcome.DEFAULT
             return Plan()
-        return self._schedule(ctx, route)
+        return await self._schedule(ctx, route)
 
     def _route_plan(self, route: RouteSettings, route_name: str) -> RoutePlan | RouteSettingsError:
         key = route.SerializeToString(deterministic=True) + route_name.encode()
@@ -82,18 +86,21 @@ class RoutingDirector:
                 self._scraper.ensure(cluster, url)
         return plan
 
-    def _schedule(self, ctx: RequestContext, plan: RoutePlan) -> Plan:
+    async def _schedule(self, ctx: RequestContext, plan: RoutePlan) -> Plan:
         now = self._clock()
-        decision = self.scheduler.pick(plan.candidates, now, plan.policy)
+        admission = self._admission_settings(ctx)
+        candidates = plan.candidates if admission is None else plan.unbounded_candidates
+        decision = self.scheduler.pick(candidates, now, plan.policy)
         debug = (("x-sluice-debug", decision.debug_header()),) if plan.debug_header else ()
         if not decision.available:
-            ctx.outcome = Outcome.REFUSED
-            metrics.UNAVAILABLE.labels(ctx.route_name).inc()
-            retry = str(max(1, math.ceil(decision.retry_after_s or 1)))
-            return Plan(reply=error_reply(
-                503, "no upstream cluster is available for this route; retry later",
-                type_="server_error", code="upstream_unavailable",
-                headers=(("retry-after", retry), *debug)))
+            return self._unavailable(ctx, decision, debug)
+        if admission is not None:
+            decision = await self._admit(ctx, plan, decision, admission)
+            if not isinstance(decision, Decision):
+                return decision                      # a refusal (Plan with a reply)
+            if not decision.available:
+                return self._unavailable(ctx, decision, debug)
+            now = self._clock()
         self.scheduler.on_send(decision, now)
         ctx.decision, ctx.outcome, ctx.cluster = decision, Outcome.ROUTED, decision.cluster
         self._export(decision, now)
@@ -110,6 +117,50 @@ class RoutingDirector:
                     request_headers=((TIMEOUT_HEADER, str(timeout_ms)),),
                     response_headers=tuple(response_headers))
 
+    def _unavailable(self, ctx: RequestContext, decision: Decision, debug: tuple) -> Plan:
+        ctx.outcome = Outcome.REFUSED
+        metrics.UNAVAILABLE.labels(ctx.route_name).inc()
+        retry = str(max(1, math.ceil(decision.retry_after_s or 1)))
+        return Plan(reply=error_reply(
+            503, "no upstream cluster is available for this route; retry later",
+            type_="server_error", code="upstream_unavailable", headers=(("retry-after", retry), *debug)))
+
+    def _admission_settings(self, ctx: RequestContext) -> RouteAdmission | None:
+        if self.admission is None or not isinstance(ctx.route, RouteSettings):
+            return None
+        try:
+            return self.admission.settings(ctx.route, ctx.route_name)
+        except ValueError as exc:
+            log.error("invalid admission settings of route %s, admission off: %s", ctx.route_name, exc)
+            return None
+
+    async def _admit(self, ctx: RequestContext, plan: RoutePlan, decision: Decision,
+                     settings: RouteAdmission) -> Decision | Plan:
+        """A slot on the scheduler's choice, else on the next best cluster of the same tier
+        that has one; waits in the priority queue when all are at their limit."""
+        ranked = sorted((c for c in decision.scores if c not in decision.dropped),
+                        key=lambda c: (c != decision.cluster, -decision.scores[c].total))
+        result = await self.admission.admit(ctx, settings, ranked or [decision.cluster])
+        if isinstance(result, Refusal):
+            ctx.outcome = Outcome.REFUSED
+            metrics.ADMISSION_REFUSED.labels(ctx.route_name, result.reason).inc()
+            retry = str(max(1, math.ceil(result.retry_after_s or 1)))
+            limited = result.status == 429
+            return Plan(reply=error_reply(
+                result.status, f"request refused by admission control ({result.reason}); retry later",
+                type_="rate_limit_error" if limited else "server_error",
+                code="rate_limited" if limited else "overloaded", headers=(("retry-after", retry),)))
+        if isinstance(result, Degrade):
+            fallbacks = [c for c in plan.candidates if c.role == "fallback"]
+            if not fallbacks:
+                return Decision.unavailable(1.0, {})
+            return self.scheduler.pick(fallbacks, self._clock(), plan.policy)
+        ctx.permit = result
+        if result.cluster == decision.cluster:
+            return decision
+        spec = next(c for c in plan.candidates if c.cluster == result.cluster)
+        return dataclasses.replace(decision, cluster=result.cluster, model_rewrite=spec.model)
+
     # --- feedback -----------------------------------------------------------------------
 
     def on_response_headers(self, ctx: RequestContext) -> None:
@@ -123,6 +174,10 @@ class RoutingDirector:
 
     def on_finish(self, ctx: RequestContext) -> None:
         decision: Decision | None = ctx.decision
+        ttfb = ctx.response_headers_at - ctx.started if ctx.response_headers_at else None
+        if ctx.permit is not None:          # the slot goes back whatever happened
+            ok = ctx.status is None or ctx.status < 500
+            ctx.permit.release(ttfb if ctx.status is not None else None, ok)
         if decision is None:
             return
         now = self._clock()
@@ -130,7 +185,6 @@ class RoutingDirector:
             # The client left before any answer (or Envoy never got one): no verdict.
             self.scheduler.on_abandon(decision)
         else:
-            ttfb = ctx.response_headers_at - ctx.started if ctx.response_headers_at else None
             self.scheduler.on_complete(decision, now - ctx.started, ctx.status < 500, now, ttfb_s=ttfb)
         self._export(decision, now)
 

@@ -14,6 +14,8 @@ event loop. Times come from the injected `clock` (monotonic seconds); deadlines 
 """
 from __future__ import annotations
 
+import dataclasses
+
 import asyncio
 import math
 import time
@@ -216,6 +218,18 @@ class Gate:
         return WaitStats(window.count(now), window.quantile(0.5, now), window.quantile(P95, now))
 
     # -- inside ------------------------------------------------------------------------------
+
+    def bound_cluster(self, cluster: str, max_limit: int) -> None:
+        """Cap a cluster's adaptive limit (a route's max_in_flight for it). A changed cap
+        restarts the cluster's limiter; its requests in flight stay counted."""
+        base = self.config.limiter_for(cluster)
+        config = dataclasses.replace(base, max_limit=max_limit, min_limit=min(base.min_limit, max_limit),
+                                     initial_limit=min(base.initial_limit, max_limit))
+        current = self._limiters.get(cluster)
+        if current is None or current.config != config:
+            self._limiters[cluster] = ConcurrencyLimiter(config)
+            self._in_flight.setdefault(cluster, 0)
+            self._metrics.concurrency(cluster, self._limiters[cluster].limit, self._in_flight[cluster])
 
     def _limiter(self, cluster: str) -> ConcurrencyLimiter:
         limiter = self._limiters.get(cluster)

@@ -1,0 +1,102 @@
+"""Admission in the request path: per-tenant rate limits, then a slot on a cluster (or a wait
+in the priority queue, or a fast refusal). Used by the routing director once the scheduler
+has ranked the route's clusters; see sidecar/admission/ for the queue, limiter and limits.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+from sidecar.admission import (Degrade, Gate, Permit, RateLimitRule, RateLimits, Refusal,
+                               TokenLimiter, estimate_prompt_tokens)
+from sidecar.cache.scope import tenant_of
+from sidecar.chat import message_text
+from sidecar.context import RequestContext
+from sidecar.route_settings import RouteSettings
+
+DEADLINE_HEADER = "x-request-deadline-ms"
+ANONYMOUS = "anonymous"
+
+
+@dataclass(frozen=True)
+class RouteAdmission:
+    priority_header: str
+    default_priority: str
+    default_deadline_s: float
+    limits: RateLimits
+
+
+def route_admission(route: RouteSettings) -> RouteAdmission | None:
+    a = route.admission
+    if not a.enabled:
+        return None
+    deadline = a.default_deadline_s if a.HasField("default_deadline_s") else 60.0
+    if not deadline > 0:
+        raise ValueError(f"admission.default_deadline_s must be > 0, got {deadline}")
+    return RouteAdmission(
+        priority_header=a.priority_header.lower(), default_priority=a.default_priority or "standard",
+        default_deadline_s=deadline,
+        limits=RateLimits(requests_per_minute=a.requests_per_minute or None,
+                          tokens_per_minute=a.tokens_per_minute or None))
+
+
+class Admission:
+    def __init__(self, gate: Gate, tokens: TokenLimiter | None, secret: bytes):
+        self.gate, self._tokens, self._secret = gate, tokens, secret
+        self._routes: dict[bytes, RouteAdmission | None] = {}
+        self._limited_routes: dict[str, RateLimits] = {}
+
+    def settings(self, route: RouteSettings, route_name: str) -> RouteAdmission | None:
+        """Raises ValueError naming the field for bad settings."""
+        key = route.SerializeToString(deterministic=True)
+        if key not in self._routes:
+            if len(self._routes) > 1024:    # bounded: route configs are few
+                self._routes.clear()
+            self._routes[key] = route_admission(route)
+            if self._routes[key] is not None:
+                # With admission on, a candidate's max_in_flight caps the gate's adaptive limit
+                # (requests then wait in the queue instead of being refused as saturated).
+                for candidate in route.candidates:
+                    if candidate.max_in_flight:
+                        self.gate.bound_cluster(candidate.cluster, candidate.max_in_flight)
+        settings = self._routes[key]
+        if settings is not None and self._limited_routes.get(route_name) != settings.limits:
+            self._set_route_limits(route_name, settings.limits)
+        return settings
+
+    def _set_route_limits(self, route_name: str, limits: RateLimits) -> None:
+        """Route limits come from Envoy's route metadata: install them as the route's rule."""
+        self._limited_routes[route_name] = limits
+        for limiter in filter(None, (self._tokens, getattr(self._tokens, "fallback", None))):
+            rules = tuple(r for r in limiter.config.rules if not (r.tenant is None and r.route == route_name))
+            limiter.config = dataclasses.replace(limiter.config, rules=rules + (RateLimitRule(limits, route=route_name),))
+
+    async def admit(self, ctx: RequestContext, settings: RouteAdmission,
+                    clusters: Sequence[str]) -> Permit | Refusal | Degrade:
+        """Rate limits, then a slot on one of `clusters` (best first); may wait in the queue."""
+        tenant = tenant_of(ctx.headers, self._secret) or ANONYMOUS
+        ctx.tenant = tenant
+        if self._tokens is not None and (settings.limits.requests_per_minute or settings.limits.tokens_per_minute):
+            estimate = estimate_prompt_tokens("".join(message_text(m) for m in ctx.chat.messages))
+            decision = await self._tokens.check(tenant, ctx.route_name, estimate)
+            if not decision.allowed:
+                return decision.refusal()
+        priority = ctx.headers.get(settings.priority_header) if settings.priority_header else None
+        return await self.gate.acquire(clusters, priority or settings.default_priority, tenant,
+                                       deadline=self._deadline(ctx, settings))
+
+    def _deadline(self, ctx: RequestContext, settings: RouteAdmission) -> float:
+        """Absolute, on the monotonic clock (the gate's and ctx.started's): from the request's
+        arrival, the client's budget (x-request-deadline-ms) or the route's default."""
+        budget_s = settings.default_deadline_s
+        raw = ctx.headers.get(DEADLINE_HEADER)
+        if raw:
+            try:
+                budget_s = float(raw) / 1000
+            except ValueError:
+                pass
+            if not math.isfinite(budget_s) or budget_s < 0:
+                budget_s = settings.default_deadline_s
+        return ctx.started + budget_s
