@@ -110,7 +110,7 @@ class Batcher:
                 batch = self._take_batch()
                 if batch:
                     await loop.run_in_executor(self._worker, self._work, batch, loop)
-                # Let the callers just answered run first: their next texts join this group.
+                # Let the callers just answered run first: their next texts join the next group.
                 await asyncio.sleep(0)
         finally:
             self._drainer = None
