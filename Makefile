@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.installed
 GEN     := sidecar/gen/.stamp
 PROTOS  := $(wildcard proto/sluice/v1/*.proto)
 
-.PHONY: all run test test-fast proto bench bench-overhead bench-embed bench-decode bench-route lint system-deps clean
+.PHONY: all run test test-fast proto bench bench-overhead bench-embed bench-decode bench-route bench-overload bench-cache bench-index lint system-deps clean
 
 all: $(STAMP) $(GEN)
 
@@ -48,6 +48,15 @@ bench-embed: all system-deps
 
 bench-route: all system-deps
 	$(BIN)/python -m bench.route
+
+bench-overload: all system-deps
+	$(BIN)/python -m bench.overload
+
+bench-cache: all system-deps
+	$(BIN)/python -m bench.cache
+
+bench-index: all
+	$(BIN)/python -m bench.index
 
 lint: all
 	$(BIN)/python -m compileall -q sidecar devtools bench tests

@@ -11,16 +11,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import pathlib
-import random
 import statistics
 import tempfile
-import time
 
 import httpx
 
 from bench import report
+from bench.openloop import open_loop, percentile
 from devtools.envoy_config import chat_route
 from devtools.stack import Stack
 
@@ -56,39 +54,29 @@ async def sample_load(stack: Stack, stop: asyncio.Event, samples: dict[str, list
 
 
 async def phase(stack: Stack, prefix: str, rate: float, seconds: float, seed: int) -> dict:
-    rng = random.Random(seed)
     url = f"http://127.0.0.1:{stack.ports.http}{prefix}v1/chat/completions"
-    latencies, errors, per_cluster = [], 0, {}
     samples = {name: [] for name in CLUSTERS}
     stop = asyncio.Event()
     limits = httpx.Limits(max_connections=1000, max_keepalive_connections=200)
     async with httpx.AsyncClient(timeout=30, limits=limits) as client:
-        async def one() -> None:
-            nonlocal errors
-            started = time.monotonic()
+        async def one(i: int) -> dict:
             try:
                 response = await client.post(url, json=BODY, headers={"authorization": "Bearer bench"})
-                ok = response.status_code == 200
-                name = response.headers.get("x-upstream-name", "none")
+                return {"ok": response.status_code == 200, "cluster": response.headers.get("x-upstream-name", "none")}
             except httpx.HTTPError:
-                ok, name = False, "none"
-            latencies.append(time.monotonic() - started)
-            per_cluster[name] = per_cluster.get(name, 0) + 1
-            errors += not ok
+                return {"ok": False, "cluster": "none"}
 
         sampler = asyncio.create_task(sample_load(stack, stop, samples))
-        tasks, deadline, next_at = [], time.monotonic() + seconds, time.monotonic()
-        while next_at < deadline:                      # open loop: arrivals do not wait for answers
-            await asyncio.sleep(max(0.0, next_at - time.monotonic()))
-            tasks.append(asyncio.create_task(one()))
-            next_at += rng.expovariate(rate)
-        await asyncio.gather(*tasks)
+        results = await open_loop(rate, seconds, seed, one)
         stop.set()
         await sampler
-    ms = sorted(x * 1000 for x in latencies)
+    ms = [r["latency_s"] * 1000 for r in results]
+    per_cluster: dict[str, int] = {}
+    for r in results:
+        per_cluster[r["cluster"]] = per_cluster.get(r["cluster"], 0) + 1
     mean_load = {n: statistics.fmean(s) if s else 0.0 for n, s in samples.items()}
-    return {"requests": len(ms), "mean_ms": statistics.fmean(ms), "p50_ms": ms[len(ms) // 2],
-            "p99_ms": ms[min(len(ms) - 1, int(len(ms) * 0.99))], "error_rate": errors / len(ms),
+    return {"requests": len(ms), "mean_ms": statistics.fmean(ms), "p50_ms": percentile(ms, 0.5),
+            "p99_ms": percentile(ms, 0.99), "error_rate": sum(not r["ok"] for r in results) / len(ms),
             "load_std": statistics.pstdev(mean_load.values()), "mean_load": mean_load,
             "per_cluster": per_cluster}
 

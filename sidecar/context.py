@@ -39,6 +39,7 @@ class RequestContext:
     tenant: str | None = None          # keyed hash of the caller's credential (admission)
     status: int | None = None
     response_headers: Mapping[str, str] = field(default_factory=dict)
+    sent_at: float | None = None       # when the sidecar let the request go upstream
     response_headers_at: float | None = None
     cache_status: str | None = None    # exact|semantic|coalesced|miss|bypass
     capture: object = None             # sidecar.caching.Capture of a cache miss

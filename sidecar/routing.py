@@ -102,6 +102,7 @@ class RoutingDirector:
                 return self._unavailable(ctx, decision, debug)
             now = self._clock()
         self.scheduler.on_send(decision, now)
+        ctx.sent_at = now
         ctx.decision, ctx.outcome, ctx.cluster = decision, Outcome.ROUTED, decision.cluster
         self._export(decision, now)
         timeout_ms = self.scheduler.timeout_ms(decision, estimate_prompt_tokens(ctx), ctx.chat.max_tokens,
@@ -167,14 +168,16 @@ class RoutingDirector:
         now = self._clock()
         ctx.response_headers_at = now
         if ctx.decision is not None:
-            self.scheduler.on_first_byte(ctx.decision, now - ctx.started, now)
+            self.scheduler.on_first_byte(ctx.decision, now - ctx.sent_at, now)
 
     def on_response_body(self, ctx: RequestContext, chunk: bytes, end_of_stream: bool) -> None:
         pass
 
     def on_finish(self, ctx: RequestContext) -> None:
         decision: Decision | None = ctx.decision
-        ttfb = ctx.response_headers_at - ctx.started if ctx.response_headers_at else None
+        # Measured from the moment the request left the sidecar: time queued in the gate is not
+        # the cluster's latency (counting it would shrink the limits that made it wait).
+        ttfb = ctx.response_headers_at - ctx.sent_at if ctx.response_headers_at else None
         if ctx.permit is not None:          # the slot goes back whatever happened
             ok = ctx.status is None or ctx.status < 500
             ctx.permit.release(ttfb if ctx.status is not None else None, ok)
@@ -185,7 +188,7 @@ class RoutingDirector:
             # The client left before any answer (or Envoy never got one): no verdict.
             self.scheduler.on_abandon(decision)
         else:
-            self.scheduler.on_complete(decision, now - ctx.started, ctx.status < 500, now, ttfb_s=ttfb)
+            self.scheduler.on_complete(decision, now - ctx.sent_at, ctx.status < 500, now, ttfb_s=ttfb)
         self._export(decision, now)
 
     def _export(self, decision: Decision, now: float) -> None:
