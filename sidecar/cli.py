@@ -14,17 +14,21 @@ def _serve(args: argparse.Namespace) -> int:
 
     from sidecar import logs
     from sidecar.app import App
-    from sidecar.config import ConfigError, SidecarConfig
+    from sidecar.config import ConfigError
     from sidecar.embedding import ModelLoadError
     from sidecar.noop import NoopProcessor
-    from sidecar.processor import RequestProcessor
+    from sidecar.reload import load_config
     from sidecar.routing import RoutingDirector
     from sidecar.server import serve
 
+    def load():
+        """Flags win over the config file, which wins over SLUICE_* variables (also on SIGHUP)."""
+        return load_config(listen=args.listen, metrics_listen=args.metrics_listen, log_level=args.log_level,
+                           drain_delay_s=args.drain_delay, grace_s=args.grace, config_file=args.config_file,
+                           access_log=False if args.noop else None)
+
     try:
-        config = SidecarConfig.from_env(listen=args.listen, metrics_listen=args.metrics_listen,
-                                        log_level=args.log_level, drain_delay_s=args.drain_delay,
-                                        grace_s=args.grace)
+        config = load()
     except ConfigError as exc:
         print(f"sluice: bad configuration: {exc}", file=sys.stderr)
         return EXIT_BAD_CONFIG
@@ -34,9 +38,9 @@ def _serve(args: argparse.Namespace) -> int:
             host, _, port = config.metrics_listen.rpartition(":")
             start_http_server(int(port), addr=host)
         if args.noop:
-            asyncio.run(serve(config, App(RoutingDirector()), new_processor=NoopProcessor))
+            asyncio.run(serve(config, App(RoutingDirector()), new_processor=NoopProcessor, load_config=load))
         else:
-            asyncio.run(serve(config))
+            asyncio.run(serve(config, load_config=load))
     except (OSError, ModelLoadError) as exc:
         print(f"sluice: cannot start: {exc}", file=sys.stderr)
         return EXIT_START_FAILED
@@ -52,8 +56,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--log-level", help="DEBUG|INFO|WARNING|ERROR (env SLUICE_LOG_LEVEL)")
     serve.add_argument("--drain-delay", type=float, help="seconds NOT_SERVING before stopping (env SLUICE_DRAIN_DELAY_S)")
     serve.add_argument("--grace", type=float, help="seconds open streams get to finish (env SLUICE_GRACE_S)")
-    serve.add_argument("--noop", action="store_true", help="change nothing (benchmark baseline)")
+    serve.add_argument("--config-file", help="KEY=VALUE file of SLUICE_* settings, re-read on SIGHUP (env SLUICE_CONFIG_FILE)")
+    serve.add_argument("--noop", action="store_true", help="change nothing, log no requests (benchmark baseline)")
     serve.set_defaults(func=_serve)
+    from sidecar.admin_cli import add_subcommands as add_admin_commands
+    add_admin_commands(commands)
     from sidecar.embedding.cli import add_subcommands as add_embedding_commands
     add_embedding_commands(commands)
     return parser

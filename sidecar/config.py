@@ -29,6 +29,12 @@ class SidecarConfig:
     redis_url: str = ""          # shared tiers across replicas; "" keeps everything in memory
     cache_secret: str = ""       # HMAC key for tenant ids; replicas sharing Redis need the same one
     cache_max_entries: int = 100_000
+    access_log: bool = True      # one JSON line per request (logger sluice.access)
+    config_file: str = ""        # KEY=VALUE file of SLUICE_* settings, re-read on SIGHUP
+    config_watch_s: float = 0.0  # also re-read it when it changes, checked this often; 0: SIGHUP only
+    otlp_endpoint: str = ""      # OpenTelemetry spans over OTLP/gRPC, e.g. http://collector:4317; "" off
+    trace_sample_ratio: float = 0.1  # share of the traces the sidecar starts that are sampled
+    admin_remote: bool = False   # the Admin gRPC service also answers non-loopback peers
 
     def __post_init__(self) -> None:
         for name in ("listen", "metrics_listen"):
@@ -46,6 +52,12 @@ class SidecarConfig:
             raise ConfigError(f"redis_url: expected redis://, rediss:// or unix://, got {self.redis_url!r}")
         if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
             raise ConfigError(f"log_level: expected DEBUG, INFO, WARNING or ERROR, got {self.log_level!r}")
+        if self.config_watch_s < 0:
+            raise ConfigError("config_watch_s: must be >= 0")
+        if self.otlp_endpoint and not self.otlp_endpoint.startswith(("http://", "https://")):
+            raise ConfigError(f"otlp_endpoint: expected http://HOST:PORT or https://HOST:PORT, got {self.otlp_endpoint!r}")
+        if not 0.0 <= self.trace_sample_ratio <= 1.0:
+            raise ConfigError(f"trace_sample_ratio: must be in [0, 1], got {self.trace_sample_ratio!r}")
 
     @classmethod
     def from_env(cls, environ=os.environ, **overrides) -> "SidecarConfig":

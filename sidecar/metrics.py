@@ -35,3 +35,6 @@ CACHE_SEMANTIC_VERDICTS = Counter("sluice_cache_semantic_checks_total", "Semanti
 CACHE_EMBED_SKIPPED = Counter("sluice_cache_embedding_skipped_total", "Requests that skipped the semantic tier because embedding failed.", ["reason"])
 CACHE_FOLLOWERS = Counter("sluice_cache_dedup_followers_total", "Requests that waited for an identical in-flight request.")
 ADMISSION_REFUSED = Counter("sluice_admission_requests_refused_total", "Requests refused by admission control, by route and reason (rpm, tpm, queue_full, deadline, expired, ...).", ["route", "reason"])
+
+# Operations.
+CONFIG_RELOADS = Counter("sluice_config_reloads_total", "Config reloads (SIGHUP or file change), by result: ok or error (running settings kept).", ["result"])

@@ -1,8 +1,9 @@
 """The gRPC side: Envoy's ExternalProcessor service and the standard health service.
 
-Each ext_proc stream is one HTTP request; a fresh sans-IO processor handles it. Lifecycle:
-start -> SERVING; SIGTERM -> NOT_SERVING (Envoy's health check stops new streams), wait
-drain_delay_s, refuse new streams, give open ones grace_s, exit.
+Each ext_proc stream is one HTTP request; a fresh sans-IO processor handles it; when the stream
+ends, the request gets its line in the request log and its span. Lifecycle: start -> SERVING;
+SIGTERM (or Admin Drain) -> NOT_SERVING (Envoy's health check stops new streams), wait
+drain_delay_s, refuse new streams, give open ones grace_s, exit. SIGHUP reloads the settings.
 """
 from __future__ import annotations
 
@@ -17,13 +18,18 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from grpc_health.v1 import _async as health_async
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from sidecar import codec, metrics
+from sidecar import codec, logs, metrics, reload
+from sidecar.access_log import AccessLog
+from sidecar.admin import AdminService, DrainStarted, admin_parts
 from sidecar.app import App, build
 from sidecar.config import SidecarConfig
 from sidecar.director import Director
 from sidecar.events import Decide, ProtocolError, ResponseBody, ResponseHeaders
 from sidecar.processor import RequestProcessor
+from sidecar.protos import admin_pb2_grpc
+from sidecar.reload import Reloader
 from sidecar.routing import RoutingDirector
+from sidecar.tracing import RequestTrace, Tracing, trace_id_of
 
 log = logging.getLogger("sluice.server")
 EXT_PROC_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
@@ -41,13 +47,17 @@ async def _done_within(task: asyncio.Future, seconds: float) -> bool:
 
 
 class ExternalProcessor(pb_grpc.ExternalProcessorServicer):
-    def __init__(self, director: Director, new_processor: Callable[[], object] = RequestProcessor):
+    def __init__(self, director: Director, new_processor: Callable[[], object] = RequestProcessor,
+                 access_log: AccessLog | None = None, tracing: Tracing | None = None):
         self._director = director
         self._new_processor = new_processor
+        self._access_log = access_log
+        self._tracing = tracing
 
     async def Process(self, request_iterator, context):
         processor = self._new_processor()
         ctx = processor.context
+        trace: RequestTrace | None = None
         metrics.OPEN_STREAMS.inc()
         try:
             async for request in request_iterator:
@@ -57,13 +67,19 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):
                     continue
                 reply = processor.handle(event)
                 if isinstance(reply, Decide):
-                    decision = asyncio.ensure_future(self._director.decide(ctx))
+                    if self._tracing is not None:
+                        trace = self._tracing.begin(ctx, parse_s=time.perf_counter() - started)
+                        decision = trace.start(self._director.decide(ctx))
+                    else:
+                        decision = asyncio.ensure_future(self._director.decide(ctx))
                     try:
                         if not await _done_within(decision, EXTEND_AFTER_S):
                             # Queued or waiting for a twin's answer: keep Envoy from timing
                             # the message out (and failing open past the gate).
                             yield codec.extend_message_timeout(EXTENDED_MESSAGE_TIMEOUT_S)
-                        reply = processor.apply(await decision)
+                        plan = await decision
+                        # The upstream request carries a traceparent (kept or new).
+                        reply = processor.apply(trace.plan(plan) if trace is not None else plan)
                     finally:
                         decision.cancel()      # the client went away: leave queues at once
                 elif isinstance(event, ResponseHeaders):
@@ -84,17 +100,33 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):
             if ctx.outcome is not None:
                 metrics.REQUESTS.labels(ctx.route_name, ctx.cluster or "", ctx.outcome.value,
                                         metrics.status_class(ctx.status)).inc()
+            self._record(ctx, trace)
+
+    def _record(self, ctx, trace: RequestTrace | None) -> None:
+        """The request's span and its line in the request log; never fails the stream."""
+        try:
+            if trace is not None:
+                trace.finish(ctx)
+            if self._access_log is not None and self._access_log.enabled:
+                self._access_log.emit(ctx, trace.trace_id if trace is not None else trace_id_of(ctx.headers))
+        except Exception:
+            log.exception("request log or span failed")
 
 
 class Sidecar:
+    """The gRPC server: ext_proc, health and, when given, the Admin service, on one port."""
+
     def __init__(self, config: SidecarConfig, director: Director | None = None,
-                 new_processor: Callable[[], object] = RequestProcessor):
+                 new_processor: Callable[[], object] = RequestProcessor, *,
+                 access_log: AccessLog | None = None, tracing: Tracing | None = None, admin=None):
         self.config = config
         self.health = health_async.HealthServicer()
         self.server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
         pb_grpc.add_ExternalProcessorServicer_to_server(
-            ExternalProcessor(director or RoutingDirector(), new_processor), self.server)
+            ExternalProcessor(director or RoutingDirector(), new_processor, access_log, tracing), self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        if admin is not None:
+            admin_pb2_grpc.add_AdminServicer_to_server(admin, self.server)
         self.port = self.server.add_insecure_port(config.listen)
         if self.port == 0:
             raise OSError(f"cannot listen on {config.listen}")
@@ -121,11 +153,33 @@ class Sidecar:
 
 
 async def serve(config: SidecarConfig, app: App | None = None,
-                new_processor: Callable[[], object] = RequestProcessor) -> None:
-    """Run until SIGTERM or SIGINT; a second signal stops at once. Envoy sees NOT_SERVING
-    until the heavy parts (the embedding model) are loaded and warm."""
+                new_processor: Callable[[], object] = RequestProcessor,
+                load_config: Callable[[], SidecarConfig] | None = None) -> None:
+    """Run until SIGTERM or SIGINT (or an Admin Drain); a second signal stops at once. Envoy
+    sees NOT_SERVING until the heavy parts (the embedding model) are loaded and warm. SIGHUP
+    reloads the settings with `load_config` (sidecar/reload.py)."""
+    loop = asyncio.get_running_loop()
+    stopping = asyncio.Event()
+    access_log = AccessLog(config.access_log, config.log_prompts)
     app = app or build(config)
-    sidecar = Sidecar(config, app.director, new_processor)
+    tracing = Tracing.from_config(config)
+
+    def drain() -> DrainStarted:
+        started = DrainStarted(sidecar.config.drain_delay_s, sidecar.config.grace_s, stopping.is_set())
+        stopping.set()
+        return started
+
+    scheduler, store = admin_parts(app)
+    admin = AdminService(scheduler, store, drain, allow_remote=config.admin_remote)
+    sidecar = Sidecar(config, app.director, new_processor, access_log=access_log, tracing=tracing, admin=admin)
+
+    def apply(new: SidecarConfig) -> None:
+        logs.set_level(new.log_level)
+        access_log.enabled, access_log.log_prompts = new.access_log, new.log_prompts
+        sidecar.config = new
+
+    reloader = Reloader(config, load_config or reload.load_config, apply)
+    loop.add_signal_handler(signal.SIGHUP, reloader.reload)
     await sidecar.start(serving=False)
     try:
         await app.start()
@@ -134,17 +188,23 @@ async def serve(config: SidecarConfig, app: App | None = None,
         raise
     await sidecar.set_serving(True)
     log.info("sluice sidecar serving")
-    stopping = asyncio.Event()
-    loop = asyncio.get_running_loop()
+    watcher = (asyncio.create_task(reloader.watch(config.config_file, config.config_watch_s))
+               if config.config_file and config.config_watch_s else None)
+    signalled = False
 
     def on_signal() -> None:
-        if stopping.is_set():
+        nonlocal signalled
+        if signalled:
             log.warning("second signal: stopping now")
             loop.stop()
+        signalled = True
         stopping.set()
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal)
     await stopping.wait()
+    if watcher is not None:
+        watcher.cancel()
     await sidecar.stop()
     await app.close()
+    tracing.close()

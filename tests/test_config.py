@@ -15,6 +15,10 @@ def test_env_then_overrides():
     ({"SLUICE_DRAIN_DELAY_S": "-1"}, "drain_delay_s"),
     ({"SLUICE_LOG_PROMPTS": "maybe"}, "SLUICE_LOG_PROMPTS"),
     ({"SLUICE_LOG_LEVEL": "LOUD"}, "log_level"),
+    ({"SLUICE_TRACE_SAMPLE_RATIO": "1.5"}, "trace_sample_ratio"),
+    ({"SLUICE_OTLP_ENDPOINT": "collector:4317"}, "otlp_endpoint"),
+    ({"SLUICE_CONFIG_WATCH_S": "-1"}, "config_watch_s"),
+    ({"SLUICE_ACCESS_LOG": "perhaps"}, "SLUICE_ACCESS_LOG"),
 ])
 def test_bad_values_name_the_field(environ, field):
     with pytest.raises(ConfigError, match=field):

@@ -1,0 +1,142 @@
+"""The Admin gRPC service (proto/sluice/v1/admin.proto): clusters, cache purge, drain.
+
+Served on the ext_proc port; only loopback peers may call it unless SLUICE_ADMIN_REMOTE=true.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Callable, Mapping, Protocol
+
+import grpc
+from prometheus_client import REGISTRY
+
+from sidecar.protos import admin_pb2, admin_pb2_grpc
+
+log = logging.getLogger("sluice.admin")
+
+
+class ClusterView(Protocol):
+    """What ListClusters reads: sidecar.scheduling.Scheduler."""
+
+    def snapshot(self, now: float) -> Mapping[str, object]: ...
+
+    def breaker_states(self, now: float) -> Mapping[str, object]: ...
+
+
+class PurgeableStore(Protocol):
+    """What PurgeCache needs: sidecar.cache.store.CacheStore (purge_all is optional)."""
+
+    async def purge_scope(self, scope: str) -> int: ...
+
+
+@dataclass(frozen=True)
+class DrainStarted:
+    drain_delay_s: float
+    grace_s: float
+    already_draining: bool
+
+
+def last_score(cluster: str) -> float | None:
+    """The score the cluster got in its last pick, as exported (sluice_scheduler_score)."""
+    return REGISTRY.get_sample_value("sluice_scheduler_score", {"cluster": cluster})
+
+
+def is_loopback(peer: str) -> bool:
+    """grpc peer strings: 'ipv4:127.0.0.1:5000', 'ipv6:[::1]:5000', 'unix:/path'."""
+    kind, _, address = peer.partition(":")
+    if kind == "unix":
+        return True
+    host = address.rsplit(":", 1)[0].strip("[]")
+    if kind == "ipv4":
+        return host.startswith("127.")
+    if kind == "ipv6":
+        return host == "::1" or host.startswith("::ffff:127.")
+    return False
+
+
+class AdminService(admin_pb2_grpc.AdminServicer):
+    def __init__(self, scheduler: ClusterView | None, store: PurgeableStore | None,
+                 drain: Callable[[], DrainStarted], allow_remote: bool = False,
+                 score: Callable[[str], float | None] = last_score, clock=time.monotonic) -> None:
+        self._scheduler = scheduler
+        self._store = store
+        self._drain = drain
+        self._allow_remote = allow_remote
+        self._score = score
+        self._clock = clock
+
+    async def _check_peer(self, context) -> None:
+        if not self._allow_remote and not is_loopback(context.peer()):
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED,
+                                "the Admin service answers loopback callers only (SLUICE_ADMIN_REMOTE)")
+
+    async def ListClusters(self, request, context):
+        await self._check_peer(context)
+        response = admin_pb2.ListClustersResponse()
+        if self._scheduler is None:
+            return response
+        now = self._clock()
+        snapshots, breakers = self._scheduler.snapshot(now), self._scheduler.breaker_states(now)
+        for name in sorted(set(snapshots) | set(breakers)):
+            status = response.clusters.add(name=name, breaker=_state(breakers.get(name)))
+            snap = snapshots.get(name)
+            if snap is not None:
+                status.in_flight = snap.in_flight
+                status.requests_in_window = snap.requests_in_window
+                if snap.ttfb_p95_s is not None:
+                    status.ttfb_p95_s = snap.ttfb_p95_s
+                if snap.error_rate is not None:
+                    status.error_rate = snap.error_rate
+            score = self._score(name)
+            if score is not None:
+                status.score = score
+        return response
+
+    async def PurgeCache(self, request, context):
+        await self._check_peer(context)
+        target = request.WhichOneof("target")
+        if self._store is None:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "the cache is off (SLUICE_CACHE=false)")
+        if target is None or (target == "scope" and not request.scope) or (target == "all" and not request.all):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "name a scope, or all")
+        if target == "all":
+            purge_all = getattr(self._store, "purge_all", None)
+            if purge_all is None:
+                await context.abort(grpc.StatusCode.UNIMPLEMENTED,
+                                    f"{type(self._store).__name__} cannot purge everything; purge a scope")
+        try:
+            deleted = await (purge_all() if target == "all" else self._store.purge_scope(request.scope))
+        except Exception as exc:       # StoreUnavailable: the shared (Redis) tier is unreachable
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"cache store: {type(exc).__name__}: {exc}")
+        log.warning("cache purged by %s: %s, %d entries", context.peer(),
+                    "everything" if target == "all" else f"scope {request.scope}", deleted)
+        return admin_pb2.PurgeCacheResponse(deleted=deleted)
+
+    async def Drain(self, request, context):
+        await self._check_peer(context)
+        started = self._drain()
+        log.warning("drain requested by %s", context.peer())
+        return admin_pb2.DrainResponse(drain_delay_s=started.drain_delay_s, grace_s=started.grace_s,
+                                       already_draining=started.already_draining)
+
+
+def _state(state) -> str:
+    return "closed" if state is None else getattr(state, "value", str(state))
+
+
+def admin_parts(app) -> tuple[ClusterView | None, PurgeableStore | None]:
+    """The scheduler and the cache store of an assembled App.
+
+    App does not name them (yet): they are found through the director wrappers, the caching
+    director keeping its inner director and runtime private (`_inner`, `_rt`)."""
+    scheduler, store = getattr(app, "scheduler", None), getattr(app, "store", None)
+    director = app.director
+    for _ in range(8):
+        if director is None or (scheduler is not None and store is not None):
+            break
+        scheduler = scheduler or getattr(director, "scheduler", None)
+        store = store or getattr(getattr(director, "_rt", None), "store", None)
+        director = getattr(director, "_inner", None)
+    return scheduler, store

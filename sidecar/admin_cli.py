@@ -1,0 +1,83 @@
+"""`sluice admin clusters|purge|drain`: the Admin gRPC service of a running sidecar.
+
+    sluice admin clusters [--json]          # per cluster: breaker, score, in flight, P95 TTFB, errors
+    sluice admin purge --scope KEY | --all  # delete cached answers
+    sluice admin drain                      # NOT_SERVING, then the graceful stop
+
+Each takes `--target`: the sidecar's gRPC address (default 127.0.0.1:50051, SLUICE_ADMIN_TARGET). The
+service answers loopback callers only unless the sidecar runs with SLUICE_ADMIN_REMOTE=true.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+EXIT_RPC_FAILED = 1
+COLUMNS = ("cluster", "breaker", "score", "in_flight", "ttfb_p95", "error_rate", "requests")
+
+
+def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--target", default=os.environ.get("SLUICE_ADMIN_TARGET", "127.0.0.1:50051"),
+                        help="the sidecar's gRPC HOST:PORT (env SLUICE_ADMIN_TARGET)")
+    common.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the answer")
+    common.add_argument("--json", action="store_true", help="print JSON instead of text")
+    admin = subparsers.add_parser("admin", help="talk to a running sidecar's Admin service",
+                                  description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    actions = admin.add_subparsers(dest="action", required=True)
+    actions.add_parser("clusters", parents=[common], help="what the scheduler knows about each upstream cluster")
+    purge = actions.add_parser("purge", parents=[common], help="delete cached answers")
+    target = purge.add_mutually_exclusive_group(required=True)
+    target.add_argument("--scope", help="one cache scope key (64 hex digits)")
+    target.add_argument("--all", action="store_true", help="everything in the store")
+    actions.add_parser("drain", parents=[common], help="NOT_SERVING, then stop gracefully (as SIGTERM)")
+    admin.set_defaults(func=run_admin)
+
+
+def run_admin(args: argparse.Namespace) -> int:
+    import grpc
+    from google.protobuf import json_format
+
+    from sidecar.protos import admin_pb2, admin_pb2_grpc
+
+    with grpc.insecure_channel(args.target) as channel:
+        stub = admin_pb2_grpc.AdminStub(channel)
+        try:
+            if args.action == "clusters":
+                response = stub.ListClusters(admin_pb2.ListClustersRequest(), timeout=args.timeout)
+            elif args.action == "purge":
+                request = (admin_pb2.PurgeCacheRequest(all=True) if args.all
+                           else admin_pb2.PurgeCacheRequest(scope=args.scope))
+                response = stub.PurgeCache(request, timeout=args.timeout)
+            else:
+                response = stub.Drain(admin_pb2.DrainRequest(), timeout=args.timeout)
+        except grpc.RpcError as exc:
+            print(f"sluice admin {args.action}: {exc.code().name}: {exc.details()}", file=sys.stderr)
+            return EXIT_RPC_FAILED
+    if args.json:
+        print(json.dumps(json_format.MessageToDict(response, preserving_proto_field_name=True,
+                                                   always_print_fields_with_no_presence=True), indent=2))
+    elif args.action == "clusters":
+        print(cluster_table(response.clusters))
+    elif args.action == "purge":
+        print(f"deleted {response.deleted} cached answers")
+    else:
+        print("already draining" if response.already_draining else
+              f"draining: NOT_SERVING for {response.drain_delay_s:g}s, then {response.grace_s:g}s "
+              f"for open streams; the sidecar then exits")
+    return 0
+
+
+def cluster_table(clusters) -> str:
+    rows = [COLUMNS] + [(
+        c.name, c.breaker,
+        f"{c.score:.2f}" if c.HasField("score") else "-",
+        str(c.in_flight),
+        f"{c.ttfb_p95_s * 1000:.0f}ms" if c.HasField("ttfb_p95_s") else "-",
+        f"{c.error_rate:.1%}" if c.HasField("error_rate") else "-",
+        str(c.requests_in_window),
+    ) for c in clusters]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows)

@@ -1,0 +1,71 @@
+"""Drive sidecar.server.ExternalProcessor with Envoy's ext_proc messages, without a server."""
+from __future__ import annotations
+
+import json
+import time
+
+from envoy.config.core.v3 import base_pb2
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+
+from sidecar.context import Outcome
+from sidecar.events import Plan
+
+CHAT_HEADERS = {":method": "POST", ":path": "/v1/chat/completions", "content-type": "application/json",
+                "authorization": "Bearer sk-very-secret", "x-request-id": "req-1"}
+
+
+def chat_body(*turns: str, stream: bool = False, model: str = "demo-model") -> bytes:
+    roles = ["user", "assistant"]
+    messages = [{"role": roles[i % 2], "content": text} for i, text in enumerate(turns)]
+    return json.dumps({"model": model, "messages": messages, "stream": stream}).encode()
+
+
+def _header_map(headers: dict) -> base_pb2.HeaderMap:
+    return base_pb2.HeaderMap(headers=[base_pb2.HeaderValue(key=k, raw_value=v.encode()) for k, v in headers.items()])
+
+
+def chat_messages(body: bytes, headers: dict | None = None, status: int = 200) -> list[pb.ProcessingRequest]:
+    """What Envoy sends for one chat request answered by the upstream with `status`."""
+    return [
+        pb.ProcessingRequest(request_headers=pb.HttpHeaders(headers=_header_map(headers or CHAT_HEADERS))),
+        pb.ProcessingRequest(request_body=pb.HttpBody(body=body, end_of_stream=True)),
+        pb.ProcessingRequest(response_headers=pb.HttpHeaders(
+            headers=_header_map({":status": str(status)}), end_of_stream=True)),
+    ]
+
+
+async def run_stream(servicer, messages) -> list[pb.ProcessingResponse]:
+    async def requests():
+        for message in messages:
+            yield message
+
+    return [response async for response in servicer.Process(requests(), None)]
+
+
+def upstream_headers(responses) -> dict[str, str]:
+    """Headers the sidecar set on the upstream request (the request body phase's reply)."""
+    reply = next(r for r in responses if r.HasField("request_body"))
+    return {h.header.key: h.header.raw_value.decode()
+            for h in reply.request_body.response.header_mutation.set_headers}
+
+
+class FakeDirector:
+    """Routes every chat request to `cluster`; records what it was given."""
+
+    def __init__(self, cluster: str = "upstream_a", plan: Plan | None = None, during=None):
+        self.cluster, self.plan, self.during = cluster, plan, during
+
+    async def decide(self, ctx) -> Plan:
+        if self.during is not None:
+            self.during()
+        ctx.outcome, ctx.cluster = Outcome.ROUTED, self.cluster
+        return self.plan or Plan(cluster=self.cluster)
+
+    def on_response_headers(self, ctx) -> None:
+        ctx.response_headers_at = time.monotonic()
+
+    def on_response_body(self, ctx, chunk, end_of_stream) -> None:
+        pass
+
+    def on_finish(self, ctx) -> None:
+        pass

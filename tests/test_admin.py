@@ -1,0 +1,158 @@
+"""The Admin gRPC service (unit level): clusters, purge, drain, loopback-only."""
+import grpc
+import pytest
+
+from sidecar.admin import AdminService, DrainStarted, admin_parts, is_loopback
+from sidecar.admin_cli import cluster_table
+from sidecar.protos import admin_pb2
+from sidecar.scheduling import BreakerState
+from sidecar.scheduling.model import ClusterSnapshot
+
+
+class Aborted(Exception):
+    pass
+
+
+class Context:
+    def __init__(self, peer="ipv4:127.0.0.1:40000"):
+        self._peer = peer
+        self.code = self.details = None
+
+    def peer(self):
+        return self._peer
+
+    async def abort(self, code, details):
+        self.code, self.details = code, details
+        raise Aborted(details)
+
+
+class Scheduler:
+    def snapshot(self, now):
+        return {"b": ClusterSnapshot("b", in_flight=2, ttfb_p95_s=0.25, error_rate=0.1, requests_in_window=20),
+                "a": ClusterSnapshot("a")}
+
+    def breaker_states(self, now):
+        return {"b": BreakerState.HALF_OPEN, "c": BreakerState.OPEN}
+
+
+class Store:
+    def __init__(self):
+        self.purged = []
+
+    async def purge_scope(self, scope):
+        self.purged.append(scope)
+        return 3
+
+
+class StoreWithPurgeAll(Store):
+    async def purge_all(self):
+        return 42
+
+
+def service(store=None, **kwargs):
+    drains = []
+
+    def drain():
+        drains.append(1)
+        return DrainStarted(5.0, 20.0, len(drains) > 1)
+
+    scores = {"b": 0.75}
+    return AdminService(Scheduler(), store, drain, score=scores.get, **kwargs), drains
+
+
+@pytest.mark.parametrize("peer, local", [
+    ("ipv4:127.0.0.1:5000", True), ("ipv4:127.0.1.1:5000", True), ("ipv6:[::1]:5000", True),
+    ("ipv6:[::ffff:127.0.0.1]:5000", True), ("unix:/tmp/sock", True),
+    ("ipv4:10.0.0.7:5000", False), ("ipv6:[fe80::1]:5000", False), ("ipv4:128.0.0.1:1", False), ("", False),
+])
+def test_is_loopback(peer, local):
+    assert is_loopback(peer) is local
+
+
+async def test_list_clusters():
+    admin, _ = service()
+    response = await admin.ListClusters(admin_pb2.ListClustersRequest(), Context())
+    a, b, c = response.clusters
+    assert (a.name, a.breaker, a.HasField("score"), a.HasField("ttfb_p95_s"), a.HasField("error_rate")) == (
+        "a", "closed", False, False, False)
+    assert (b.name, b.breaker, b.score, b.in_flight, b.ttfb_p95_s, b.error_rate, b.requests_in_window) == (
+        "b", "half_open", 0.75, 2, 0.25, 0.1, 20)
+    assert (c.name, c.breaker) == ("c", "open")
+    table = cluster_table(response.clusters).splitlines()
+    assert table[0].split() == ["cluster", "breaker", "score", "in_flight", "ttfb_p95", "error_rate", "requests"]
+    assert table[2].split() == ["b", "half_open", "0.75", "2", "250ms", "10.0%", "20"]
+
+
+async def test_remote_peers_are_refused_unless_allowed():
+    admin, drains = service()
+    context = Context("ipv4:10.1.2.3:5555")
+    for call, request in ((admin.ListClusters, admin_pb2.ListClustersRequest()),
+                          (admin.Drain, admin_pb2.DrainRequest()),
+                          (admin.PurgeCache, admin_pb2.PurgeCacheRequest(all=True))):
+        with pytest.raises(Aborted):
+            await call(request, context)
+        assert context.code == grpc.StatusCode.PERMISSION_DENIED
+    assert drains == []
+    allowed, _ = service(allow_remote=True)
+    assert len((await allowed.ListClusters(admin_pb2.ListClustersRequest(), context)).clusters) == 3
+
+
+async def test_purge_a_scope():
+    store = Store()
+    admin, _ = service(store)
+    response = await admin.PurgeCache(admin_pb2.PurgeCacheRequest(scope="ab" * 32), Context())
+    assert response.deleted == 3 and store.purged == ["ab" * 32]
+
+
+@pytest.mark.parametrize("store, request_, code", [
+    (None, admin_pb2.PurgeCacheRequest(scope="x"), grpc.StatusCode.FAILED_PRECONDITION),
+    (Store(), admin_pb2.PurgeCacheRequest(), grpc.StatusCode.INVALID_ARGUMENT),
+    (Store(), admin_pb2.PurgeCacheRequest(scope=""), grpc.StatusCode.INVALID_ARGUMENT),
+    (Store(), admin_pb2.PurgeCacheRequest(all=True), grpc.StatusCode.UNIMPLEMENTED),
+])
+async def test_purge_refusals(store, request_, code):
+    admin, _ = service(store)
+    context = Context()
+    with pytest.raises(Aborted):
+        await admin.PurgeCache(request_, context)
+    assert context.code == code
+
+
+async def test_purge_all_when_the_store_can():
+    admin, _ = service(StoreWithPurgeAll())
+    assert (await admin.PurgeCache(admin_pb2.PurgeCacheRequest(all=True), Context())).deleted == 42
+
+
+async def test_drain_starts_the_graceful_stop_once():
+    admin, drains = service()
+    first = await admin.Drain(admin_pb2.DrainRequest(), Context())
+    second = await admin.Drain(admin_pb2.DrainRequest(), Context())
+    assert (first.drain_delay_s, first.grace_s, first.already_draining) == (5.0, 20.0, False)
+    assert second.already_draining and len(drains) == 2
+
+
+def test_admin_parts_finds_the_scheduler_and_store_through_wrappers():
+    from sidecar.app import App
+    from sidecar.routing import RoutingDirector
+
+    routing = RoutingDirector(scrape_interval_s=None)
+    assert admin_parts(App(routing)) == (routing.scheduler, None)
+
+    class Caching:                       # shaped like sidecar.caching.CachingDirector
+        def __init__(self, inner, store):
+            self._inner, self._rt = inner, type("Runtime", (), {"store": store})()
+
+    store = Store()
+    assert admin_parts(App(Caching(routing, store))) == (routing.scheduler, store)
+
+
+async def test_unreachable_store_is_unavailable():
+    class Down(Store):
+        async def purge_scope(self, scope):
+            raise ConnectionError("redis is down")
+
+    admin, _ = service(Down())
+    context = Context()
+    with pytest.raises(Aborted):
+        await admin.PurgeCache(admin_pb2.PurgeCacheRequest(scope="s"), context)
+    assert context.code == grpc.StatusCode.UNAVAILABLE and "redis is down" in context.details
