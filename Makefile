@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.installed
 GEN     := sidecar/gen/.stamp
 PROTOS  := $(wildcard proto/sluice/v1/*.proto)
 
-.PHONY: all run test test-fast proto bench bench-overhead bench-embed bench-decode bench-route bench-overload bench-cache bench-index lint system-deps clean
+.PHONY: all run test test-fast proto bench bench-overhead bench-embed bench-decode bench-route bench-overload bench-cache bench-index docs lint system-deps clean
 
 all: $(STAMP) $(GEN)
 
@@ -57,6 +57,9 @@ bench-cache: all system-deps
 
 bench-index: all
 	$(BIN)/python -m bench.index
+
+docs: all
+	$(BIN)/python scripts/gen_route_docs.py
 
 lint: all
 	$(BIN)/python -m compileall -q sidecar devtools bench tests
