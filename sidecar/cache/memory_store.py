@@ -1,0 +1,198 @@
+"""The cache store of a single replica: everything in this process, bounded three ways.
+
+- Overall: at most `max_entries`; a put into a full store evicts the least recently used
+  entry of any scope (a hit, exact or semantic, counts as a use).
+- Per scope: at most `max_entries_per_scope`; a put into a full scope evicts that scope's
+  least recently used entry, so one tenant cannot push out the others.
+- In time: an entry is never returned once its TTL has passed.  Expired entries are also
+  dropped without being asked for: every operation pops a few from an expiry heap, so a
+  store that is only written to does not keep dead entries until the LRU reaches them.
+
+RedisStore keeps one of these, with empty prompts and answers, as its local mirror of the
+shared vectors.  The clock is injected (seconds since the epoch) for tests.
+"""
+from __future__ import annotations
+
+import heapq
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from sidecar.cache.store import Entry, Neighbour, StoreLimits
+from sidecar.cache.vector_index import DEFAULT_EXACT_MAX, VectorIndex
+
+__all__ = ["MemoryStore"]
+
+# Expired entries dropped per operation, at most, besides the one looked up.
+_PURGE_BATCH = 16
+# A semantic hit whose entry has expired is dropped and the search runs again, this often.
+_NEAREST_TRIES = 4
+
+
+@dataclass(slots=True)
+class _Slot:
+    entry: Entry
+    expires_at: float
+
+
+@dataclass(slots=True)
+class _Scope:
+    index: VectorIndex
+    order: OrderedDict[str, None] = field(default_factory=OrderedDict)  # least recent first
+
+
+class MemoryStore:
+    """CacheStore in this process.  Not thread-safe: use it from one event loop."""
+
+    def __init__(self, limits: StoreLimits | None = None, *, dim: int = 384,
+                 exact_max: int = DEFAULT_EXACT_MAX,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.limits = limits or StoreLimits()
+        self.dim = dim
+        self._exact_max = exact_max
+        self._clock = clock
+        self._slots: OrderedDict[tuple[str, str], _Slot] = OrderedDict()  # least recent first
+        self._scopes: dict[str, _Scope] = {}
+        self._expiry: list[tuple[float, str, str]] = []  # (expires_at, scope, key), stale ok
+
+    # -- CacheStore ---------------------------------------------------------------------
+
+    @property
+    def healthy(self) -> bool:
+        return True
+
+    async def start(self) -> None:
+        pass
+
+    async def close(self) -> None:
+        pass
+
+    async def get_exact(self, scope: str, exact_key: str) -> Entry | None:
+        slot = self._live(scope, exact_key, self._clock())
+        return None if slot is None else slot.entry
+
+    async def nearest(self, scope: str, vector: np.ndarray,
+                      min_similarity: float) -> Neighbour | None:
+        return self.nearest_now(scope, vector, min_similarity)
+
+    async def put(self, scope: str, exact_key: str, prompt: str, vector: np.ndarray | None,
+                  answer: bytes, ttl_s: float) -> None:
+        now = self._clock()
+        self.put_now(Entry(exact_key, scope, prompt, answer, now), vector, now + ttl_s)
+
+    async def purge_scope(self, scope: str) -> int:
+        return self.purge_scope_now(scope)
+
+    async def purge_all(self) -> int:
+        """Delete every entry of every scope (admin); how many there were."""
+        deleted = len(self._slots)
+        self._slots.clear()
+        self._scopes.clear()
+        self._expiry.clear()
+        return deleted
+
+    # -- the same, synchronous (RedisStore drives its mirror with these) -----------------
+
+    def __len__(self) -> int:
+        return len(self._slots)
+
+    def scope_size(self, scope: str) -> int:
+        s = self._scopes.get(scope)
+        return 0 if s is None else len(s.order)
+
+    def nearest_now(self, scope: str, vector: np.ndarray,
+                    min_similarity: float) -> Neighbour | None:
+        now = self._clock()
+        self._purge_expired(now)
+        s = self._scopes.get(scope)
+        for _ in range(_NEAREST_TRIES):
+            if s is None or not len(s.index):
+                return None
+            found = s.index.search(vector, min_similarity)
+            if found is None:
+                return None
+            slot = self._live(scope, found[0], now)
+            if slot is not None:
+                return Neighbour(slot.entry, found[1])
+            s = self._scopes.get(scope)  # the expired hit was dropped; search again
+        return None
+
+    def put_now(self, entry: Entry, vector: np.ndarray | None, expires_at: float) -> None:
+        """Store `entry` until `expires_at` (clock time); replaces an entry of the same id."""
+        now = self._clock()
+        self._purge_expired(now)
+        expires_at = min(expires_at, now + self.limits.max_ttl_s)
+        if expires_at <= now:
+            return
+        scope, key = entry.scope, entry.entry_id
+        s = self._scopes.get(scope)
+        if s is None:
+            s = self._scopes[scope] = _Scope(VectorIndex(self.dim, exact_max=self._exact_max))
+        if vector is not None:
+            s.index.add(key, vector)  # first: a bad vector raises before anything changes
+        elif key in s.index:
+            s.index.discard(key)
+        if (scope, key) not in self._slots:
+            if len(s.order) >= self.limits.max_entries_per_scope:
+                self._remove(scope, next(iter(s.order)))
+            if len(self._slots) >= self.limits.max_entries:
+                self._remove(*next(iter(self._slots)))
+            s = self._scopes.setdefault(scope, s)  # _remove may have dropped an empty scope
+        self._slots[(scope, key)] = _Slot(entry, expires_at)
+        self._slots.move_to_end((scope, key))
+        s.order[key] = None
+        s.order.move_to_end(key)
+        heapq.heappush(self._expiry, (expires_at, scope, key))
+        if len(self._expiry) > 2 * len(self._slots) + 1024:
+            self._expiry = [(v.expires_at, sc, k) for (sc, k), v in self._slots.items()]
+            heapq.heapify(self._expiry)
+
+    def discard(self, scope: str, exact_key: str) -> bool:
+        """Forget one entry; False if it was not here."""
+        if (scope, exact_key) not in self._slots:
+            return False
+        self._remove(scope, exact_key)
+        return True
+
+    def purge_scope_now(self, scope: str) -> int:
+        s = self._scopes.pop(scope, None)
+        if s is None:
+            return 0
+        for key in s.order:
+            del self._slots[(scope, key)]
+        return len(s.order)
+
+    # -- bookkeeping ----------------------------------------------------------------------
+
+    def _live(self, scope: str, key: str, now: float) -> _Slot | None:
+        """The slot if present and unexpired, marked as just used; drops an expired one."""
+        slot = self._slots.get((scope, key))
+        if slot is None:
+            return None
+        if slot.expires_at <= now:
+            self._remove(scope, key)
+            return None
+        self._slots.move_to_end((scope, key))
+        self._scopes[scope].order.move_to_end(key)
+        return slot
+
+    def _remove(self, scope: str, key: str) -> None:
+        del self._slots[(scope, key)]
+        s = self._scopes[scope]
+        del s.order[key]
+        s.index.discard(key)
+        if not s.order:
+            del self._scopes[scope]
+
+    def _purge_expired(self, now: float) -> None:
+        heap = self._expiry
+        for _ in range(_PURGE_BATCH):
+            if not heap or heap[0][0] > now:
+                return
+            expires_at, scope, key = heapq.heappop(heap)
+            slot = self._slots.get((scope, key))
+            if slot is not None and slot.expires_at == expires_at:
+                self._remove(scope, key)

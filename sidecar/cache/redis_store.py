@@ -1,0 +1,499 @@
+"""The cache store shared by every replica: entries in Redis, vectors mirrored locally.
+
+Works on plain Redis 7.0 (no vector search) and on Redis Cluster: every key of one scope
+carries the hash tag `{scope}`, so a scope lives in one slot and every multi-key command
+and script stays inside it.  Nothing ever touches two scopes at once.
+
+Keys (prefix `sluice`, configurable):
+  sluice:{<scope>}:e:<exact_key>  hash   p prompt, a answer (bytes), t stored_at (epoch s),
+                                         x expires_at (epoch ms), v vector (float32 bytes,
+                                         absent for an exact-only entry); PEXPIRE = TTL
+  sluice:{<scope>}:ids            zset   exact keys of the scope, scored by last use (ms);
+                                         the per-scope LRU bound; expires with its newest
+                                         entry
+  sluice:events                   stream put / del / purge events, MAXLEN ~ bound
+
+Exact lookups go straight to Redis (HGETALL, and a ZADD XX that marks the use).  Semantic
+lookups search this replica's mirror of the shared vectors (a MemoryStore of vectors only)
+and then fetch the entry, which both gets the answer and proves the entry has not expired
+or been evicted in Redis meanwhile; a vanished hit is dropped and the search repeats.  The
+mirror follows the stream; it is rebuilt from a SCAN of the scope sets at start and after
+every reconnect (in the background: lookups keep using the old one meanwhile).
+
+Bounds: a put runs one script that writes the entry and evicts the scope's least recently
+used entries beyond max_entries_per_scope.  Redis has no cross-slot count, so the overall
+bound in Redis is its own maxmemory with an eviction policy (volatile-lru: every key here
+has a TTL); the mirror is bounded by max_entries like any MemoryStore.
+
+Failure: every command runs under a short deadline.  A connection error or timeout marks
+the backend down (logged once, sluice_cache_backend_up 0, counted in
+sluice_cache_backend_errors_total): from then on lookups miss and puts are dropped at once,
+without touching the network, while a background task reconnects with backoff, then
+rebuilds the mirror.  Only purge_scope, an admin call, raises (StoreUnavailable).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import redis.asyncio as aioredis
+from prometheus_client import Counter, Gauge
+from redis.asyncio.cluster import RedisCluster
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.retry import Retry
+
+from sidecar.cache.memory_store import MemoryStore
+from sidecar.cache.store import Entry, Neighbour, StoreLimits, StoreUnavailable
+from sidecar.cache.vector_index import DEFAULT_EXACT_MAX, as_unit
+
+__all__ = ["RedisSettings", "RedisStore", "BACKEND_UP", "BACKEND_ERRORS"]
+
+log = logging.getLogger("sluice.cache")
+
+BACKEND_UP = Gauge("sluice_cache_backend_up",
+                   "1 while the shared cache backend (Redis) answers, else 0.")
+BACKEND_ERRORS = Counter("sluice_cache_backend_errors_total",
+                         "Shared cache backend calls that failed, by operation.", ["op"])
+
+# Errors that mean "the backend is not there": they mark it down.  Any other RedisError
+# (a bad reply, a script error) is counted and logged but leaves it up.
+_UNREACHABLE = (RedisConnectionError, RedisTimeoutError, TimeoutError, OSError)
+_FAILED: Any = object()
+_NEAREST_TRIES = 3
+_OTHER_ERROR_LOG_EVERY_S = 60.0
+
+# Write one entry and keep its scope within bounds, atomically.  Every key it touches is
+# of one scope, so one slot: KEYS[1] the entry hash, KEYS[2] the scope's id set.
+# ARGV: ttl ms, now ms, per-scope max, entry-key prefix of the scope, exact key, then the
+# hash's field/value pairs.  Returns the evicted exact keys.
+_PUT = """
+redis.call('DEL', KEYS[1])
+redis.call('HSET', KEYS[1], unpack(ARGV, 6))
+redis.call('PEXPIRE', KEYS[1], ARGV[1])
+redis.call('ZADD', KEYS[2], ARGV[2], ARGV[5])
+redis.call('PEXPIRE', KEYS[2], ARGV[1], 'NX')
+redis.call('PEXPIRE', KEYS[2], ARGV[1], 'GT')
+local over = redis.call('ZCARD', KEYS[2]) - tonumber(ARGV[3])
+local evicted = {}
+if over > 0 then
+  for _, id in ipairs(redis.call('ZRANGE', KEYS[2], 0, over)) do
+    if #evicted < over and id ~= ARGV[5] then
+      redis.call('ZREM', KEYS[2], id)
+      redis.call('DEL', ARGV[4] .. id)
+      evicted[#evicted + 1] = id
+    end
+  end
+end
+return evicted
+"""
+# Delete the next ARGV[2] entries of a scope (KEYS[1] its id set, ARGV[1] the entry-key
+# prefix): a batch at a time, so that no call holds Redis longer than a lookup's timeout.
+# Returns {entries deleted, ids left}; the set vanishes with its last id.
+_PURGE_BATCH = """
+local ids = redis.call('ZRANGE', KEYS[1], 0, tonumber(ARGV[2]) - 1)
+local n = 0
+for _, id in ipairs(ids) do
+  n = n + redis.call('DEL', ARGV[1] .. id)
+end
+if #ids > 0 then
+  redis.call('ZREM', KEYS[1], unpack(ids))
+end
+return {n, redis.call('ZCARD', KEYS[1])}
+"""
+_PURGE_BATCH_SIZE = 500
+
+
+@dataclass(frozen=True)
+class RedisSettings:
+    url: str = "redis://127.0.0.1:6379/0"
+    cluster: bool = False            # url names one node of a Redis Cluster
+    key_prefix: str = "sluice"
+    timeout_s: float = 0.05          # socket timeout and deadline of one round trip
+    connect_timeout_s: float = 0.05
+    stream_maxlen: int = 10_000      # events kept for replicas (~1.7 KB each)
+    stream_block_ms: int = 1_000     # longest wait of the event reader per XREAD
+    reconnect_min_s: float = 0.1     # backoff between reconnect tries: doubles up to max
+    reconnect_max_s: float = 2.0
+    start_timeout_s: float = 5.0     # start() waits this long for the first mirror load
+    load_batch: int = 256            # entries fetched per round trip when loading
+
+    def __post_init__(self) -> None:
+        for name in ("timeout_s", "connect_timeout_s", "reconnect_min_s", "start_timeout_s"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name}: must be > 0, got {getattr(self, name)!r}")
+        if self.reconnect_max_s < self.reconnect_min_s:
+            raise ValueError("reconnect_max_s: must be >= reconnect_min_s")
+        for name in ("stream_maxlen", "stream_block_ms", "load_batch"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name}: must be > 0, got {getattr(self, name)!r}")
+        if not self.key_prefix or "{" in self.key_prefix or "}" in self.key_prefix:
+            raise ValueError(f"key_prefix: must be non-empty, without braces, got {self.key_prefix!r}")
+
+
+class _Keys:
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+        self.events = f"{prefix}:events"
+        self.ids_pattern = f"{_glob_escape(prefix)}:{{*}}:ids"
+
+    def entry_prefix(self, scope: str) -> str:
+        return f"{self.prefix}:{{{scope}}}:e:"
+
+    def entry(self, scope: str, exact_key: str) -> str:
+        return f"{self.prefix}:{{{scope}}}:e:{exact_key}"
+
+    def ids(self, scope: str) -> str:
+        return f"{self.prefix}:{{{scope}}}:ids"
+
+    def scope_of_ids(self, key: bytes) -> str:
+        return key.decode()[len(self.prefix) + 2:-len("}:ids")]
+
+
+def _glob_escape(text: str) -> str:
+    return "".join("\\" + c if c in "*?[]\\" else c for c in text)
+
+
+class RedisStore:
+    """CacheStore in Redis, shared by replicas; see the module docstring."""
+
+    def __init__(self, settings: RedisSettings | None = None, limits: StoreLimits | None = None,
+                 *, dim: int = 384, exact_max: int = DEFAULT_EXACT_MAX,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.settings = settings or RedisSettings()
+        self.limits = limits or StoreLimits()
+        self.dim = dim
+        self._exact_max = exact_max
+        self._clock = clock
+        self._keys = _Keys(self.settings.key_prefix)
+        self._mirror = self._new_mirror()
+        self._up: bool | None = None  # None until the first answer or failure
+        self._client: Any = None
+        self._reader: Any = None
+        self._put_script: Any = None
+        self._purge_script: Any = None
+        self._loop_task: asyncio.Task | None = None
+        self._loaded = asyncio.Event()
+        self._closed = False
+        self._other_error_logged_at = float("-inf")
+
+    def _new_mirror(self) -> MemoryStore:
+        return MemoryStore(self.limits, dim=self.dim, exact_max=self._exact_max, clock=self._clock)
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    @property
+    def healthy(self) -> bool:
+        return bool(self._up)
+
+    async def start(self) -> None:
+        self._install(*self._connect())
+        try:
+            async with asyncio.timeout(self.settings.timeout_s + self.settings.connect_timeout_s):
+                await self._client.ping()
+            self._mark_up()
+        except (*_UNREACHABLE, RedisError) as exc:
+            self._mark_down("connect", exc)
+        self._loop_task = asyncio.create_task(self._sync_loop(), name="sluice-cache-sync")
+        if self._up:
+            try:
+                async with asyncio.timeout(self.settings.start_timeout_s):
+                    await self._loaded.wait()
+            except TimeoutError:
+                log.warning("cache index still loading after %.1fs; semantic lookups miss "
+                            "what it has not reached yet", self.settings.start_timeout_s)
+
+    async def close(self) -> None:
+        self._closed = True
+        task, self._loop_task = self._loop_task, None
+        if task is not None:
+            task.cancel()  # a client may swallow one cancel mid-read: the flag ends the loop
+            await asyncio.wait({task}, timeout=self.settings.stream_block_ms / 1000 + 1)
+        await self._aclose(self._client, self._reader)
+        self._client = self._reader = None
+
+    def _connect(self) -> tuple[Any, Any]:
+        s = self.settings
+        common = dict(socket_connect_timeout=s.connect_timeout_s, retry=Retry(NoBackoff(), 0),
+                      health_check_interval=0)
+        reader_timeout = s.stream_block_ms / 1000 + max(1.0, s.timeout_s)
+        if s.cluster:
+            make = lambda timeout: RedisCluster.from_url(  # noqa: E731
+                s.url, socket_timeout=timeout, cluster_error_retry_attempts=0, **common)
+        else:
+            make = lambda timeout: aioredis.Redis.from_url(  # noqa: E731
+                s.url, socket_timeout=timeout, **common)
+        return make(s.timeout_s), make(reader_timeout)
+
+    def _install(self, client: Any, reader: Any) -> None:
+        self._client, self._reader = client, reader
+        self._put_script = client.register_script(_PUT)
+        self._purge_script = client.register_script(_PURGE_BATCH)
+
+    @staticmethod
+    async def _aclose(*clients: Any) -> None:
+        for client in clients:
+            if client is not None:
+                try:
+                    await client.aclose()
+                except (*_UNREACHABLE, RedisError, RuntimeError):
+                    pass
+
+    # -- health ---------------------------------------------------------------------------
+
+    def _mark_up(self) -> None:
+        if self._up is not True:
+            log.info("cache backend %s reachable%s", self._where(),
+                     "" if self._up is None else " again: shared cache resumes")
+        self._up = True
+        BACKEND_UP.set(1)
+
+    def _mark_down(self, op: str, exc: BaseException) -> None:
+        BACKEND_ERRORS.labels(op).inc()
+        if self._up is not False:
+            log.warning("cache backend %s unreachable (%s: %s); lookups miss and puts are "
+                        "dropped until it is back", self._where(), type(exc).__name__, exc)
+        self._up = False
+        BACKEND_UP.set(0)
+
+    def _other_error(self, op: str, exc: BaseException) -> None:
+        BACKEND_ERRORS.labels(op).inc()
+        now = time.monotonic()
+        if now - self._other_error_logged_at >= _OTHER_ERROR_LOG_EVERY_S:
+            self._other_error_logged_at = now
+            log.warning("cache backend %s: %s failed: %s: %s (logged once a minute)",
+                        self._where(), op, type(exc).__name__, exc)
+
+    def _where(self) -> str:
+        url = self.settings.url
+        return url.split("@", 1)[-1] if "@" in url else url  # never log a password
+
+    async def _run(self, op: str, call: Callable[[Any], Awaitable[Any]],
+                   round_trips: int | None = 1) -> Any:
+        """`call(client)` within `round_trips` timeouts (None: each command's own socket
+        timeout only); _FAILED, never an exception, if it fails."""
+        if not self._up:
+            return _FAILED
+        deadline = None if round_trips is None else self.settings.timeout_s * round_trips
+        try:
+            async with asyncio.timeout(deadline):
+                return await call(self._client)
+        except _UNREACHABLE as exc:
+            self._mark_down(op, exc)
+        except RedisError as exc:
+            self._other_error(op, exc)
+        return _FAILED
+
+    # -- CacheStore ----------------------------------------------------------------------
+
+    async def get_exact(self, scope: str, exact_key: str) -> Entry | None:
+        found = await self._run("get", lambda c: self._fetch(c, scope, exact_key))
+        return None if found is _FAILED else found
+
+    async def nearest(self, scope: str, vector: np.ndarray,
+                      min_similarity: float) -> Neighbour | None:
+        if not self._up:
+            return None
+        for _ in range(_NEAREST_TRIES):
+            local = self._mirror.nearest_now(scope, vector, min_similarity)
+            if local is None:
+                return None
+            key = local.entry.entry_id
+            entry = await self._run("nearest", lambda c: self._fetch(c, scope, key))
+            if entry is _FAILED:
+                return None
+            if entry is not None:
+                return Neighbour(entry, local.similarity)
+            self._mirror.discard(scope, key)  # expired or evicted in Redis: not servable
+        return None
+
+    async def put(self, scope: str, exact_key: str, prompt: str, vector: np.ndarray | None,
+                  answer: bytes, ttl_s: float) -> None:
+        now = self._clock()
+        ttl_s = min(ttl_s, self.limits.max_ttl_s)
+        unit = None if vector is None else as_unit(vector, self.dim)  # a bad vector raises
+        if ttl_s <= 0 or not self._up:
+            return
+        expires_ms = int((now + ttl_s) * 1000)
+        fields: dict[str, Any] = {"p": prompt, "a": answer, "t": repr(now), "x": expires_ms}
+        if unit is not None:
+            fields["v"] = unit.tobytes()
+
+        async def write(client: Any) -> list[bytes]:
+            args: list[Any] = [max(1, int(ttl_s * 1000)), int(now * 1000),
+                               self.limits.max_entries_per_scope,
+                               self._keys.entry_prefix(scope), exact_key]
+            for name, value in fields.items():
+                args += [name, value]
+            evicted = await self._put_script(
+                keys=[self._keys.entry(scope, exact_key), self._keys.ids(scope)], args=args)
+            pipe = client.pipeline(transaction=False)
+            event = {"op": "put", "s": scope, "k": exact_key, "t": fields["t"], "x": expires_ms}
+            if unit is not None:
+                event["v"] = fields["v"]
+            self._publish(pipe, event)
+            for key in evicted:
+                self._publish(pipe, {"op": "del", "s": scope, "k": key})
+            await pipe.execute()
+            return evicted
+
+        evicted = await self._run("put", write, round_trips=2)
+        if evicted is _FAILED:
+            return
+        for key in evicted:
+            self._mirror.discard(scope, key.decode())
+        if unit is None:
+            self._mirror.discard(scope, exact_key)
+        else:
+            self._mirror.put_now(Entry(exact_key, scope, "", b"", now), unit, now + ttl_s)
+
+    async def purge_scope(self, scope: str) -> int:
+        self._mirror.purge_scope_now(scope)
+        deleted = await self._run("purge", lambda c: self._purge(c, scope), round_trips=None)
+        if deleted is _FAILED:
+            raise StoreUnavailable(f"cache backend {self._where()} unreachable: scope "
+                                   f"{scope!r} was purged from this replica only")
+        return deleted
+
+    async def purge_all(self) -> int:
+        """purge_scope for every scope there is (admin); raises StoreUnavailable."""
+        self._mirror = self._new_mirror()
+
+        async def purge_all(client: Any) -> int:
+            deleted = 0
+            async for ids_key in client.scan_iter(match=self._keys.ids_pattern, count=1000,
+                                                  _type="zset"):
+                deleted += await self._purge(client, self._keys.scope_of_ids(ids_key))
+            return deleted
+
+        deleted = await self._run("purge", purge_all, round_trips=None)
+        if deleted is _FAILED:
+            raise StoreUnavailable(f"cache backend {self._where()} unreachable: "
+                                   "the cache was purged on this replica only")
+        return deleted
+
+    async def _purge(self, client: Any, scope: str) -> int:
+        """Delete a scope in batches (puts that land meanwhile go too), then tell replicas."""
+        deleted, batches = 0, self.limits.max_entries_per_scope // _PURGE_BATCH_SIZE + 10
+        for _ in range(batches):
+            n, left = await self._purge_script(keys=[self._keys.ids(scope)],
+                                               args=[self._keys.entry_prefix(scope), _PURGE_BATCH_SIZE])
+            deleted += int(n)
+            if not left:
+                break
+        await client.xadd(self._keys.events, {"op": "purge", "s": scope},
+                          maxlen=self.settings.stream_maxlen, approximate=True)
+        return deleted
+
+    # -- Redis commands -------------------------------------------------------------------
+
+    async def _fetch(self, client: Any, scope: str, exact_key: str) -> Entry | None:
+        pipe = client.pipeline(transaction=False)
+        pipe.hgetall(self._keys.entry(scope, exact_key))
+        pipe.zadd(self._keys.ids(scope), {exact_key: int(self._clock() * 1000)}, xx=True)
+        fields, _ = await pipe.execute()
+        if not fields or b"a" not in fields:
+            return None
+        return Entry(exact_key, scope, fields.get(b"p", b"").decode("utf-8", "replace"),
+                     fields[b"a"], float(fields.get(b"t", b"0")))
+
+    def _publish(self, pipe: Any, event: dict[str, Any]) -> None:
+        pipe.xadd(self._keys.events, event, maxlen=self.settings.stream_maxlen,
+                  approximate=True)
+
+    # -- the mirror: load, then follow the stream; reconnect when down --------------------
+
+    async def _sync_loop(self) -> None:
+        s = self.settings
+        backoff = s.reconnect_min_s
+        while not self._closed:
+            op = "sync" if self._up else "reconnect"
+            try:
+                if not self._up:
+                    await self._reconnect()
+                    backoff = s.reconnect_min_s
+                last_id = await self._load()
+                self._loaded.set()
+                while self._up and not self._closed:
+                    reply = await self._reader.xread({self._keys.events: last_id},
+                                                     count=500, block=s.stream_block_ms)
+                    for _stream, events in reply or ():
+                        for event_id, fields in events:
+                            self._apply(fields)
+                            last_id = event_id
+            except asyncio.CancelledError:
+                raise
+            except _UNREACHABLE as exc:
+                self._mark_down(op, exc)
+            except RedisError as exc:
+                self._other_error(op, exc)
+            except Exception:  # a bug here must not end the task: the mirror would freeze
+                log.exception("cache sync failed; retrying")
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, s.reconnect_max_s)
+
+    async def _reconnect(self) -> None:
+        """Fresh clients (no stale pooled connections); raises while Redis is away."""
+        client, reader = self._connect()
+        try:
+            async with asyncio.timeout(self.settings.timeout_s + self.settings.connect_timeout_s):
+                await client.ping()
+        except BaseException:
+            await self._aclose(client, reader)
+            raise
+        old = (self._client, self._reader)
+        self._install(client, reader)
+        await self._aclose(*old)
+        self._mark_up()
+
+    async def _load(self) -> bytes:
+        """Rebuild the mirror from Redis; the stream position to follow it from."""
+        client, batch = self._client, self.settings.load_batch
+        newest = await client.xrevrange(self._keys.events, count=1)
+        last_id = newest[0][0] if newest else b"0-0"
+        mirror = self._new_mirror()
+        per_scope = self.limits.max_entries_per_scope
+        started = time.monotonic()
+        async for ids_key in client.scan_iter(match=self._keys.ids_pattern, count=1000,
+                                              _type="zset"):
+            scope = self._keys.scope_of_ids(ids_key)
+            members = await client.zrange(ids_key, -per_scope, -1)  # least recent first
+            for i in range(0, len(members), batch):
+                chunk = members[i:i + batch]
+                pipe = client.pipeline(transaction=False)
+                for member in chunk:
+                    pipe.hmget(self._keys.entry(scope, member.decode()), "v", "x", "t")
+                for member, (vector, expires_ms, stored_at) in zip(chunk, await pipe.execute()):
+                    if vector and expires_ms:
+                        self._add_to(mirror, scope, member.decode(), vector, expires_ms, stored_at)
+        self._mirror = mirror
+        log.info("cache index loaded: %d vectors in %.2fs", len(mirror), time.monotonic() - started)
+        return last_id
+
+    def _add_to(self, mirror: MemoryStore, scope: str, key: str, vector: bytes,
+                expires_ms: bytes | int, stored_at: bytes | None) -> None:
+        v = np.frombuffer(vector, np.float32)
+        if v.shape[0] != self.dim:
+            return  # written by a replica with another embedding size: not ours to serve
+        entry = Entry(key, scope, "", b"", float(stored_at or 0))
+        mirror.put_now(entry, v, int(expires_ms) / 1000)
+
+    def _apply(self, fields: dict[bytes, bytes]) -> None:
+        op, scope = fields.get(b"op"), fields.get(b"s", b"").decode()
+        key = fields.get(b"k", b"").decode()
+        if op == b"put":
+            if b"v" in fields:
+                self._add_to(self._mirror, scope, key, fields[b"v"], fields[b"x"], fields.get(b"t"))
+            else:
+                self._mirror.discard(scope, key)
+        elif op == b"del":
+            self._mirror.discard(scope, key)
+        elif op == b"purge":
+            self._mirror.purge_scope_now(scope)

@@ -1,0 +1,426 @@
+"""CacheStore behaviour, the same tests for MemoryStore and RedisStore (real redis-server),
+then what only the Redis store does: replicas sharing entries, and Redis going away."""
+import asyncio
+import logging
+import math
+import shutil
+import socket
+import time
+
+import numpy as np
+import pytest
+from prometheus_client import REGISTRY
+
+from sidecar.cache.memory_store import MemoryStore
+from sidecar.cache.redis_store import RedisSettings, RedisStore
+from sidecar.cache.store import Entry, StoreLimits, StoreUnavailable
+from tests.redis_server import RedisServer, free_port
+
+DIM = 384
+REDIS = shutil.which("redis-server")
+needs_redis = pytest.mark.skipif(REDIS is None, reason="redis-server is not installed")
+
+
+def unit(seed: int) -> np.ndarray:
+    v = np.random.default_rng(seed).standard_normal(DIM).astype(np.float32)
+    return v / np.linalg.norm(v)
+
+
+def towards(v: np.ndarray, cosine: float, seed: int = 99) -> np.ndarray:
+    noise = unit(seed)
+    noise -= noise.dot(v) * v
+    noise /= np.linalg.norm(noise)
+    return (cosine * v + math.sqrt(1 - cosine ** 2) * noise).astype(np.float32)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_700_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+# -- a real redis-server per test module ---------------------------------------------------
+
+def flush(server: RedisServer) -> None:
+    with socket.create_connection(("127.0.0.1", server.port), timeout=1) as s:
+        s.sendall(b"FLUSHALL\r\n")
+        s.recv(16)
+
+
+@pytest.fixture(scope="module")
+def redis_server(tmp_path_factory):
+    if REDIS is None:
+        pytest.skip("redis-server is not installed")
+    server = RedisServer(tmp_path_factory.mktemp("redis")).start()
+    yield server
+    server.stop()
+
+
+def redis_settings(url: str, **kw) -> RedisSettings:
+    # Generous per-call deadline: a loaded CI box must not trip it; a dead server is
+    # refused at once anyway.
+    base = dict(url=url, timeout_s=0.15, connect_timeout_s=0.15, stream_block_ms=200,
+                reconnect_min_s=0.05, reconnect_max_s=0.5, start_timeout_s=3.0)
+    return RedisSettings(**{**base, **kw})
+
+
+@pytest.fixture
+async def started():
+    """started(store) -> the store, started; it is closed when the test ends."""
+    stores = []
+
+    async def start(store):
+        await store.start()
+        stores.append(store)
+        return store
+
+    yield start
+    for store in stores:
+        await store.close()
+
+
+@pytest.fixture(params=["memory", "redis"])
+def make_store(request, started):
+    """make_store(limits=..., clock=...) -> a started store of the parametrised kind."""
+    server = None
+    if request.param == "redis":
+        server = request.getfixturevalue("redis_server")
+        flush(server)
+
+    def make(limits: StoreLimits | None = None, clock=None):
+        if server is None:
+            return started(MemoryStore(limits, clock=clock or Clock()))
+        return started(RedisStore(redis_settings(server.url), limits))
+
+    return make
+
+
+# -- the contract, both kinds ------------------------------------------------------------
+
+async def test_put_then_get_exact(make_store):
+    store = await make_store()
+    await store.put("t1", "k1", "what is 2+2?", unit(1), b"\x00four\xff", ttl_s=60)
+    entry = await store.get_exact("t1", "k1")
+    assert isinstance(entry, Entry)
+    assert (entry.entry_id, entry.scope, entry.prompt, entry.answer) == \
+        ("k1", "t1", "what is 2+2?", b"\x00four\xff")
+    assert entry.stored_at > 0
+    assert await store.get_exact("t1", "other") is None
+
+
+async def test_put_replaces_the_entry_of_the_same_key(make_store):
+    store = await make_store()
+    await store.put("t1", "k1", "p", unit(1), b"old", ttl_s=60)
+    await store.put("t1", "k1", "p", unit(2), b"new", ttl_s=60)
+    assert (await store.get_exact("t1", "k1")).answer == b"new"
+    assert await store.nearest("t1", unit(1), 0.9) is None
+    assert (await store.nearest("t1", unit(2), 0.9)).entry.answer == b"new"
+
+
+async def test_nearest_above_and_below_the_threshold(make_store):
+    store = await make_store()
+    v = unit(1)
+    await store.put("t1", "k1", "p1", v, b"a1", ttl_s=60)
+    await store.put("t1", "k2", "p2", unit(2), b"a2", ttl_s=60)
+    hit = await store.nearest("t1", towards(v, 0.93), 0.90)
+    assert hit is not None and hit.entry.entry_id == "k1" and hit.entry.answer == b"a1"
+    assert hit.similarity == pytest.approx(0.93, abs=1e-4)
+    assert await store.nearest("t1", towards(v, 0.93), 0.95) is None
+
+
+async def test_entry_without_vector_is_found_only_exactly(make_store):
+    store = await make_store()
+    await store.put("t1", "k1", "p", None, b"a", ttl_s=60)
+    assert (await store.get_exact("t1", "k1")).answer == b"a"
+    assert await store.nearest("t1", unit(1), -1.0) is None
+
+
+async def test_scopes_are_isolated(make_store):
+    store = await make_store()
+    v = unit(1)
+    await store.put("tenant-a", "k", "p", v, b"for a", ttl_s=60)
+    await store.put("tenant-b", "k", "p", v, b"for b", ttl_s=60)
+    assert (await store.nearest("tenant-a", v, 0.99)).entry.answer == b"for a"
+    assert (await store.nearest("tenant-b", v, 0.99)).entry.answer == b"for b"
+    assert (await store.get_exact("tenant-b", "k")).answer == b"for b"
+    assert await store.nearest("tenant-c", v, 0.0) is None
+
+
+async def test_per_scope_bound_evicts_only_that_scope(make_store):
+    store = await make_store(StoreLimits(max_entries=100, max_entries_per_scope=3))
+    await store.put("quiet", "q", "p", unit(100), b"q", ttl_s=60)
+    for i in range(5):
+        await store.put("noisy", f"k{i}", "p", unit(i), b"a", ttl_s=60)
+    assert [await store.get_exact("noisy", f"k{i}") is not None for i in range(5)] == \
+        [False, False, True, True, True]
+    assert await store.nearest("noisy", unit(0), 0.99) is None
+    assert await store.get_exact("quiet", "q") is not None
+
+
+async def test_per_scope_bound_is_least_recently_used(make_store):
+    store = await make_store(StoreLimits(max_entries=100, max_entries_per_scope=2))
+    await store.put("s", "old", "p", unit(1), b"a", ttl_s=60)
+    await store.put("s", "mid", "p", unit(2), b"a", ttl_s=60)
+    await asyncio.sleep(0.002)  # the Redis LRU scores are milliseconds
+    assert await store.nearest("s", unit(1), 0.99) is not None  # "old" is used again
+    await store.put("s", "new", "p", unit(3), b"a", ttl_s=60)
+    assert await store.get_exact("s", "mid") is None
+    assert await store.get_exact("s", "old") is not None
+
+
+async def test_purge_scope_deletes_only_that_scope(make_store):
+    store = await make_store()
+    for i in range(3):
+        await store.put("gone", f"k{i}", "p", unit(i), b"a", ttl_s=60)
+    await store.put("kept", "k0", "p", unit(0), b"a", ttl_s=60)
+    assert await store.purge_scope("gone") == 3
+    assert await store.get_exact("gone", "k1") is None
+    assert await store.nearest("gone", unit(1), 0.5) is None
+    assert await store.get_exact("kept", "k0") is not None
+    assert await store.purge_scope("gone") == 0
+
+
+async def test_purge_all_deletes_every_scope(make_store):
+    store = await make_store()
+    for scope in ("a", "b"):
+        for i in range(2):
+            await store.put(scope, f"k{i}", "p", unit(i), b"x", ttl_s=60)
+    assert await store.purge_all() == 4
+    assert await store.get_exact("a", "k0") is None
+    assert await store.nearest("b", unit(1), 0.5) is None
+    await store.put("a", "k0", "p", unit(0), b"y", ttl_s=60)  # and the store still works
+    assert (await store.nearest("a", unit(0), 0.99)).entry.answer == b"y"
+
+
+async def test_vector_of_the_wrong_size_is_a_caller_error(make_store):
+    store = await make_store()
+    with pytest.raises(ValueError, match="384 dimensions"):
+        await store.put("t", "k", "p", np.ones(10, np.float32), b"a", ttl_s=60)
+
+
+# -- MemoryStore: time and the overall bound ----------------------------------------------
+
+async def test_memory_ttl_with_injected_clock():
+    clock = Clock()
+    store = MemoryStore(clock=clock)
+    await store.put("t", "short", "p", unit(1), b"a", ttl_s=10)
+    await store.put("t", "long", "p", unit(2), b"a", ttl_s=100)
+    clock.now += 9.9
+    assert await store.get_exact("t", "short") is not None
+    assert (await store.nearest("t", unit(1), 0.99)).entry.entry_id == "short"
+    clock.now += 0.1
+    assert await store.get_exact("t", "short") is None
+    assert await store.nearest("t", unit(1), 0.99) is None
+    assert await store.get_exact("t", "long") is not None
+
+
+async def test_memory_expired_entries_are_dropped_without_being_asked_for():
+    clock = Clock()
+    store = MemoryStore(clock=clock)
+    for i in range(40):
+        await store.put(f"s{i}", "k", "p", unit(i), b"a", ttl_s=1)
+    clock.now += 2
+    for _ in range(3):  # each operation drops a batch of expired entries
+        await store.put("live", "k", "p", unit(1), b"a", ttl_s=60)
+    assert len(store) == 1 and store.scope_size("s0") == 0
+
+
+async def test_memory_semantic_hit_that_expired_falls_back_to_the_next_best():
+    clock = Clock()
+    store = MemoryStore(clock=clock)
+    v = unit(1)
+    await store.put("t", "best", "p", v, b"a", ttl_s=1)
+    await store.put("t", "second", "p", towards(v, 0.95), b"b", ttl_s=60)
+    clock.now += 1
+    hit = await store.nearest("t", v, 0.9)
+    assert hit.entry.entry_id == "second" and hit.similarity == pytest.approx(0.95, abs=1e-4)
+
+
+async def test_memory_overall_bound_is_least_recently_used_across_scopes():
+    store = MemoryStore(StoreLimits(max_entries=3, max_entries_per_scope=3), clock=Clock())
+    await store.put("a", "1", "p", unit(1), b"x", ttl_s=60)
+    await store.put("b", "2", "p", unit(2), b"x", ttl_s=60)
+    await store.put("c", "3", "p", unit(3), b"x", ttl_s=60)
+    assert await store.get_exact("a", "1") is not None  # "b"/"2" is now the least recent
+    await store.put("d", "4", "p", unit(4), b"x", ttl_s=60)
+    assert len(store) == 3
+    assert await store.get_exact("b", "2") is None
+    assert await store.nearest("b", unit(2), 0.5) is None
+    assert all([await store.get_exact(s, k) for s, k in (("a", "1"), ("c", "3"), ("d", "4"))])
+
+
+async def test_memory_ttl_is_capped_and_zero_ttl_stores_nothing():
+    clock = Clock()
+    store = MemoryStore(StoreLimits(max_ttl_s=5), clock=clock)
+    await store.put("t", "k", "p", unit(1), b"a", ttl_s=3600)
+    await store.put("t", "z", "p", unit(2), b"a", ttl_s=0)
+    assert await store.get_exact("t", "z") is None
+    clock.now += 5
+    assert await store.get_exact("t", "k") is None
+
+
+def test_limits_are_validated():
+    with pytest.raises(ValueError, match="max_entries_per_scope"):
+        StoreLimits(max_entries=10, max_entries_per_scope=11)
+    with pytest.raises(ValueError, match="max_entries:"):
+        StoreLimits(max_entries=0)
+
+
+# -- RedisStore only ------------------------------------------------------------------------
+
+def _metric(name: str, labels: dict | None = None) -> float:
+    return REGISTRY.get_sample_value(name, labels or {}) or 0.0
+
+
+@pytest.fixture
+def redis_stores(redis_server, started):
+    """redis_stores(**settings) -> a started RedisStore (a replica) on the module's server."""
+    flush(redis_server)
+    return lambda **kw: started(RedisStore(redis_settings(redis_server.url, **kw)))
+
+
+async def eventually(check, timeout=3.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        result = await check()
+        if result or time.monotonic() > deadline:
+            return result
+        await asyncio.sleep(0.02)
+
+
+@needs_redis
+async def test_redis_ttl_expires_in_redis_and_in_the_index(redis_stores):
+    a, b = await redis_stores(), await redis_stores()
+    v = unit(1)
+    await a.put("t", "k", "p", v, b"a", ttl_s=0.2)
+    assert await eventually(lambda: b.nearest("t", v, 0.99))
+    await asyncio.sleep(0.3)
+    assert await a.get_exact("t", "k") is None
+    assert await a.nearest("t", v, 0.99) is None
+    assert await b.nearest("t", v, 0.99) is None
+
+
+@needs_redis
+async def test_redis_a_put_on_one_replica_is_found_by_another(redis_stores):
+    a, b = await redis_stores(), await redis_stores()
+    v = unit(7)
+    await a.put("t", "k", "prompt", v, b"shared", ttl_s=60)
+    hit = await eventually(lambda: b.nearest("t", towards(v, 0.95), 0.9))
+    assert hit is not None and hit.entry.answer == b"shared" and hit.entry.prompt == "prompt"
+    assert (await b.get_exact("t", "k")).answer == b"shared"
+
+
+@needs_redis
+async def test_redis_a_replica_started_later_loads_what_is_there(redis_stores):
+    a = await redis_stores()
+    for i in range(300):  # more than one load batch
+        await a.put(f"s{i % 3}", f"k{i}", "p", unit(i), b"a", ttl_s=60)
+    late = await redis_stores(load_batch=64)
+    hit = await late.nearest("s2", unit(299), 0.99)
+    assert hit is not None and hit.entry.entry_id == "k299"
+
+
+@needs_redis
+async def test_redis_evictions_and_purges_reach_other_replicas(redis_stores):
+    a, b = await redis_stores(), await redis_stores()
+    a.limits = b.limits = StoreLimits(max_entries=100, max_entries_per_scope=2)
+    for i in range(3):
+        await a.put("t", f"k{i}", "p", unit(i), b"a", ttl_s=60)
+    assert await eventually(lambda: b.nearest("t", unit(2), 0.99))
+    assert await eventually(lambda: _true(b._mirror.scope_size("t") == 2))
+    await b.purge_scope("t")
+    assert await eventually(lambda: _true(a._mirror.scope_size("t") == 0))
+    assert await a.get_exact("t", "k2") is None
+
+
+@needs_redis
+async def test_redis_purge_deletes_a_scope_in_batches(redis_stores, monkeypatch):
+    from sidecar.cache import redis_store
+    monkeypatch.setattr(redis_store, "_PURGE_BATCH_SIZE", 2)
+    store = await redis_stores()
+    for i in range(5):
+        await store.put("t", f"k{i}", "p", unit(i), b"a", ttl_s=60)
+    assert await store.purge_scope("t") == 5
+    assert [await store.get_exact("t", f"k{i}") for i in range(5)] == [None] * 5
+
+
+async def _true(value):
+    return value
+
+
+@needs_redis
+async def test_redis_going_away_is_a_fast_miss_and_coming_back_resumes(tmp_path, caplog):
+    server = RedisServer(tmp_path).start()
+    store = RedisStore(redis_settings(server.url))
+    caplog.set_level(logging.INFO, logger="sluice.cache")
+    try:
+        await store.start()
+        v = unit(1)
+        await store.put("t", "k", "p", v, b"a", ttl_s=60)
+        assert store.healthy and _metric("sluice_cache_backend_up") == 1
+        errors = _metric("sluice_cache_backend_errors_total", {"op": "get"})
+
+        server.stop()
+        for call in (lambda: store.get_exact("t", "k"), lambda: store.nearest("t", v, 0.9),
+                     lambda: store.put("t", "k2", "p", v, b"a", ttl_s=60),
+                     lambda: store.get_exact("t", "k"), lambda: store.nearest("t", v, 0.9)):
+            started = time.monotonic()
+            assert await call() is None
+            assert time.monotonic() - started < 0.2
+        assert not store.healthy and _metric("sluice_cache_backend_up") == 0
+        assert _metric("sluice_cache_backend_errors_total", {"op": "get"}) == errors + 1
+        with pytest.raises(StoreUnavailable):
+            await store.purge_scope("t")
+        down_logs = [r for r in caplog.records if "unreachable" in r.getMessage()]
+        assert len(down_logs) == 1  # once per transition, not per request
+
+        server = RedisServer(tmp_path, server.port).start()  # same port, empty: the old entries are gone with the old process
+        assert await eventually(lambda: _true(store.healthy), timeout=5)
+        assert _metric("sluice_cache_backend_up") == 1
+        assert await store.get_exact("t", "k") is None
+        assert await store.nearest("t", v, 0.9) is None  # the rebuilt index knows that too
+        await store.put("t", "k3", "p", v, b"again", ttl_s=60)
+        assert (await store.get_exact("t", "k3")).answer == b"again"
+        assert (await store.nearest("t", v, 0.9)).entry.answer == b"again"
+        assert any("reachable again" in r.getMessage() for r in caplog.records)
+    finally:
+        await store.close()
+        server.stop()
+
+
+@needs_redis
+async def test_redis_unreachable_at_start_does_not_fail_start(tmp_path):
+    port = free_port()
+    store = RedisStore(redis_settings(f"redis://127.0.0.1:{port}/0"))
+    started = time.monotonic()
+    await store.start()
+    try:
+        assert time.monotonic() - started < 1 and not store.healthy
+        assert await store.get_exact("t", "k") is None
+        server = RedisServer(tmp_path, port).start()
+        try:
+            assert await eventually(lambda: _true(store.healthy), timeout=5)
+            await store.put("t", "k", "p", unit(1), b"a", ttl_s=60)
+            assert (await store.get_exact("t", "k")).answer == b"a"
+        finally:
+            server.stop()
+    finally:
+        await store.close()
+
+
+@needs_redis
+async def test_redis_keys_share_the_scope_hash_tag(redis_server, redis_stores):
+    import redis.asyncio as aioredis
+
+    store = await redis_stores()
+    await store.put("tenant/model", "abc", "p", unit(1), b"a", ttl_s=60)
+    client = aioredis.Redis.from_url(redis_server.url)
+    try:
+        keys = sorted(k.decode() for k in await client.keys("sluice:*"))
+        assert keys == ["sluice:events", "sluice:{tenant/model}:e:abc", "sluice:{tenant/model}:ids"]
+        assert 0 < await client.pttl("sluice:{tenant/model}:e:abc") <= 60_000
+        assert 0 < await client.pttl("sluice:{tenant/model}:ids") <= 60_000
+    finally:
+        await client.aclose()
