@@ -4,7 +4,9 @@ Four set-ups in one run, each with wrk at concurrency 1, 16 and 64, a ~2 KB chat
   upstream   the demo upstream directly
   envoy      Envoy without the ext_proc filter
   noop       Envoy + a sidecar that changes nothing (request headers, buffered body, response headers)
-  sluice     Envoy + Sluice's routing path (parse the chat body, pick a cluster, set the header)
+  sluice     Envoy + Sluice's routing path (parse the chat body, score and pick a cluster, set the
+             cluster and timeout headers); the cache is off here (wrk repeats one body, which
+             would be all exact hits: `make bench-cache` measures those)
 Prints a table and writes reports/overhead.json with req/s, p50/p90/p99 and the sidecar's RSS.
 """
 from __future__ import annotations
@@ -70,7 +72,8 @@ def main() -> int:
         routes = [chat_route("bench", "/", [{"cluster": "upstream_a", "weight": 1}])]
         for name, extra in (("noop", ["--noop"]), ("sluice", [])):
             with Stack(work / name, upstream_args=upstream_args, sidecar_args=extra,
-                       envoy_vars=NO_RATE_LIMIT, routes=routes) as stack:
+                       envoy_vars=NO_RATE_LIMIT, routes=routes,
+                       sidecar_env={"SLUICE_CACHE": "false"}) as stack:
                 pid = stack.procs["sidecar"].pid
                 start_rss = report.rss_mb(pid)
                 results[name] = measure(f"{stack.base_url}/chat/completions", body, args.seconds)

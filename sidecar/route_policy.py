@@ -18,6 +18,7 @@ class RoutePlan:
     rewrite_model: bool
     debug_header: bool
     metrics_urls: tuple[tuple[str, str], ...]   # (cluster, url)
+    gpu_indices: tuple[tuple[str, int], ...] = ()  # (cluster, local GPU index)
 
     @property
     def unbounded_candidates(self) -> tuple[CandidateSpec, ...]:
@@ -57,4 +58,6 @@ def build_route_plan(route: RouteSettings, route_name: str) -> RoutePlan:
     return RoutePlan(candidates=candidates, policy=policy, breaker=breaker, timeout=timeout,
                      rewrite_model=_set(s, "rewrite_model", True), debug_header=s.debug_header,
                      metrics_urls=tuple((c.cluster, c.metrics_url) for c in route.candidates
-                                        if c.metrics_url))
+                                        if c.metrics_url),
+                     gpu_indices=tuple((c.cluster, c.gpu_index) for c in route.candidates
+                                       if c.HasField("gpu_index")))

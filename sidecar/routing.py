@@ -20,6 +20,7 @@ from sidecar.admitting import Admission, RouteAdmission
 from sidecar.chat import message_text
 from sidecar.context import Outcome, RequestContext
 from sidecar.events import Plan
+from sidecar.gpu import GpuPoller
 from sidecar.openai_errors import error_reply
 from sidecar.processor import CLUSTER_HEADER
 from sidecar.route_policy import RoutePlan, build_route_plan
@@ -50,6 +51,7 @@ class RoutingDirector:
         self._clock = clock
         self._scraper = (Scraper(self.scheduler.on_upstream_load, scrape_interval_s)
                          if scrape_interval_s else None)
+        self._gpus = GpuPoller(self.scheduler.on_gpu_load) if scrape_interval_s else None
         self._plans: dict[bytes, RoutePlan | RouteSettingsError] = {}
 
     # --- decision -----------------------------------------------------------------------
@@ -84,6 +86,9 @@ class RoutingDirector:
         if isinstance(plan, RoutePlan) and self._scraper is not None:
             for cluster, url in plan.metrics_urls:
                 self._scraper.ensure(cluster, url)
+        if isinstance(plan, RoutePlan) and self._gpus is not None:
+            for cluster, index in plan.gpu_indices:
+                self._gpus.ensure(cluster, index)
         return plan
 
     async def _schedule(self, ctx: RequestContext, plan: RoutePlan) -> Plan:
