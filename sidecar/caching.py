@@ -65,6 +65,15 @@ def cache_policy(route: RouteSettings) -> CachePolicy:
         dedup=get("dedup", d.dedup), max_dedup_wait_s=get("max_dedup_wait_s", d.max_dedup_wait_s))
 
 
+@dataclass(frozen=True)
+class Lookup:
+    tier: str | None                 # "exact", "semantic", or None for a miss
+    reason: str                      # which check decided: exact, ok, below_threshold, numbers_differ, ...
+    entry: object = None             # the stored Entry found (also for a refused semantic match)
+    similarity: float | None = None
+    vector: np.ndarray | None = None  # the prompt's embedding, when it was computed
+
+
 @dataclass
 class Capture:
     """What a miss must do with its answer: store it, and hand it to followers."""
@@ -123,14 +132,12 @@ class CachingDirector:
         lead: Lead | None = None
         try:
             if bypass is None:                                   # may serve from cache
-                entry = await self._rt.store.get_exact(scope.key, key)
-                if entry is not None:
-                    return self._serve(ctx, CachedAnswer.from_bytes(entry.answer), "exact", None, entry.stored_at)
-                vector = await self._embed(prompt) if settings.semantic else None
-                if vector is not None:
-                    hit = await self._semantic(scope.key, prompt, vector, policy)
-                    if hit is not None:
-                        return self._serve(ctx, *hit)
+                found = await self.lookup(scope.key, key, prompt, settings)
+                if found.tier is not None:
+                    return self._serve(ctx, CachedAnswer.from_bytes(found.entry.answer), found.tier,
+                                       found.similarity if found.tier == "semantic" else None,
+                                       found.entry.stored_at)
+                vector = found.vector
                 if policy.dedup:
                     lead, answered = await self._coalesce(ctx, scope.key, key, prompt, vector, policy)
                     if answered is not None:
@@ -169,17 +176,24 @@ class CachingDirector:
             metrics.CACHE_EMBED_SKIPPED.labels(type(exc).__name__).inc()
             return None
 
-    async def _semantic(self, scope: str, prompt: str, vector: np.ndarray, policy: CachePolicy):
+    async def lookup(self, scope: str, key: str, prompt: str, settings: RouteCache) -> Lookup:
+        """The cache's decision for a prompt in its scope: exact tier, then the nearest stored
+        prompt with the same-question checks. `sluice cache-check` runs this same code."""
+        entry = await self._rt.store.get_exact(scope, key)
+        if entry is not None:
+            return Lookup("exact", "exact", entry, 1.0)
+        vector = await self._embed(prompt) if settings.semantic else None
+        if vector is None:
+            return Lookup(None, "no_semantic_tier" if not settings.semantic else "embedding_unavailable")
+        policy = settings.policy
         neighbour = await self._rt.store.nearest(scope, vector, policy.semantic_threshold)
         if neighbour is None:
-            return None
-        settings = dataclasses.replace(self._rt.equivalence, threshold=policy.semantic_threshold)
-        verdict = same_question(neighbour.entry.prompt, prompt, neighbour.similarity, settings)
+            return Lookup(None, "below_threshold", vector=vector)
+        checks = dataclasses.replace(self._rt.equivalence, threshold=policy.semantic_threshold)
+        verdict = same_question(neighbour.entry.prompt, prompt, neighbour.similarity, checks)
         metrics.CACHE_SEMANTIC_VERDICTS.labels(verdict.reason).inc()
-        if not verdict.hit:
-            return None
-        return (CachedAnswer.from_bytes(neighbour.entry.answer), "semantic", neighbour.similarity,
-                neighbour.entry.stored_at)
+        return Lookup("semantic" if verdict.hit else None, verdict.reason, neighbour.entry,
+                      neighbour.similarity, vector)
 
     async def _coalesce(self, ctx, scope, key, prompt, vector, policy):
         """(lead, None) to go upstream leading (or alone); (None, answer) when a twin answered."""

@@ -63,6 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_admin_commands(commands)
     from sidecar.embedding.cli import add_subcommands as add_embedding_commands
     add_embedding_commands(commands)
+    from sidecar.cache_check import add_subcommands as add_cache_commands
+    add_cache_commands(commands)
     return parser
 
 
