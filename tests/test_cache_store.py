@@ -391,6 +391,26 @@ async def test_redis_going_away_is_a_fast_miss_and_coming_back_resumes(tmp_path,
 
 
 @needs_redis
+async def test_redis_short_outage_catches_up_from_the_stream(redis_server, redis_stores, caplog):
+    a, b = await redis_stores(), await redis_stores()
+    await a.put("t", "before", "p", unit(2), b"a", ttl_s=60)
+    assert await eventually(lambda: b.nearest("t", unit(2), 0.99))
+    caplog.set_level(logging.INFO, logger="sluice.cache")
+    with socket.create_connection(("127.0.0.1", redis_server.port), timeout=1) as s:
+        s.sendall(b"CLIENT PAUSE 400 ALL\r\n")  # Redis stops answering, as if overloaded
+        s.recv(16)
+    started = time.monotonic()
+    assert await b.get_exact("t", "k") is None and not b.healthy
+    assert time.monotonic() - started < 0.2
+    assert await eventually(lambda: _true(b.healthy), timeout=5)
+    v = unit(3)
+    await a.put("t", "k", "p", v, b"after", ttl_s=60)
+    assert (await eventually(lambda: b.nearest("t", v, 0.99))).entry.answer == b"after"
+    loads = [r for r in caplog.records if "index loaded" in r.getMessage()]
+    assert loads == []  # caught up from the stream, not reloaded whole
+
+
+@needs_redis
 async def test_redis_unreachable_at_start_does_not_fail_start(tmp_path):
     port = free_port()
     store = RedisStore(redis_settings(f"redis://127.0.0.1:{port}/0"))

@@ -18,7 +18,9 @@ lookups search this replica's mirror of the shared vectors (a MemoryStore of vec
 and then fetch the entry, which both gets the answer and proves the entry has not expired
 or been evicted in Redis meanwhile; a vanished hit is dropped and the search repeats.  The
 mirror follows the stream; it is rebuilt from a SCAN of the scope sets at start and after
-every reconnect (in the background: lookups keep using the old one meanwhile).
+a reconnect (in the background: lookups keep using the old one meanwhile), unless the
+outage was short enough to catch up from the stream: same Redis process, and the stream
+still holds the last event applied.
 
 Bounds: a put runs one script that writes the entry and evicts the scope's least recently
 used entries beyond max_entries_per_scope.  Redis has no cross-slot count, so the overall
@@ -157,6 +159,11 @@ class _Keys:
         return key.decode()[len(self.prefix) + 2:-len("}:ids")]
 
 
+def _stream_id(event_id: bytes) -> tuple[int, int]:
+    ms, _, seq = event_id.partition(b"-")
+    return int(ms), int(seq or 0)
+
+
 def _glob_escape(text: str) -> str:
     return "".join("\\" + c if c in "*?[]\\" else c for c in text)
 
@@ -182,6 +189,8 @@ class RedisStore:
         self._loop_task: asyncio.Task | None = None
         self._loaded = asyncio.Event()
         self._closed = False
+        self._last_id: bytes | None = None      # the last stream event the mirror has
+        self._loaded_from: str | None = None    # run_id of the Redis the mirror came from
         self._other_error_logged_at = float("-inf")
 
     def _new_mirror(self) -> MemoryStore:
@@ -419,15 +428,16 @@ class RedisStore:
                 if not self._up:
                     await self._reconnect()
                     backoff = s.reconnect_min_s
-                last_id = await self._load()
+                if not await self._can_resume():
+                    self._last_id = await self._load()
                 self._loaded.set()
                 while self._up and not self._closed:
-                    reply = await self._reader.xread({self._keys.events: last_id},
+                    reply = await self._reader.xread({self._keys.events: self._last_id},
                                                      count=500, block=s.stream_block_ms)
                     for _stream, events in reply or ():
                         for event_id, fields in events:
                             self._apply(fields)
-                            last_id = event_id
+                            self._last_id = event_id
             except asyncio.CancelledError:
                 raise
             except _UNREACHABLE as exc:
@@ -453,9 +463,26 @@ class RedisStore:
         await self._aclose(*old)
         self._mark_up()
 
+    async def _can_resume(self) -> bool:
+        """After a short outage of the same Redis process, whose stream still holds every
+        event since the last one applied, the mirror can catch up from the stream instead
+        of being reloaded whole.  (Cluster: always reload; there is no one process.)"""
+        if self._last_id is None or self.settings.cluster:
+            return False
+        if await self._server_id() != self._loaded_from:
+            return False
+        oldest = await self._client.xrange(self._keys.events, count=1)
+        return bool(oldest) and _stream_id(oldest[0][0]) <= _stream_id(self._last_id)
+
+    async def _server_id(self) -> str | None:
+        if self.settings.cluster:
+            return None
+        return (await self._client.info("server")).get("run_id")
+
     async def _load(self) -> bytes:
         """Rebuild the mirror from Redis; the stream position to follow it from."""
         client, batch = self._client, self.settings.load_batch
+        self._loaded_from = await self._server_id()
         newest = await client.xrevrange(self._keys.events, count=1)
         last_id = newest[0][0] if newest else b"0-0"
         mirror = self._new_mirror()
