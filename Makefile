@@ -63,7 +63,7 @@ docs: all
 
 lint: all
 	$(BIN)/python -m compileall -q sidecar devtools bench tests
-	$(BIN)/pip install -q ruff && $(BIN)/ruff check sidecar devtools bench tests
+	$(BIN)/pip install -q ruff && $(BIN)/ruff check sidecar devtools bench tests scripts
 
 clean:
 	rm -rf $(VENV) sidecar/gen build

@@ -87,7 +87,7 @@ def main() -> int:
     ratios = {str(c): results["sluice"][i]["rps"] / results["noop"][i]["rps"]
               for i, c in enumerate(CONCURRENCY)}
     added_p50 = results["sluice"][0]["p50_ms"] - results["envoy"][0]["p50_ms"]
-    print(f"\nsluice/noop throughput: " + ", ".join(f"c={c}: {r:.2f}" for c, r in ratios.items()))
+    print("\nsluice/noop throughput: " + ", ".join(f"c={c}: {r:.2f}" for c, r in ratios.items()))
     print(f"p50 added by the sidecar at concurrency 1: {added_p50:.2f} ms")
     print("sidecar RSS MiB: " + ", ".join(f"{n}: start {v['start_mb']:.0f}, after load {v['after_load_mb']:.0f}"
                                         for n, v in rss.items()))

@@ -1,7 +1,6 @@
 """`sluice cache-check` runs the server's decision code on pairs of prompts."""
 import json
 import subprocess
-import sys
 
 from devtools.stack import BIN, ROOT
 

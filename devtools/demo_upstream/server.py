@@ -15,7 +15,7 @@ from typing import Any
 from aiohttp import web
 
 from . import openai_format as fmt
-from .config import Config, ConfigError, validate
+from .config import Config, validate
 from .engine import ChatPlan, RequestError, Slots, Stats, plan_chat
 
 _JSON = "application/json"
