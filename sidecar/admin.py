@@ -133,10 +133,12 @@ def admin_parts(app) -> tuple[ClusterView | None, PurgeableStore | None]:
     director keeping its inner director and runtime private (`_inner`, `_rt`)."""
     scheduler, store = getattr(app, "scheduler", None), getattr(app, "store", None)
     director = app.director
-    for _ in range(8):
+    for _ in range(8):                 # (an empty store is falsy: compare with None)
         if director is None or (scheduler is not None and store is not None):
             break
-        scheduler = scheduler or getattr(director, "scheduler", None)
-        store = store or getattr(getattr(director, "_rt", None), "store", None)
+        if scheduler is None:
+            scheduler = getattr(director, "scheduler", None)
+        if store is None:
+            store = getattr(getattr(director, "_rt", None), "store", None)
         director = getattr(director, "_inner", None)
     return scheduler, store

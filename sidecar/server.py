@@ -96,7 +96,10 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):
         finally:
             # Runs on normal end, client disconnect (cancellation) and errors alike.
             metrics.OPEN_STREAMS.dec()
-            self._director.on_finish(ctx)
+            try:
+                self._director.on_finish(ctx)
+            except Exception:       # a bug there must not cost the request its metrics and log line
+                log.exception("director.on_finish failed")
             if ctx.outcome is not None:
                 metrics.REQUESTS.labels(ctx.route_name, ctx.cluster or "", ctx.outcome.value,
                                         metrics.status_class(ctx.status)).inc()

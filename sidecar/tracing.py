@@ -217,8 +217,8 @@ def otlp_provider(endpoint: str, sample_ratio: float):
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
         from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
     except ImportError as exc:
-        log.warning("SLUICE_OTLP_ENDPOINT is set but OpenTelemetry is not installed "
-                    "(pip install 'sluice[otel]'): no spans, traceparent only (%s)", exc)
+        log.warning("SLUICE_OTLP_ENDPOINT is set but OpenTelemetry is not installed (pip install "
+                    "opentelemetry-sdk opentelemetry-exporter-otlp-proto-grpc): no spans, traceparent only (%s)", exc)
         return None
     provider = TracerProvider(resource=Resource.create({"service.name": "sluice"}),
                               sampler=ParentBased(TraceIdRatioBased(sample_ratio)))
