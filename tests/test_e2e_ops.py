@@ -1,0 +1,250 @@
+"""Operations through the real Envoy, sidecar and demo upstreams: the request log, traceparent
+forwarding, the Admin service and its CLI, config reload under load, documented metrics."""
+import json
+import re
+import signal
+import subprocess
+import threading
+import time
+import uuid
+
+import httpx
+import pytest
+
+from devtools.stack import BIN, ROOT, http_get
+from sidecar.cache.policy import CachePolicy
+from sidecar.cache.scope import scope_for
+from sidecar.chat import parse_chat_request
+from sidecar.tracing import parse_traceparent
+from tests.e2e import chat_route, metric, post, wait_for_metric
+
+SECRET = "ops-test-cache-secret-0123456789"
+API_KEY = "Bearer sk-ops-e2e-do-not-log"
+ROUTES = [chat_route("chat", "/", [{"cluster": "upstream_a", "weight": 1}, {"cluster": "upstream_b", "weight": 1}])]
+
+
+@pytest.fixture(scope="module")
+def config_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("config") / "sluice.env"
+    path.write_text("SLUICE_LOG_LEVEL=INFO\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def stack(make_module_stack, config_file):
+    args = ["--ttft-ms", "10", "--tokens", "4", "--tokens-per-s", "1000"]
+    return make_module_stack(routes=ROUTES, upstream_args={"a": args, "b": args}, sidecar_env={
+        "SLUICE_CACHE": "true", "SLUICE_SEMANTIC": "false", "SLUICE_CACHE_SECRET": SECRET,
+        "SLUICE_CONFIG_FILE": str(config_file), "SLUICE_TRACE_SAMPLE_RATIO": "1"})
+
+
+# --- helpers ------------------------------------------------------------------------------
+
+def body_for(prompt: str) -> bytes:
+    return json.dumps({"model": "demo-model", "messages": [{"role": "user", "content": prompt}]}).encode()
+
+
+def chat(stack, prompt: str, traceparent: str | None = None, key: str = API_KEY):
+    headers = {"authorization": key, **({"traceparent": traceparent} if traceparent else {})}
+    status, response_headers, raw = post(stack, "/v1/chat/completions", body_for(prompt), headers)
+    assert status == 200, raw
+    return {k.lower(): v for k, v in response_headers.items()}
+
+
+def new_trace() -> tuple[str, str]:
+    trace_id = uuid.uuid4().hex
+    return trace_id, f"00-{trace_id}-{uuid.uuid4().hex[:16]}-01"
+
+
+def access_lines(stack) -> list[dict]:
+    lines = []
+    for line in (stack.workdir / "sidecar.log").read_text().splitlines():
+        if line.startswith('{"time":') and '"logger":"sluice.access"' in line:
+            lines.append(json.loads(line))
+    return lines
+
+
+def access_line(stack, trace_id: str, timeout: float = 5.0) -> dict | None:
+    deadline = time.monotonic() + timeout
+    while True:
+        found = [e for e in access_lines(stack) if e["trace_id"] == trace_id]
+        if found or time.monotonic() > deadline:
+            return found[0] if found else None
+        time.sleep(0.05)
+
+
+def last_upstream_headers(stack, upstream: str) -> dict:
+    port = stack.upstream_port(upstream)
+    return json.loads(http_get(f"http://127.0.0.1:{port}/admin/last")[1])["headers"]
+
+
+def admin(stack, *args: str) -> subprocess.CompletedProcess:
+    action, *rest = args
+    return subprocess.run([str(BIN / "sluice"), "admin", action, "--target", f"127.0.0.1:{stack.ports.sidecar}", *rest],
+                          capture_output=True, text=True, timeout=30)
+
+
+# --- request log --------------------------------------------------------------------------
+
+def test_one_request_log_line_without_secrets(stack):
+    trace_id, traceparent = new_trace()
+    prompt = f"my private question {uuid.uuid4().hex}"
+    headers = chat(stack, prompt, traceparent)
+    entry = access_line(stack, trace_id)
+    assert entry is not None
+    assert (entry["route"], entry["cluster"], entry["outcome"], entry["status"], entry["cache"]) == (
+        "chat", headers["x-sluice-cluster"], "routed", 200, "miss")
+    assert (entry["model"], entry["stream"]) == ("demo-model", False)
+    assert entry["request_id"] == last_upstream_headers(stack, headers["x-upstream-name"])["x-request-id"]
+    assert 0 <= entry["ttfb_ms"] <= entry["duration_ms"]
+    log = (stack.workdir / "sidecar.log").read_text()
+    assert "sk-ops-e2e-do-not-log" not in log and prompt not in log
+
+
+# --- traceparent ----------------------------------------------------------------------------
+
+def test_incoming_traceparent_reaches_the_upstream_unchanged(stack):
+    trace_id, traceparent = new_trace()
+    headers = chat(stack, f"trace me {trace_id}", traceparent)
+    assert last_upstream_headers(stack, headers["x-upstream-name"])["traceparent"] == traceparent
+
+
+def test_missing_traceparent_is_created_and_logged(stack):
+    headers = chat(stack, f"no trace {uuid.uuid4().hex}")
+    forwarded = parse_traceparent(last_upstream_headers(stack, headers["x-upstream-name"]).get("traceparent"))
+    assert forwarded is not None and forwarded.sampled           # SLUICE_TRACE_SAMPLE_RATIO=1
+    assert access_line(stack, forwarded.trace_id)["cluster"] == headers["x-sluice-cluster"]
+
+
+# --- the Admin service ------------------------------------------------------------------------
+
+def test_admin_clusters(stack):
+    for _ in range(6):
+        chat(stack, f"spread {uuid.uuid4().hex}")
+    result = admin(stack, "clusters", "--json")
+    assert result.returncode == 0, result.stderr
+    clusters = {c["name"]: c for c in json.loads(result.stdout)["clusters"]}
+    assert set(clusters) == {"upstream_a", "upstream_b"}
+    for c in clusters.values():
+        assert c["breaker"] == "closed" and c["in_flight"] == "0" and c["requests_in_window"] != "0"
+        assert 0 <= c["score"] <= 1 and c["ttfb_p95_s"] > 0 and c["error_rate"] == 0
+    table = admin(stack, "clusters").stdout.splitlines()
+    assert table[0].split()[:3] == ["cluster", "breaker", "score"]
+    assert [row.split()[:2] for row in table[1:]] == [["upstream_a", "closed"], ["upstream_b", "closed"]]
+
+
+def test_admin_purges_a_cache_scope(stack):
+    key = f"Bearer sk-purge-{uuid.uuid4().hex}"
+    prompt = "what is a sluice gate?"
+    assert chat(stack, prompt, key=key)["x-sluice-cache"] == "miss"
+    assert chat(stack, prompt, key=key)["x-sluice-cache"] == "exact"
+    scope = scope_for(parse_chat_request(body_for(prompt)), {"authorization": key}, CachePolicy(),
+                      SECRET.encode(), route="chat")
+    result = admin(stack, "purge", "--scope", scope.key)
+    assert result.returncode == 0 and result.stdout.strip() == "deleted 1 cached answers", result
+    assert chat(stack, prompt, key=key)["x-sluice-cache"] == "miss"
+    unknown = admin(stack, "purge", "--scope", "0" * 64, "--json")
+    assert json.loads(unknown.stdout) == {"deleted": "0"}          # proto3 JSON: int64 as a string
+
+
+def test_admin_purge_all_needs_a_store_that_can(stack):
+    from sidecar.cache.memory_store import MemoryStore
+
+    result = admin(stack, "purge", "--all")
+    if hasattr(MemoryStore, "purge_all"):
+        assert result.returncode == 0, result.stderr
+    else:
+        assert result.returncode == 1 and "UNIMPLEMENTED" in result.stderr
+
+
+def test_admin_drain_stops_the_sidecar_gracefully(make_stack):
+    stack = make_stack(sidecar_args=["--drain-delay", "1", "--grace", "5"])
+    result = admin(stack, "drain")
+    assert result.returncode == 0 and "draining: NOT_SERVING for 1s, then 5s" in result.stdout, result
+    stack.wait_sidecar_health(False)
+    assert stack.procs["sidecar"].wait(15) == 0
+    status, headers, _ = post(stack, "/v1/chat/completions", body_for("still answered?"))
+    assert status == 200 and "x-sluice-cluster" not in headers       # fail-open to the default
+
+
+# --- config reload ----------------------------------------------------------------------------
+
+def test_reload_under_load_keeps_requests_succeeding(stack, config_file):
+    sidecar = stack.procs["sidecar"]
+    ok_before = metric(stack, "sluice_config_reloads_total", result="ok")
+    errors_before = metric(stack, "sluice_config_reloads_total", result="error")
+    statuses, failures, stop = [], [], threading.Event()
+
+    def load():
+        with httpx.Client(base_url=f"http://127.0.0.1:{stack.ports.http}", timeout=10) as http:
+            while not stop.is_set():
+                try:
+                    response = http.post("/v1/chat/completions", content=body_for(f"load {uuid.uuid4().hex}"),
+                                         headers={"authorization": API_KEY, "content-type": "application/json"})
+                    statuses.append(response.status_code)
+                except httpx.HTTPError as exc:
+                    failures.append(exc)
+
+    threads = [threading.Thread(target=load) for _ in range(4)]
+    for t in threads:
+        t.start()
+    versions = ["SLUICE_LOG_LEVEL=DEBUG\nSLUICE_LOG_PROMPTS=false\n", "SLUICE_LOG_LEVEL=LOUD\n",
+                "SLUICE_LOG_LEVEL=WARNING\nSLUICE_GRACE_S=99\n", "SLUICE_LOG_LEVEL=INFO\n",
+                "SLUICE_ACCESS_LOG=false\n", "SLUICE_ACCESS_LOG=true\n"]
+    try:
+        for text in versions:
+            config_file.write_text(text)
+            sidecar.send_signal(signal.SIGHUP)
+            time.sleep(0.4)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(15)
+    assert failures == [] and len(statuses) > 20 and set(statuses) == {200}
+    assert sidecar.poll() is None
+    assert wait_for_metric(stack, "sluice_config_reloads_total", ok_before + 5, result="ok") == ok_before + 5
+    assert metric(stack, "sluice_config_reloads_total", result="error") == errors_before + 1
+    log = (stack.workdir / "sidecar.log").read_text()
+    assert "failed, keeping the running settings" in log and "'LOUD'" in log
+    assert "grace_s changed but need a restart" in log
+
+
+def test_reload_turns_the_request_log_off_and_on(stack, config_file):
+    def reload(text):
+        before = metric(stack, "sluice_config_reloads_total", result="ok")
+        config_file.write_text(text)
+        stack.procs["sidecar"].send_signal(signal.SIGHUP)
+        assert wait_for_metric(stack, "sluice_config_reloads_total", before + 1, result="ok") == before + 1
+
+    reload("SLUICE_ACCESS_LOG=false\n")
+    quiet_id, traceparent = new_trace()
+    chat(stack, "quiet please", traceparent)
+    reload("SLUICE_ACCESS_LOG=true\n")
+    loud_id, traceparent = new_trace()
+    chat(stack, "loud again", traceparent)
+    assert access_line(stack, loud_id) is not None
+    assert access_line(stack, quiet_id, timeout=0) is None
+
+
+# --- documented metrics -----------------------------------------------------------------------
+
+def documented_sidecar_metrics() -> set[str]:
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("\n## Metrics", 1)[1].split("\n## ", 1)[0]
+    names = set(re.findall(r"\bsluice_[a-z0-9_]+", section))
+    for line in (ROOT / "deploy" / "metrics.txt").read_text().splitlines():
+        fields = line.split("#", 1)[0].split()
+        if fields[1:] == ["sidecar", "exported"]:
+            names.add(fields[0])
+    return names
+
+
+def test_every_documented_metric_is_exported_by_a_running_sidecar(stack):
+    chat(stack, f"metrics {uuid.uuid4().hex}")
+    post(stack, "/v1/models", None, method="GET")
+    _, text = http_get(f"http://127.0.0.1:{stack.ports.metrics}/metrics")
+    exported = set(re.findall(r"^# TYPE (\S+) ", text, re.M))
+    exported |= {name + "_total" for name in exported}       # counters are typed without _total
+    documented = documented_sidecar_metrics()
+    assert len(documented) >= 10
+    assert documented <= exported, sorted(documented - exported)
