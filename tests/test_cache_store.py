@@ -5,6 +5,7 @@ import logging
 import math
 import shutil
 import socket
+import subprocess
 import time
 
 import numpy as np
@@ -444,3 +445,84 @@ async def test_redis_keys_share_the_scope_hash_tag(redis_server, redis_stores):
         assert 0 < await client.pttl("sluice:{tenant/model}:ids") <= 60_000
     finally:
         await client.aclose()
+
+
+@pytest.fixture
+def redis_cluster(tmp_path):
+    """Three primaries of a real Redis Cluster; the URL of one of them."""
+    cli = shutil.which("redis-cli")
+    if REDIS is None or cli is None:
+        pytest.skip("redis-server and redis-cli are needed for a cluster")
+    ports = [_cluster_port() for _ in range(3)]
+    procs = []
+    try:
+        for port in ports:
+            (tmp_path / str(port)).mkdir()
+            procs.append(subprocess.Popen(
+                [REDIS, "--port", str(port), "--bind", "127.0.0.1", "--cluster-enabled", "yes",
+                 "--cluster-config-file", "nodes.conf", "--save", "", "--appendonly", "no"],
+                cwd=tmp_path / str(port), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        for port in ports:
+            _wait_pong(port)
+        subprocess.run([cli, "--cluster", "create", *(f"127.0.0.1:{p}" for p in ports),
+                        "--cluster-replicas", "0", "--cluster-yes"],
+                       check=True, capture_output=True, timeout=20)
+        deadline = time.monotonic() + 10
+        while not all(_cluster_ok(p) for p in ports):
+            assert time.monotonic() < deadline, "cluster did not become ok"
+            time.sleep(0.05)
+        yield f"redis://127.0.0.1:{ports[0]}/0"
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+
+
+def _cluster_port() -> int:
+    """A free port whose cluster bus port (+10000) is valid and free too."""
+    while True:
+        port = free_port()
+        if port + 10000 < 65536:
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port + 10000))
+                    return port
+                except OSError:
+                    pass
+
+
+def _ask(port: int, command: bytes) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
+        s.sendall(command)
+        return s.recv(4096)
+
+
+def _wait_pong(port: int) -> None:
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            if _ask(port, b"PING\r\n").startswith(b"+PONG"):
+                return
+        except OSError:
+            assert time.monotonic() < deadline, "redis-server did not start"
+            time.sleep(0.02)
+
+
+def _cluster_ok(port: int) -> bool:
+    return b"cluster_state:ok" in _ask(port, b"CLUSTER INFO\r\n")
+
+
+@needs_redis
+async def test_redis_cluster_every_operation_stays_in_its_scope_slot(redis_cluster, started):
+    """Scopes spread over three primaries: puts, scripts, the stream and SCAN all work."""
+    make = lambda: started(RedisStore(redis_settings(redis_cluster, cluster=True)))  # noqa: E731
+    a = await make()
+    for i in range(12):
+        await a.put(f"scope{i % 4}", f"k{i}", "p", unit(i), f"a{i}".encode(), ttl_s=60)
+    b = await make()  # loads by SCAN across every primary
+    assert (await b.nearest("scope1", unit(5), 0.99)).entry.answer == b"a5"
+    await a.put("late", "k", "p", unit(50), b"late", ttl_s=60)  # reaches b by the stream
+    assert (await eventually(lambda: b.nearest("late", unit(50), 0.99))).entry.answer == b"late"
+    assert await b.purge_scope("scope2") == 3
+    assert await a.get_exact("scope2", "k6") is None
+    assert await a.purge_all() == 10

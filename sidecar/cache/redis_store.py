@@ -235,7 +235,7 @@ class RedisStore:
         reader_timeout = s.stream_block_ms / 1000 + max(1.0, s.timeout_s)
         if s.cluster:
             make = lambda timeout: RedisCluster.from_url(  # noqa: E731
-                s.url, socket_timeout=timeout, cluster_error_retry_attempts=0, **common)
+                s.url, socket_timeout=timeout, **common)
         else:
             make = lambda timeout: aioredis.Redis.from_url(  # noqa: E731
                 s.url, socket_timeout=timeout, **common)
@@ -315,7 +315,7 @@ class RedisStore:
             if local is None:
                 return None
             key = local.entry.entry_id
-            entry = await self._run("nearest", lambda c: self._fetch(c, scope, key))
+            entry = await self._run("nearest", lambda c, key=key: self._fetch(c, scope, key))
             if entry is _FAILED:
                 return None
             if entry is not None:
