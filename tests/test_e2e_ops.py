@@ -242,8 +242,8 @@ def test_every_documented_metric_is_exported_by_a_running_sidecar(stack):
     chat(stack, f"metrics {uuid.uuid4().hex}")
     post(stack, "/v1/models", None, method="GET")
     _, text = http_get(f"http://127.0.0.1:{stack.ports.metrics}/metrics")
-    exported = set(re.findall(r"^# TYPE (\S+) ", text, re.M))
-    exported |= {name + "_total" for name in exported}       # counters are typed without _total
+    types = dict(re.findall(r"^# TYPE (\S+) (\S+)$", text, re.M))
+    exported = set(types) | {name + "_total" for name, kind in types.items() if kind == "counter"}
     documented = documented_sidecar_metrics()
     assert len(documented) >= 10
     assert documented <= exported, sorted(documented - exported)
