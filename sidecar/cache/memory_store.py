@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from sidecar.cache.store import Entry, Neighbour, StoreLimits
-from sidecar.cache.vector_index import DEFAULT_EXACT_MAX, VectorIndex
+from sidecar.cache.vector_index import DEFAULT_EXACT_MAX, VectorIndex, as_unit
 
 __all__ = ["MemoryStore"]
 
@@ -122,6 +122,7 @@ class MemoryStore:
 
     def put_now(self, entry: Entry, vector: np.ndarray | None, expires_at: float) -> None:
         """Store `entry` until `expires_at` (clock time); replaces an entry of the same id."""
+        unit = None if vector is None else as_unit(vector, self.dim)  # raises before changes
         now = self._clock()
         self._purge_expired(now)
         expires_at = min(expires_at, now + self.limits.max_ttl_s)
@@ -131,8 +132,8 @@ class MemoryStore:
         s = self._scopes.get(scope)
         if s is None:
             s = self._scopes[scope] = _Scope(VectorIndex(self.dim, exact_max=self._exact_max))
-        if vector is not None:
-            s.index.add(key, vector)  # first: a bad vector raises before anything changes
+        if unit is not None:
+            s.index.add(key, unit)
         elif key in s.index:
             s.index.discard(key)
         if (scope, key) not in self._slots:
