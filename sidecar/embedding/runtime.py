@@ -42,6 +42,13 @@ def open_session(model: Path, provider: str, intra_op_threads: int) -> ort.Infer
     # loop and Envoy, which share this box.
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     providers = choose_providers(provider, ort.get_available_providers())
+    if CUDA in providers and hasattr(ort, "preload_dlls"):
+        # onnxruntime-gpu finds CUDA and cuDNN installed as nvidia-* pip packages only
+        # when asked to; where they are system libraries this changes nothing.
+        try:
+            ort.preload_dlls(msvc=False)
+        except Exception:  # best effort: session creation reports what is really missing
+            pass
     try:
         session = ort.InferenceSession(str(model), sess_options=options, providers=providers)
     except Exception as exc:  # onnxruntime raises its own classes for bad protobuf, bad graph
