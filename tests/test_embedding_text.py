@@ -298,3 +298,25 @@ def test_from_env_names_the_bad_variable():
 ])
 def test_batch_limit_for_memory(free, tokens, ceiling, expected):
     assert batch_limit_for_memory(free, tokens, ceiling) == expected
+
+
+# --- provider choice ------------------------------------------------------------------
+
+@pytest.mark.parametrize("setting, available, expected", [
+    ("cpu", ["CUDAExecutionProvider", "CPUExecutionProvider"], ["CPUExecutionProvider"]),
+    ("auto", ["CPUExecutionProvider"], ["CPUExecutionProvider"]),
+    ("auto", ["CUDAExecutionProvider", "CPUExecutionProvider"],
+     ["CUDAExecutionProvider", "CPUExecutionProvider"]),
+    ("cuda", ["CUDAExecutionProvider", "CPUExecutionProvider"],
+     ["CUDAExecutionProvider", "CPUExecutionProvider"]),
+])
+def test_choose_providers(setting, available, expected):
+    from sidecar.embedding.runtime import choose_providers
+    assert choose_providers(setting, available) == expected
+
+
+def test_cuda_without_onnxruntime_gpu_fails_the_load_clearly():
+    from sidecar.embedding.errors import ModelLoadError
+    from sidecar.embedding.runtime import choose_providers
+    with pytest.raises(ModelLoadError, match="onnxruntime-gpu"):
+        choose_providers("cuda", ["CPUExecutionProvider"])
