@@ -40,7 +40,8 @@ def read_config_file(path: str) -> dict[str, str]:
         if not sep or not key:
             raise ConfigError(f"config_file {path}:{number}: expected KEY=VALUE")
         if key not in FILE_KEYS:
-            raise ConfigError(f"config_file {path}:{number}: {key} is not a sidecar-wide setting")
+            hint = " (SLUICE_EMBED_* are read from the environment only)" if key.startswith("SLUICE_EMBED_") else ""
+            raise ConfigError(f"config_file {path}:{number}: {key} is not a sidecar-wide setting{hint}")
         if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
             value = value[1:-1]
         values[key] = value

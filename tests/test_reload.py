@@ -26,6 +26,7 @@ def test_file_format(tmp_path):
     ("SLUICE_LOG_LEVEL DEBUG\n", ":1: expected KEY=VALUE"),
     ("# ok\nSLUICE_LOG_LEVL=DEBUG\n", ":2: SLUICE_LOG_LEVL is not a sidecar-wide setting"),
     ("SLUICE_CONFIG_FILE=/other\n", "SLUICE_CONFIG_FILE is not a sidecar-wide setting"),
+    ("SLUICE_EMBED_PROVIDER=cpu\n", "read from the environment only"),
     ("=x\n", "expected KEY=VALUE"),
 ])
 def test_bad_lines_name_the_line(tmp_path, text, message):
