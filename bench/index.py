@@ -20,8 +20,8 @@ Columns:
   false_hits      far queries answered with a row although the exact scan has none >= 0.8.
   recall_any      recall@1 with no threshold (min_similarity -1) on far queries: how well
                   the method ranks rows that no cache would serve; informative only.
-  build_s, mb     time to add the N rows one by one; memory the index holds (RSS growth
-                  for the libraries).
+  build_s, mb     time to add the N rows; memory the index holds (the libraries: their
+                  serialised size).
 Methods:
   exact   VectorIndex with the exact scan at every size (a numpy float32 mat-vec).
   sluice  VectorIndex as configured: exact up to 4096 rows, sign-bit prefilter above.
@@ -36,6 +36,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # before numpy loads OpenBLA
 
 import argparse  # noqa: E402
 import gc  # noqa: E402
+import tempfile  # noqa: E402
 import time  # noqa: E402
 
 import numpy as np  # noqa: E402
@@ -71,10 +72,6 @@ def dataset(n: int, queries: int, seed: int = 1) -> tuple[np.ndarray, np.ndarray
     return data, near, _unit(rng, queries)
 
 
-def _rss_mb() -> float:
-    return report.rss_mb(os.getpid())
-
-
 class _Ours:
     def __init__(self, exact_max: int) -> None:
         self.index = VectorIndex(DIM, exact_max=exact_max)
@@ -87,7 +84,7 @@ class _Ours:
         found = self.index.search(q, threshold)
         return None if found is None else int(found[0])
 
-    def mb(self, rss_growth: float) -> float:
+    def mb(self) -> float:
         return self.index.nbytes / 2**20
 
 
@@ -131,8 +128,17 @@ class _Library:
             best, similarity = int(labels[0][0]), float(similarities[0][0])
         return best if similarity >= threshold else None
 
-    def mb(self, rss_growth: float) -> float:
-        return rss_growth
+    def mb(self) -> float:
+        """Serialised size, vectors and graph (RSS growth would miss the memory it reuses
+        from a method measured before it)."""
+        if self.name == "usearch":
+            return self.index.memory_usage / 2**20
+        if self.name == "hnswlib":
+            with tempfile.TemporaryDirectory() as tmp:
+                self.index.save_index(f"{tmp}/index")
+                return os.path.getsize(f"{tmp}/index") / 2**20
+        import faiss
+        return faiss.serialize_index(self.index).nbytes / 2**20
 
 
 def _available(name: str) -> bool:
@@ -150,11 +156,10 @@ def measure(method, name: str, data: np.ndarray, near: np.ndarray, far: np.ndarr
     truth_far = np.argmax(far_scores, axis=1)
     far_has_hit = far_scores.max(axis=1) >= THRESHOLD
     gc.collect()
-    rss = _rss_mb()
     start = time.perf_counter()
     method.build(data)
     build_s = time.perf_counter() - start
-    mb = method.mb(_rss_mb() - rss)
+    mb = method.mb()
     queries = np.concatenate([near, far])
     for q in queries[:20]:  # warm caches and lazy allocations
         method.search(q, THRESHOLD)
