@@ -182,7 +182,8 @@ class RoutingDirector:
         decision: Decision | None = ctx.decision
         # Measured from the moment the request left the sidecar: time queued in the gate is not
         # the cluster's latency (counting it would shrink the limits that made it wait).
-        ttfb = ctx.response_headers_at - ctx.sent_at if ctx.response_headers_at else None
+        sent = ctx.response_headers_at is not None and ctx.sent_at is not None
+        ttfb = ctx.response_headers_at - ctx.sent_at if sent else None
         if ctx.permit is not None:          # the slot goes back whatever happened
             ok = ctx.status is None or ctx.status < 500
             ctx.permit.release(ttfb if ctx.status is not None else None, ok)

@@ -47,9 +47,14 @@ def test_latency(p95, expected):
     assert latency_score(ep(ttfb_p95_s=p95), [], CONFIG) == expected
 
 
-@pytest.mark.parametrize("rate, expected", [(None, None), (0.0, 1.0), (0.25, 0.75), (1.0, 0.0)])
-def test_errors(rate, expected):
-    assert errors_score(ep(error_rate=rate), [], CONFIG) == expected
+@pytest.mark.parametrize("rate, requests, expected", [
+    (None, 0, None), (0.0, 20, 1.0),
+    (0.25, 1000, pytest.approx(0.75, abs=0.01)), (1.0, 1000, pytest.approx(0.0, abs=0.01)),
+    (1.0, 1, pytest.approx(1 - 1 / 6)),       # one failure of one request: damped by the prior
+    (1.0, 5, pytest.approx(0.5)),
+])
+def test_errors(rate, requests, expected):
+    assert errors_score(ep(error_rate=rate, requests_in_window=requests), [], CONFIG) == expected
 
 
 @pytest.mark.parametrize(
@@ -92,7 +97,8 @@ def test_gpu(gpu, expected):
         ({"gpu": 1, "latency": 3}, dict(gpu=GpuLoad(utilisation=0.0), ttfb_p95_s=2.0), 0.25),
         ({"gpu": 1, "latency": 3}, dict(ttfb_p95_s=1.0), 0.5),  # gpu unknown: only latency counts
         ({"gpu": 1, "latency": 3}, dict(), 0.5),  # nothing known: the no-opinion score
-        ({"errors": 1, "latency": 0}, dict(error_rate=0.1, ttfb_p95_s=2.0), 0.9),  # weight 0 ignored
+        ({"errors": 1, "latency": 0}, dict(error_rate=0.1, requests_in_window=95, ttfb_p95_s=2.0),
+         0.905),  # weight 0 ignored
     ],
 )
 def test_weighted_total(weights, signals, expected_total):

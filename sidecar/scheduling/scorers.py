@@ -23,6 +23,9 @@ from sidecar.scheduling.model import Endpoint
 class ScoringConfig:
     latency_reference_s: float = 2.0  # P95 TTFB that scores 0
     latency_smoothing_s: float = 0.05  # added to P95s before comparing clusters with each other
+    # Successes assumed before any observation: one failure out of one request is not a 100%
+    # error rate (the breaker, with its minimum request count, judges small samples).
+    error_prior_requests: float = 5.0
     queue_reference: float = 1.0  # waiting/running ratio that scores 0
     no_opinion_score: float = 0.5  # total of an endpoint no scorer has an opinion on
     # "geometric": total = prod(score_i ** w_i) ** (1 / sum w_i), so a cluster that is bad on one
@@ -33,6 +36,7 @@ class ScoringConfig:
     def __post_init__(self) -> None:
         positive("ScoringConfig.latency_reference_s", self.latency_reference_s)
         positive("ScoringConfig.latency_smoothing_s", self.latency_smoothing_s)
+        non_negative("ScoringConfig.error_prior_requests", self.error_prior_requests)
         positive("ScoringConfig.queue_reference", self.queue_reference)
         fraction("ScoringConfig.no_opinion_score", self.no_opinion_score)
         require(self.combine in ("geometric", "arithmetic"), "ScoringConfig.combine",
@@ -67,8 +71,11 @@ def latency_score(ep: Endpoint, pool: Sequence[Endpoint], config: ScoringConfig)
 
 
 def errors_score(ep: Endpoint, pool: Sequence[Endpoint], config: ScoringConfig) -> float | None:
-    rate = ep.signals.error_rate
-    return None if rate is None else 1 - rate
+    """1 - failures / (requests + prior): the error rate, damped while requests are few."""
+    rate, requests = ep.signals.error_rate, ep.signals.requests_in_window
+    if rate is None:
+        return None
+    return 1 - rate * requests / (requests + config.error_prior_requests)
 
 
 def queue_score(ep: Endpoint, pool: Sequence[Endpoint], config: ScoringConfig) -> float | None:
