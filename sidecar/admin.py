@@ -127,18 +127,5 @@ def _state(state) -> str:
 
 
 def admin_parts(app) -> tuple[ClusterView | None, PurgeableStore | None]:
-    """The scheduler and the cache store of an assembled App.
-
-    App does not name them (yet): they are found through the director wrappers, the caching
-    director keeping its inner director and runtime private (`_inner`, `_rt`)."""
-    scheduler, store = getattr(app, "scheduler", None), getattr(app, "store", None)
-    director = app.director
-    for _ in range(8):                 # (an empty store is falsy: compare with None)
-        if director is None or (scheduler is not None and store is not None):
-            break
-        if scheduler is None:
-            scheduler = getattr(director, "scheduler", None)
-        if store is None:
-            store = getattr(getattr(director, "_rt", None), "store", None)
-        director = getattr(director, "_inner", None)
-    return scheduler, store
+    """The scheduler and the cache store of an assembled App (None when absent)."""
+    return app.scheduler, app.store

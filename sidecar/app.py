@@ -20,6 +20,8 @@ class App:
     director: object
     embedder: object | None = None
     closers: list = field(default_factory=list)
+    scheduler: object | None = None     # for the Admin service: clusters, scores, breakers
+    store: object | None = None         # for the Admin service: purge
 
     async def start(self) -> None:
         """Raises ModelLoadError when the embedding model cannot be loaded (a failed start)."""
@@ -42,7 +44,7 @@ def build(config: SidecarConfig) -> App:
     routing = RoutingDirector()
     routing.admission = _admission(config, routing, secret)
     if not config.cache:
-        return App(routing)
+        return App(routing, scheduler=routing.scheduler)
     from sidecar.cache.inflight import InFlight
     from sidecar.caching import CacheRuntime, CachingDirector
 
@@ -67,7 +69,7 @@ def build(config: SidecarConfig) -> App:
         inflight = InFlight()
         closers = [store]
     runtime = CacheRuntime(store=store, inflight=inflight, embedder=embedder, secret=secret)
-    return App(CachingDirector(routing, runtime), embedder, closers)
+    return App(CachingDirector(routing, runtime), embedder, closers, scheduler=routing.scheduler, store=store)
 
 
 def _admission(config: SidecarConfig, routing: RoutingDirector, secret: bytes):

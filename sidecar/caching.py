@@ -105,6 +105,14 @@ class CacheRuntime:
     max_capture_bytes: int = 1 << 20
 
 
+def _debug(ctx: RequestContext) -> tuple[tuple[str, str], ...]:
+    """The cache scope key (for `sluice admin purge --scope`) on routes with debug headers on."""
+    route = ctx.route
+    if ctx.cache_scope and isinstance(route, RouteSettings) and route.scheduling.debug_header:
+        return (("x-sluice-cache-scope", ctx.cache_scope),)
+    return ()
+
+
 class CachingDirector:
     def __init__(self, inner, runtime: CacheRuntime, clock: Callable[[], float] = time.time):
         self._inner = inner
@@ -128,6 +136,7 @@ class CachingDirector:
             return await self._upstream(ctx, "bypass", None)
         prompt = prompt_text(chat)
         key = exact_key(scope, prompt)
+        ctx.cache_scope = scope.key
         vector = None
         lead: Lead | None = None
         try:
@@ -225,8 +234,8 @@ class CachingDirector:
         ctx.outcome, ctx.cache_status = Outcome.ANSWERED, tier
         metrics.CACHE_LOOKUPS.labels(ctx.route_name, tier).inc()
         metrics.CACHE_SAVED_TOKENS.labels(ctx.route_name).inc(answer.prompt_tokens + answer.completion_tokens)
-        return Plan(reply=ImmediateReply(200, body, hit_headers(tier, similarity, now - stored_at,
-                                                                stream=chat.stream)))
+        headers = hit_headers(tier, similarity, now - stored_at, stream=chat.stream) + _debug(ctx)
+        return Plan(reply=ImmediateReply(200, body, headers))
 
     async def _upstream(self, ctx: RequestContext, status: str, capture: Capture | None) -> Plan:
         try:
@@ -243,7 +252,7 @@ class CachingDirector:
                 capture.abandon()
             return plan
         ctx.capture = capture
-        extra = ((CACHE_HEADER, status),)
+        extra = ((CACHE_HEADER, status), *_debug(ctx))
         if capture is None:
             return dataclasses.replace(plan, response_headers=plan.response_headers + extra)
         # A compressed answer could not be captured: ask the upstream for identity encoding.

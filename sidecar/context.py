@@ -42,6 +42,7 @@ class RequestContext:
     sent_at: float | None = None       # when the sidecar let the request go upstream
     response_headers_at: float | None = None
     cache_status: str | None = None    # exact|semantic|coalesced|miss|bypass
+    cache_scope: str | None = None     # the cache scope key (a hash; for admin purges)
     capture: object = None             # sidecar.caching.Capture of a cache miss
     response_complete: bool = False
 

@@ -131,23 +131,14 @@ async def test_drain_starts_the_graceful_stop_once():
     assert second.already_draining and len(drains) == 2
 
 
-def test_admin_parts_finds_the_scheduler_and_store_through_wrappers():
-    from sidecar.app import App
-    from sidecar.routing import RoutingDirector
+def test_built_app_names_its_scheduler_and_store():
+    from sidecar.app import build
+    from sidecar.config import SidecarConfig
 
-    routing = RoutingDirector(scrape_interval_s=None)
-    assert admin_parts(App(routing)) == (routing.scheduler, None)
-
-    class Caching:                       # shaped like sidecar.caching.CachingDirector
-        def __init__(self, inner, store):
-            self._inner, self._rt = inner, type("Runtime", (), {"store": store})()
-
-    class EmptyStore(Store):
-        def __len__(self):
-            return 0
-
-    store = EmptyStore()
-    assert admin_parts(App(Caching(routing, store))) == (routing.scheduler, store)
+    app = build(SidecarConfig(semantic=False))
+    scheduler, store = admin_parts(app)
+    assert scheduler is app.director._inner.scheduler and store is app.director._rt.store
+    assert admin_parts(build(SidecarConfig(cache=False)))[1] is None
 
 
 async def test_unreachable_store_is_unavailable():

@@ -164,10 +164,13 @@ def _no_cache(directives: Mapping[str, str | None]) -> bool:
 
 @functools.lru_cache(maxsize=64)
 def _time_pattern(words: tuple[str, ...]) -> re.Pattern[str]:
-    alternatives = []
+    # One word-boundary group around all Latin-script words (not one per word: the engine would
+    # try ~150 lookbehinds at every position, 2.6 ms on a 2 KB prompt instead of ~0.4 ms).
+    bounded, bare = [], []
     for word in sorted({normalize_text(w).lower() for w in words}, key=len, reverse=True):
         body = r"\s+".join(re.escape(part).replace("'", "['\u2019]") for part in word.split())
-        alternatives.append(body if _CJK.search(word) else rf"(?<!\w){body}(?!\w)")
+        (bare if _CJK.search(word) else bounded).append(body)
+    alternatives = ([rf"(?<!\w)(?:{'|'.join(bounded)})(?!\w)"] if bounded else []) + bare
     return re.compile("|".join(alternatives), re.IGNORECASE)
 
 
