@@ -105,7 +105,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         stack = Stack(pathlib.Path(tmp), routes=routes(), extra_upstreams=("c",),
                       upstream_args={n: flags for n, (flags, _) in CLUSTERS.items()},
-                      envoy_vars={"RATE_LIMIT_TOKENS": 100_000})
+                      envoy_vars={"RATE_LIMIT_TOKENS": 100_000},
+                      sidecar_env={"SLUICE_CACHE": "false"})   # one prompt repeated: the cache would answer it
         with stack:
             results = asyncio.run(run(stack, args.rate, args.seconds))
     rows = []
