@@ -78,8 +78,8 @@ class VectorIndex:
             bits[:, :n] = self._bits[:, :n]
         self._vecs, self._bits = vecs, bits
         self._dist = np.empty(capacity, np.uint16)
-        self._xor = np.empty(capacity, np.uint64)
-        self._count = np.empty(capacity, np.uint8)
+        self._xor = np.empty((self._words, capacity), np.uint64)
+        self._count = np.empty((self._words, capacity), np.uint8)
 
     def __len__(self) -> int:
         return len(self._keys)
@@ -163,15 +163,10 @@ class VectorIndex:
         return self._keys[best], similarity
 
     def _candidates(self, q: np.ndarray, n: int, min_similarity: float) -> np.ndarray:
-        qbits = self._sign_bits(q)
-        dist, xor, count = self._dist[:n], self._xor[:n], self._count[:n]
-        for w in range(self._words):
-            np.bitwise_xor(self._bits[w, :n], qbits[w], out=xor)
-            np.bitwise_count(xor, out=count)
-            if w == 0:
-                dist[:] = count
-            else:
-                np.add(dist, count, out=dist)
+        dist, xor, count = self._dist[:n], self._xor[:, :n], self._count[:, :n]
+        np.bitwise_xor(self._bits[:, :n], self._sign_bits(q)[:, None], out=xor)
+        np.bitwise_count(xor, out=count)
+        np.sum(count, axis=0, dtype=np.uint16, out=dist)
         radius = hamming_radius(min_similarity, self.dim)
         candidates = np.flatnonzero(dist <= radius)
         if candidates.shape[0] > self.max_candidates:
