@@ -58,9 +58,9 @@ def build(config: SidecarConfig) -> App:
         from redis.asyncio import Redis
 
         from sidecar.cache.inflight_redis import RedisInFlight
-        from sidecar.cache.redis_store import RedisStore
+        from sidecar.cache.redis_store import RedisSettings, RedisStore
         redis = Redis.from_url(config.redis_url, socket_timeout=0.05, socket_connect_timeout=0.05)
-        store = RedisStore(redis, max_entries=config.cache_max_entries)
+        store = RedisStore(RedisSettings(url=config.redis_url), _limits(config))
         inflight = RedisInFlight(redis, InFlight())
         closers = [store, _Closing(inflight.aclose)]
     else:

@@ -198,6 +198,8 @@ class CachingDirector:
         neighbour = await self._rt.store.nearest(scope, vector, policy.semantic_threshold)
         if neighbour is None:
             return Lookup(None, "below_threshold", vector=vector)
+        if neighbour.entry.entry_id == key:       # stored while this request was embedding
+            return Lookup("exact", "exact", neighbour.entry, 1.0, vector)
         checks = dataclasses.replace(self._rt.equivalence, threshold=policy.semantic_threshold)
         verdict = same_question(neighbour.entry.prompt, prompt, neighbour.similarity, checks)
         metrics.CACHE_SEMANTIC_VERDICTS.labels(verdict.reason).inc()
@@ -284,7 +286,9 @@ class CachingDirector:
             capture.body += chunk
         else:
             return self._refuse(ctx, capture, Refusal("too_large"))
-        if end_of_stream:
+        # A stream is complete at `data: [DONE]`: the end of the body may reach us only after
+        # the client has the whole answer (and asked again).
+        if end_of_stream or (capture.sse is not None and capture.sse.done):
             self._finish(ctx, capture)
 
     def _finish(self, ctx: RequestContext, capture: Capture) -> None:

@@ -3,7 +3,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
+
+# Before numpy loads: threaded OpenBLAS made a 10k-vector cache scan 25x slower on a busy 2-core
+# box (bench/index.py); the sidecar's parallelism is its event loop and the model's own threads.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 EXIT_BAD_CONFIG = 2
 EXIT_START_FAILED = 3

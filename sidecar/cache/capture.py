@@ -163,6 +163,11 @@ class SseCapture:
         """Set as soon as the stream cannot be stored; the caller may stop feeding."""
         return self._refusal
 
+    @property
+    def done(self) -> bool:
+        """`data: [DONE]` has been read: finish() may be called without waiting for the end."""
+        return self._done
+
     def feed(self, chunk: bytes) -> None:
         if self._refusal or self._done:
             return
