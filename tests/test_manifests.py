@@ -8,8 +8,9 @@
 - k8s/base/envoy.yaml passes `envoy --mode validate`, keeps the reference config's Sluice
   settings, and really runs: probes, TLS from the Secret files, the preStop drain.
 - Alert rules and the dashboard only use metric names listed in deploy/metrics.txt, and those
-  marked exported really are (sidecar registry, a running Envoy); promtool checks and unit-tests
-  the rules when it is installed.
+  marked exported really are (the registry of what `sluice serve` builds, a running Envoy); those
+  marked conditional are exported with their setting and only then; promtool checks and
+  unit-tests the rules when it is installed.
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 import yaml
@@ -43,8 +45,6 @@ K8S_VERSIONS = ("1.30.0", "1.33.0")
 EXT_PROC = "envoy.service.ext_proc.v3.ExternalProcessor"
 # Secrets the operator creates outside Git (k8s/README.md).
 EXTERNAL_SECRETS = {"sluice-tls", "sluice-redis"}
-# Sidecar settings the manifests set before the sidecar reads them.
-PLANNED_ENV = {"SLUICE_REDIS_URL"}
 
 # Every kustomization that renders to something applicable on its own.
 TARGETS = ["overlays/dev", "overlays/production", "integrations/istio",
@@ -310,7 +310,7 @@ def test_references_resolve(target):
 def test_pods_are_restricted(target):
     """Non-root, read-only root filesystem, no capabilities: the restricted Pod Security Standard."""
     docs = render(target)
-    for owner, template in pod_templates(docs):
+    for _owner, template in pod_templates(docs):
         spec = template["spec"]
         assert spec["securityContext"]["runAsNonRoot"] is True
         assert spec["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
@@ -344,7 +344,7 @@ def test_gateway_pod(target):
     EmbeddingSettings.from_env(environ=env)
     known = {f"SLUICE_{f.name.upper()}" for f in dataclasses.fields(SidecarConfig)}
     known |= {f"SLUICE_EMBED_{f.name.upper()}" for f in dataclasses.fields(EmbeddingSettings)}
-    assert set(env) <= known | PLANNED_ENV, set(env) - known - PLANNED_ENV
+    assert set(env) <= known, set(env) - known
 
     # Envoy reaches the sidecar on loopback at the port it listens on; the probes use it too.
     sidecar_port = int(config.listen.rpartition(":")[2])
@@ -687,8 +687,8 @@ def test_k8s_envoy_runs_probes_tls_metrics_and_drains(k8s_envoy, tmp_path):
             status, text = _get(f"{ops}/stats/prometheus")
             assert status == 200
             exported = {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")}
-            wanted = {name for name, (source, state) in listed_metrics().items()
-                      if source == "envoy" and state == "exported"}
+            wanted = {name for name, m in listed_metrics().items()
+                      if m.source == "envoy" and m.state == "exported"}
             assert wanted and wanted <= exported, wanted - exported
 
             # preStop of the Envoy container: drain, and wait for the request in flight.
@@ -780,15 +780,29 @@ def test_dockerfile_copies_existing_sources_that_dockerignore_keeps():
 
 # --- alerts, dashboard, metric list -----------------------------------------------------------
 
-def listed_metrics() -> dict[str, tuple[str, str]]:
+class Listed(NamedTuple):
+    source: str           # sidecar, envoy
+    state: str            # exported, conditional, planned
+    condition: str = ""   # conditional: the SLUICE_* setting that turns the metric on
+
+
+# What each condition in deploy/metrics.txt sets when the test builds the sidecar's app.
+# Building connects to nothing (Redis clients connect when the app starts).
+CONDITIONS = {"SLUICE_REDIS_URL": {"redis_url": "redis://127.0.0.1:1/0"}}
+
+
+def listed_metrics() -> dict[str, Listed]:
     metrics = {}
     for line in (DEPLOY / "metrics.txt").read_text().splitlines():
         line = line.split("#", 1)[0].strip()
         if line:
-            name, source, state = line.split()
-            assert source in ("sidecar", "envoy") and state in ("exported", "planned"), line
+            name, source, state, *condition = line.split()
+            assert source in ("sidecar", "envoy") and state in ("exported", "conditional", "planned"), line
+            assert len(condition) == (state == "conditional"), f"a condition for conditional metrics only: {line}"
+            if condition:
+                assert source == "sidecar" and condition[0] in CONDITIONS, line
             assert name not in metrics, f"{name} listed twice"
-            metrics[name] = (source, state)
+            metrics[name] = Listed(source, state, *condition)
     return metrics
 
 
@@ -840,14 +854,18 @@ def test_alert_rules_structure():
         assert rule["annotations"]["summary"] and rule["annotations"]["description"]
         used = {base_name(n, listed) for n in metric_names(rule["expr"])}
         assert used, f"{rule['alert']} uses no Sluice or Envoy metric"
-        planned = {n for n in used if listed[n][1] == "planned"}
+        planned = {n for n in used if listed[n].state == "planned"}
         # Rules on planned metrics sit in their own group and say so.
         assert bool(planned) == (group == "sluice-planned"), rule["alert"]
         if planned:
             assert all(n in rule["annotations"]["planned"] for n in planned)
+        # Rules on conditional metrics name the setting they need.
+        for n in used:
+            assert listed[n].condition in rule["annotations"]["description"], (rule["alert"], n)
         names.add(rule["alert"])
     assert {"SluiceSidecarUnhealthy", "SluiceFailingOpen", "SluiceBreakerOpen", "SluiceAdmissionRefusals",
-            "SluiceRedisUnreachable", "SluiceCacheFalseHits", "SluiceExtProcLatencyHigh"} <= names
+            "SluiceRedisUnreachable", "SluiceCacheFalseHits", "SluiceExtProcLatencyHigh",
+            "SluiceEmbeddingQueueFull", "SluiceEmbeddingSkipped", "SluiceConfigReloadFailed"} <= names
 
 
 def dashboard_panels(panels: list[dict], row: str = "") -> list[tuple[str, dict]]:
@@ -878,31 +896,61 @@ def test_dashboard_uses_listed_metrics_and_separates_planned_ones():
         assert panel["datasource"]["uid"] == "${datasource}"
         names = {base_name(n, listed) for t in panel["targets"] for n in metric_names(t["expr"])}
         assert names, panel["title"]
-        planned = {n for n in names if listed[n][1] == "planned"}
+        planned = {n for n in names if listed[n].state == "planned"}
         assert bool(planned) == row.startswith("Planned"), panel["title"]
+        for n in names:
+            assert listed[n].condition in panel.get("description", ""), (panel["title"], n)
         used |= names
     for variable in board["templating"]["list"]:
         if variable["type"] == "query":
             used |= {base_name(n, listed) for n in metric_names(variable["definition"])}
-    sidecar_exported = {n for n, (source, state) in listed.items() if source == "sidecar" and state == "exported"}
-    assert sidecar_exported <= used, "every exported sidecar metric has a panel"
+    sidecar_exported = {n for n, m in listed.items() if m.source == "sidecar" and m.state != "planned"}
+    assert sidecar_exported <= used, f"every exported sidecar metric has a panel: {sidecar_exported - used}"
     # Every listed name is used by an alert or a panel (the list is the contract, not a wish list).
     for _, rule in alert_rules():
         used |= {base_name(n, listed) for n in metric_names(rule["expr"])}
     assert set(listed) == used, set(listed) ^ used
 
 
+# What `sluice serve` registers: import the server and build its app from a config (as serve
+# does before it starts the app: the embedding model is not loaded, nothing is connected). In a
+# fresh interpreter, so that what other tests imported does not count.
+_REGISTERED = """
+import asyncio, json, sys
+from prometheus_client import REGISTRY
+import sidecar.server
+from sidecar.app import build
+from sidecar.config import SidecarConfig
+app = build(SidecarConfig(**json.loads(sys.argv[1])))
+asyncio.run(app.close())
+names = {metric.name for metric in REGISTRY.collect()}
+# prometheus_client reports counters without their _total suffix.
+print(json.dumps(sorted(names | {name + "_total" for name in names})))
+"""
+
+
+def registered_metrics(**settings) -> set[str]:
+    result = subprocess.run([sys.executable, "-c", _REGISTERED, json.dumps(settings)], check=False,
+                            capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert result.returncode == 0, f"building the app with {settings}: {result.stderr[-3000:]}"
+    return set(json.loads(result.stdout.splitlines()[-1]))
+
+
 def test_exported_sidecar_metrics_are_registered():
-    from prometheus_client import REGISTRY
+    registered = registered_metrics()
+    for name, m in listed_metrics().items():
+        if m.source == "sidecar" and m.state == "exported":
+            assert name in registered, f"{name} is marked exported but `sluice serve` does not register it"
+        if m.state == "conditional":
+            assert name not in registered, f"{name} is registered without {m.condition}: mark it exported"
 
-    import sidecar.server  # noqa: F401  (registers what `sluice serve` exports)
 
-    registered = {metric.name for metric in REGISTRY.collect()}
-    # prometheus_client reports counters without their _total suffix.
-    registered |= {name + "_total" for name in registered}
-    for name, (source, state) in listed_metrics().items():
-        if source == "sidecar" and state == "exported":
-            assert name in registered, f"{name} is marked exported but the sidecar does not register it"
+@pytest.mark.parametrize("condition", sorted(CONDITIONS))
+def test_conditional_sidecar_metrics_are_registered_with_their_setting(condition):
+    wanted = {name for name, m in listed_metrics().items() if m.condition == condition}
+    assert wanted, f"no metric in deploy/metrics.txt depends on {condition}: drop it from CONDITIONS"
+    registered = registered_metrics(**CONDITIONS[condition])
+    assert wanted <= registered, f"not registered with {condition}: {wanted - registered}"
 
 
 def _promql_rules_file(tmp_path: Path) -> Path:
@@ -940,10 +988,15 @@ ALERT_CASES = [
      [(f"envoy_http_ext_proc_message_timeouts{{{POD}}}", "0+60x30")],
      [{"severity": "warning", "namespace": "sluice", "pod": "gw-1"}]),
     ("SluiceExtProcLatencyHigh", "20m",
-     [('sluice_ext_proc_message_seconds_bucket{namespace="sluice", phase="RequestBody", le="0.1"}', "0x30"),
-      ('sluice_ext_proc_message_seconds_bucket{namespace="sluice", phase="RequestBody", le="0.5"}', "0+100x30"),
+     [('sluice_ext_proc_message_seconds_bucket{namespace="sluice", phase="ResponseHeaders", le="0.1"}', "0x30"),
+      ('sluice_ext_proc_message_seconds_bucket{namespace="sluice", phase="ResponseHeaders", le="0.5"}', "0+100x30"),
+      ('sluice_ext_proc_message_seconds_bucket{namespace="sluice", phase="ResponseHeaders", le="+Inf"}', "0+100x30")],
+     [{"severity": "warning", "namespace": "sluice", "phase": "ResponseHeaders"}]),
+    # RequestBody includes waits in the admission queue and for a twin's answer: no alert.
+    ("SluiceExtProcLatencyHigh", "20m",
+     [('sluice_ext_proc_message_seconds_bucket{namespace="sluice", phase="RequestBody", le="0.5"}', "0x30"),
       ('sluice_ext_proc_message_seconds_bucket{namespace="sluice", phase="RequestBody", le="+Inf"}', "0+100x30")],
-     [{"severity": "warning", "namespace": "sluice", "phase": "RequestBody"}]),
+     []),
     ("SluiceProtocolErrors", "5m",
      [(f"sluice_protocol_errors_total{{{POD}}}", "0 0 1 1 1 1")],
      [{"severity": "warning", "namespace": "sluice", "pod": "gw-1"}]),
@@ -966,9 +1019,35 @@ ALERT_CASES = [
      [(f'sluice_admission_admitted_total{{{POD}, class="standard"}}', "0+900x30"),
       (f'sluice_admission_refused_total{{{POD}, class="standard", reason="queue_full"}}', "0+100x30")],
      [{"severity": "warning", "namespace": "sluice"}]),
+    ("SluiceAdmissionRefusals", "20m",
+     [(f'sluice_admission_admitted_total{{{POD}, class="standard", queued="false"}}', "0+600x30"),
+      (f'sluice_admission_refused_total{{{POD}, class="standard", reason="deadline"}}', "0+400x30")],
+     [{"severity": "warning", "namespace": "sluice"}, {"severity": "critical", "namespace": "sluice"}]),
+    # Tenants over their own share (429) are not an overload.
+    ("SluiceAdmissionRefusals", "20m",
+     [(f'sluice_admission_admitted_total{{{POD}, class="standard", queued="false"}}', "0+600x30"),
+      (f'sluice_admission_refused_total{{{POD}, class="standard", reason="tenant_full"}}', "0+400x30")],
+     []),
     ("SluiceRedisUnreachable", "5m",
-     [(f'sluice_cache_backend_up{{{POD}, backend="redis"}}', "0x10")],
-     [{"severity": "warning", "namespace": "sluice", "pod": "gw-1", "backend": "redis"}]),
+     [(f"sluice_cache_backend_up{{{POD}}}", "1 0x10")],
+     [{"severity": "warning", "namespace": "sluice", "pod": "gw-1"}]),
+    ("SluiceEmbeddingQueueFull", "20m",
+     [(f"sluice_embed_texts_total{{{POD}}}", "0+900x30"),
+      (f"sluice_embed_queue_full_total{{{POD}}}", "0+100x30")],
+     [{"severity": "warning", "namespace": "sluice", "pod": "gw-1"}]),
+    ("SluiceEmbeddingSkipped", "30m",
+     [(f'sluice_cache_requests_total{{{POD}, route="chat", result="miss"}}', "0+1000x40"),
+      (f'sluice_cache_embedding_skipped_total{{{POD}, reason="QueueFull"}}', "0+200x40")],
+     [{"severity": "warning", "namespace": "sluice"}]),
+    # Empty prompts have nothing to embed: not a failure.
+    ("SluiceEmbeddingSkipped", "30m",
+     [(f'sluice_cache_requests_total{{{POD}, route="chat", result="miss"}}', "0+1000x40"),
+      (f'sluice_cache_embedding_skipped_total{{{POD}, reason="NothingToEmbed"}}', "0+500x40")],
+     []),
+    ("SluiceConfigReloadFailed", "5m",
+     [(f'sluice_config_reloads_total{{{POD}, result="ok"}}', "0 1 1 1 1 1"),
+      (f'sluice_config_reloads_total{{{POD}, result="error"}}', "0 0 1 1 1 1")],
+     [{"severity": "warning", "namespace": "sluice", "pod": "gw-1"}]),
     ("SluiceCacheFalseHits", "60m",
      [(f"sluice_cache_false_hit_reports_total{{{POD}}}", "0+1x60")],
      [{"severity": "warning", "namespace": "sluice"}]),
@@ -976,7 +1055,8 @@ ALERT_CASES = [
 
 
 def test_every_alert_has_a_firing_case():
-    assert {name for _, rule in alert_rules() for name in [rule["alert"]]} == {c[0] for c in ALERT_CASES}
+    assert {rule["alert"] for _, rule in alert_rules()} == {c[0] for c in ALERT_CASES if c[3]}
+    assert {c[0] for c in ALERT_CASES} <= {rule["alert"] for _, rule in alert_rules()}
 
 
 @pytest.mark.skipif(PROMTOOL is None, reason="promtool not installed (Debian package prometheus)")
