@@ -77,12 +77,16 @@ def _admission(config: SidecarConfig, routing: RoutingDirector, secret: bytes):
     turn admission on in their settings. Expected time to first byte comes from the scheduler."""
     import time
 
-    from sidecar.admission import Gate, LocalTokenLimiter, RedisTokenLimiter, connect
+    from sidecar.admission import (Gate, LocalTokenLimiter, PrometheusAdmissionMetrics,
+                                   RedisTokenLimiter, connect)
     from sidecar.admitting import Admission
 
     signals = routing.scheduler.signals
-    gate = Gate(expected_ttft=lambda cluster: signals.cluster_snapshot(cluster, time.monotonic()).ttfb_ewma_s)
-    tokens = RedisTokenLimiter(connect(config.redis_url)) if config.redis_url else LocalTokenLimiter()
+    metrics = PrometheusAdmissionMetrics()
+    gate = Gate(metrics=metrics,
+                expected_ttft=lambda cluster: signals.cluster_snapshot(cluster, time.monotonic()).ttfb_ewma_s)
+    tokens = (RedisTokenLimiter(connect(config.redis_url), metrics=metrics) if config.redis_url
+              else LocalTokenLimiter(metrics=metrics))
     return Admission(gate, tokens, secret)
 
 

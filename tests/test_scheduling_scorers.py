@@ -29,9 +29,9 @@ def ep(cluster="a", max_in_flight=None, **signals):
         (ep(in_flight=5, max_in_flight=10), [], 0.5),
         (ep(in_flight=10, max_in_flight=10), [], 0.0),
         (ep(in_flight=0), [0, 0], 1.0),  # nobody busy
-        (ep(in_flight=3), [3, 0], 0.25),  # the busiest: 1 - 3/4
+        (ep(in_flight=8), [8, 0], 0.5),  # 1 / (1 + 8 / load_reference 8), whoever else is busy
         (ep(in_flight=0), [3, 0], 1.0),
-        (ep(in_flight=3), [3, 3], 0.25),  # all equally busy: equal scores
+        (ep(in_flight=24), [24, 24], 0.25),  # 1 / (1 + 24 / 8)
     ],
 )
 def test_load(endpoint, pool_in_flight, expected):

@@ -22,6 +22,7 @@ from sidecar.scheduling.model import Endpoint
 @dataclass(frozen=True)
 class ScoringConfig:
     latency_reference_s: float = 2.0  # P95 TTFB that scores 0
+    load_reference: float = 8.0  # in-flight requests that score 0.5 on a cluster without max_in_flight
     latency_smoothing_s: float = 0.05  # added to P95s before comparing clusters with each other
     # Successes assumed before any observation: one failure out of one request is not a 100%
     # error rate (the breaker, with its minimum request count, judges small samples).
@@ -35,6 +36,7 @@ class ScoringConfig:
 
     def __post_init__(self) -> None:
         positive("ScoringConfig.latency_reference_s", self.latency_reference_s)
+        positive("ScoringConfig.load_reference", self.load_reference)
         positive("ScoringConfig.latency_smoothing_s", self.latency_smoothing_s)
         non_negative("ScoringConfig.error_prior_requests", self.error_prior_requests)
         positive("ScoringConfig.queue_reference", self.queue_reference)
@@ -47,12 +49,13 @@ Scorer = Callable[[Endpoint, Sequence[Endpoint], ScoringConfig], "float | None"]
 
 
 def load_score(ep: Endpoint, pool: Sequence[Endpoint], config: ScoringConfig) -> float:
-    """In-flight requests against the cluster's max_in_flight, else against the busiest in the pool."""
+    """In-flight requests against the cluster's max_in_flight; without one, 1 / (1 + in_flight /
+    load_reference). Not against the busiest of the pool: a fast cluster carries more requests
+    at once simply because it gets more of them, and that is no reason to send them elsewhere."""
     in_flight = ep.signals.in_flight
     if ep.spec.max_in_flight:
         return 1 - in_flight / ep.spec.max_in_flight
-    busiest = max((e.signals.in_flight for e in pool), default=in_flight)
-    return 1 - in_flight / (busiest + 1)
+    return 1 / (1 + in_flight / config.load_reference)
 
 
 def latency_score(ep: Endpoint, pool: Sequence[Endpoint], config: ScoringConfig) -> float | None:
