@@ -145,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     texts = load_prompts(paraphrase_path(), PROMPTS)
     rss_start = rss_mb(os.getpid())
+    load_at_start = os.getloadavg()  # other work on the box skews every figure
     rows, loads = [], []
     for threads in (int(t) for t in args.threads.split(",")):
         settings = EmbeddingSettings.from_env(provider="cpu", intra_op_threads=threads)
@@ -179,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     path = write("embed", {
         "workload": {"source": str(paraphrase_path()), "prompts": len(texts),
                      "mean_chars": round(statistics.mean(tokens), 1), "seconds_per_cell": args.seconds, "rounds": ROUNDS},
-        "load_average_at_start": os.getloadavg(),
+        "load_average_at_start": load_at_start, "load_average_at_end": os.getloadavg(),
         "rss_start_mb": round(rss_start, 1),
         "loads": loads, "rows": rows})
     print(f"\nwrote {path.relative_to(ROOT)}")
