@@ -22,7 +22,7 @@ from typing import Callable
 
 import numpy as np
 
-from sidecar import metrics
+from sidecar import metrics, tracing
 from sidecar.cache.answer import CachedAnswer
 from sidecar.cache.capture import Refusal, SseCapture, capture_json, response_refusal
 from sidecar.cache.equivalence import EquivalenceSettings, same_question
@@ -141,7 +141,8 @@ class CachingDirector:
         lead: Lead | None = None
         try:
             if bypass is None:                                   # may serve from cache
-                found = await self.lookup(scope.key, key, prompt, settings)
+                with tracing.span("sluice.cache"):
+                    found = await self.lookup(scope.key, key, prompt, settings)
                 if found.tier is not None:
                     return self._serve(ctx, CachedAnswer.from_bytes(found.entry.answer), found.tier,
                                        found.similarity if found.tier == "semantic" else None,
@@ -180,7 +181,8 @@ class CachingDirector:
         if self._rt.embedder is None:
             return None
         try:
-            return await self._rt.embedder.embed(prompt)
+            with tracing.span("sluice.embed"):
+                return await self._rt.embedder.embed(prompt)
         except Exception as exc:   # EmbeddingUnavailable and anything else: skip the semantic tier
             metrics.CACHE_EMBED_SKIPPED.labels(type(exc).__name__).inc()
             return None

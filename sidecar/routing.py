@@ -14,7 +14,7 @@ import math
 import time
 from typing import Callable
 
-from sidecar import metrics
+from sidecar import metrics, tracing
 from sidecar.admission import Degrade, Refusal
 from sidecar.admitting import Admission, RouteAdmission
 from sidecar.chat import message_text
@@ -95,7 +95,8 @@ class RoutingDirector:
         now = self._clock()
         admission = self._admission_settings(ctx)
         candidates = plan.candidates if admission is None else plan.unbounded_candidates
-        decision = self.scheduler.pick(candidates, now, plan.policy)
+        with tracing.span("sluice.schedule"):
+            decision = self.scheduler.pick(candidates, now, plan.policy)
         debug = (("x-sluice-debug", decision.debug_header()),) if plan.debug_header else ()
         if not decision.available:
             return self._unavailable(ctx, decision, debug)
@@ -146,7 +147,8 @@ class RoutingDirector:
         that has one; waits in the priority queue when all are at their limit."""
         ranked = sorted((c for c in decision.scores if c not in decision.dropped),
                         key=lambda c: (c != decision.cluster, -decision.scores[c].total))
-        result = await self.admission.admit(ctx, settings, ranked or [decision.cluster])
+        with tracing.span("sluice.queue"):
+            result = await self.admission.admit(ctx, settings, ranked or [decision.cluster])
         if isinstance(result, Refusal):
             ctx.outcome = Outcome.REFUSED
             metrics.ADMISSION_REFUSED.labels(ctx.route_name, result.reason).inc()
