@@ -137,11 +137,54 @@ def summarize(cells: list[dict]) -> dict:
             "requests": len(latencies)}
 
 
+def through_envoy(texts: list[str], seconds: float) -> list[dict]:
+    """The same prompts as chat requests through Envoy and the sidecar, each one new (so each is
+    embedded once and misses), on a cache route and on a cache-off route, at each concurrency:
+    requests/s and latency; the difference is the embedding in the request path."""
+    import pathlib
+    import tempfile
+
+    import httpx
+
+    from devtools.envoy_config import chat_route
+    from devtools.stack import Stack
+
+    cached = chat_route("cached", "/", [{"cluster": "upstream_a"}])
+    plain = chat_route("plain", "/plain/", [{"cluster": "upstream_a"}], rewrite="/")
+    plain["metadata"]["filter_metadata"]["sluice"]["cache"] = {"enabled": False}
+    fast = ["--ttft-ms", "0", "--tokens", "1", "--tokens-per-s", "1000000"]
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp, Stack(
+            pathlib.Path(tmp), routes=[plain, cached], upstream_args={"a": fast, "b": fast},
+            envoy_vars={"RATE_LIMIT_TOKENS": 100_000_000}, sidecar_env={"SLUICE_CACHE": "true"}) as stack:
+        for clients in CONCURRENCY:
+            for route, prefix in (("cache on (embeds)", "/"), ("cache off", "/plain/")):
+                url = f"http://127.0.0.1:{stack.ports.http}{prefix}v1/chat/completions"
+                nonce = iter(range(10**9))
+
+                async def cell() -> dict:
+                    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+                    async with httpx.AsyncClient(timeout=30, limits=limits) as client:
+                        async def ask(text: str) -> None:
+                            body = {"model": "demo-model",
+                                    "messages": [{"role": "user", "content": f"{text} ({next(nonce)})"}]}
+                            response = await client.post(url, json=body, headers={"authorization": "Bearer bench"})
+                            response.raise_for_status()
+                        return await closed_loop(ask, texts, clients, seconds, clients * 7)
+
+                row = {"route": route, "clients": clients, **summarize([asyncio.run(cell())])}
+                rows.append(row)
+                print(f"  envoy {route:18} clients={clients:3} {row['texts_per_s']:7.1f} req/s  "
+                      f"p50 {row['p50_ms']:7.2f} ms  p99 {row['p99_ms']:7.2f} ms", flush=True)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=SECONDS, help="per cell")
     parser.add_argument("--threads", default=",".join(map(str, THREADS)),
                         help="onnxruntime intra-op thread counts to compare")
+    parser.add_argument("--no-envoy", action="store_true", help="skip the end-to-end part")
     args = parser.parse_args(argv)
     texts = load_prompts(paraphrase_path(), PROMPTS)
     rss_start = rss_mb(os.getpid())
@@ -176,13 +219,17 @@ def main(argv: list[str] | None = None) -> int:
     print(table(rows, ["threads", "clients", "mode", "texts_per_s", "p50_ms", "p99_ms"]))
     print()
     print(table(loads, list(loads[0])))
+    envoy_rows = [] if args.no_envoy else through_envoy(texts, max(4.0, args.seconds))
+    if envoy_rows:
+        print()
+        print(table(envoy_rows, ["route", "clients", "texts_per_s", "p50_ms", "p99_ms"]))
     tokens = [len(t) for t in texts]
     path = write("embed", {
         "workload": {"source": str(paraphrase_path()), "prompts": len(texts),
                      "mean_chars": round(statistics.mean(tokens), 1), "seconds_per_cell": args.seconds, "rounds": ROUNDS},
         "load_average_at_start": load_at_start, "load_average_at_end": os.getloadavg(),
         "rss_start_mb": round(rss_start, 1),
-        "loads": loads, "rows": rows})
+        "loads": loads, "rows": rows, "through_envoy": envoy_rows})
     print(f"\nwrote {path.relative_to(ROOT)}")
     return 0
 
