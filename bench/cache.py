@@ -43,7 +43,6 @@ import os
 import pathlib
 import random
 import statistics
-import subprocess
 import tempfile
 import time
 
@@ -177,15 +176,7 @@ def wrk_rotate(url: str, bodies: list[bytes], connections: int, seconds: float) 
         path.write_bytes(b"\n".join(bodies) + b"\n")
         script = pathlib.Path(tmp) / "rotate.lua"
         script.write_text(ROTATE_LUA % {"bodies": path})
-        out = subprocess.run(["wrk", "-t", "1", "-c", str(connections), "-d", f"{max(1, round(seconds))}s",
-                              "-s", str(script), url], check=False, capture_output=True, text=True,
-                             timeout=seconds + 60)
-    line = next((l for l in out.stdout.splitlines() if l.startswith("WRKJSON ")), None)
-    if line is None:
-        raise RuntimeError(f"wrk failed: {out.stdout}\n{out.stderr}")
-    result = json.loads(line[len("WRKJSON "):])
-    result["rps"] = result["requests"] / result["seconds"]
-    return result
+        return wrk.run_script(url, script, connections, seconds)
 
 
 # ---------------------------------------------------------------- the replayed stream

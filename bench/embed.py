@@ -154,25 +154,24 @@ def through_envoy(texts: list[str], seconds: float) -> list[dict]:
     plain["metadata"]["filter_metadata"]["sluice"]["cache"] = {"enabled": False}
     fast = ["--ttft-ms", "0", "--tokens", "1", "--tokens-per-s", "1000000"]
     rows = []
+
+    async def cell(url: str, clients: int) -> dict:
+        nonce = iter(range(10**9))
+        limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+        async with httpx.AsyncClient(timeout=30, limits=limits) as client:
+            async def ask(text: str) -> None:
+                body = {"model": "demo-model", "messages": [{"role": "user", "content": f"{text} ({next(nonce)})"}]}
+                response = await client.post(url, json=body, headers={"authorization": "Bearer bench"})
+                response.raise_for_status()
+            return await closed_loop(ask, texts, clients, seconds, clients * 7)
+
     with tempfile.TemporaryDirectory() as tmp, Stack(
             pathlib.Path(tmp), routes=[plain, cached], upstream_args={"a": fast, "b": fast},
             envoy_vars={"RATE_LIMIT_TOKENS": 100_000_000}, sidecar_env={"SLUICE_CACHE": "true"}) as stack:
         for clients in CONCURRENCY:
             for route, prefix in (("cache on (embeds)", "/"), ("cache off", "/plain/")):
                 url = f"http://127.0.0.1:{stack.ports.http}{prefix}v1/chat/completions"
-                nonce = iter(range(10**9))
-
-                async def cell() -> dict:
-                    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
-                    async with httpx.AsyncClient(timeout=30, limits=limits) as client:
-                        async def ask(text: str) -> None:
-                            body = {"model": "demo-model",
-                                    "messages": [{"role": "user", "content": f"{text} ({next(nonce)})"}]}
-                            response = await client.post(url, json=body, headers={"authorization": "Bearer bench"})
-                            response.raise_for_status()
-                        return await closed_loop(ask, texts, clients, seconds, clients * 7)
-
-                row = {"route": route, "clients": clients, **summarize([asyncio.run(cell())])}
+                row = {"route": route, "clients": clients, **summarize([asyncio.run(cell(url, clients))])}
                 rows.append(row)
                 print(f"  envoy {route:18} clients={clients:3} {row['texts_per_s']:7.1f} req/s  "
                       f"p50 {row['p50_ms']:7.2f} ms  p99 {row['p99_ms']:7.2f} ms", flush=True)

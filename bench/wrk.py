@@ -28,9 +28,14 @@ def run(url: str, body: bytes, connections: int, seconds: float, threads: int = 
         body_path.write_bytes(body)
         script = pathlib.Path(tmp) / "post.lua"
         script.write_text(LUA % {"body": body_path})
-        out = subprocess.run(["wrk", "-t", str(min(threads, connections)), "-c", str(connections),
-                              "-d", f"{max(1, round(seconds))}s", "-s", str(script), url],
-                             capture_output=True, text=True, timeout=seconds + 60)
+        return run_script(url, script, connections, seconds, threads)
+
+
+def run_script(url: str, script: pathlib.Path, connections: int, seconds: float, threads: int = 1) -> dict:
+    """wrk with a Lua script whose done() prints the WRKJSON line (as LUA's does)."""
+    out = subprocess.run(["wrk", "-t", str(min(threads, connections)), "-c", str(connections),
+                          "-d", f"{max(1, round(seconds))}s", "-s", str(script), url],
+                         capture_output=True, text=True, timeout=seconds + 60)
     line = next((l for l in out.stdout.splitlines() if l.startswith("WRKJSON ")), None)
     if line is None:
         raise RuntimeError(f"wrk failed: {out.stdout}\n{out.stderr}")

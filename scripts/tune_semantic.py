@@ -570,7 +570,9 @@ def main(argv=None) -> int:
     cosines = cosines_of([(p.a, p.b) for p in pairs])
     suite_cos = cosines_of([(a, b) for _, a, b in SUITE])
     halves = {h: [i for i, p in enumerate(pairs) if p.half == h] for h in ("tune", "held-out")}
-    pick = lambda h: ([pairs[i] for i in halves[h]], cosines[halves[h]])
+    def pick(h):
+        return [pairs[i] for i in halves[h]], cosines[halves[h]]
+
     tune_pairs, tune_cos = pick("tune")
     held_pairs, held_cos = pick("held-out")
 

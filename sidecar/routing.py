@@ -25,12 +25,11 @@ from sidecar.openai_errors import error_reply
 from sidecar.processor import CLUSTER_HEADER
 from sidecar.route_policy import RoutePlan, build_route_plan
 from sidecar.route_settings import RouteSettings, RouteSettingsError
-from sidecar.scheduling import BreakerState, BreakerTransition, Decision, Scheduler
+from sidecar.scheduling import BreakerTransition, Decision, Scheduler
 from sidecar.scrape import Scraper
 
 log = logging.getLogger("sluice.routing")
 TIMEOUT_HEADER = "x-envoy-upstream-rq-timeout-ms"
-_BREAKER_VALUE = {BreakerState.CLOSED: 0, BreakerState.HALF_OPEN: 1, BreakerState.OPEN: 2}
 
 
 def estimate_prompt_tokens(ctx: RequestContext) -> int:
@@ -48,6 +47,8 @@ class RoutingDirector:
                  scrape_interval_s: float | None = 2.0, admission: Admission | None = None):
         self.admission = admission
         self.scheduler = scheduler or Scheduler(on_transition=self._on_transition)
+        self.last_scores: dict[str, float] = {}
+        metrics.SCHEDULERS.directors.add(self)
         self._clock = clock
         self._scraper = (Scraper(self.scheduler.on_upstream_load, scrape_interval_s)
                          if scrape_interval_s else None)
@@ -197,19 +198,14 @@ class RoutingDirector:
             self.scheduler.on_abandon(decision)
         else:
             self.scheduler.on_complete(decision, now - ctx.sent_at, ctx.status < 500, now, ttfb_s=ttfb)
-        self._export(decision, now)
 
     def _export(self, decision: Decision, now: float) -> None:
-        snapshot = self.scheduler.signals.cluster_snapshot(decision.cluster, now)
-        metrics.CLUSTER_IN_FLIGHT.labels(decision.cluster).set(snapshot.in_flight)
-        if decision.cluster in decision.scores:
-            metrics.CLUSTER_SCORE.labels(decision.cluster).set(decision.scores[decision.cluster].total)
-        if snapshot.ttfb_p95_s is not None:
-            metrics.CLUSTER_TTFB_P95.labels(decision.cluster).set(snapshot.ttfb_p95_s)
+        """Scores for the scrape-time gauges (sidecar.metrics.SchedulerCollector)."""
+        for cluster, breakdown in decision.scores.items():
+            self.last_scores[cluster] = breakdown.total
 
     @staticmethod
     def _on_transition(t: BreakerTransition) -> None:
         log.warning("circuit breaker of %s: %s -> %s (%s: %s)", t.cluster, t.previous.value,
                     t.state.value, t.trigger, t.detail)
-        metrics.BREAKER_STATE.labels(t.cluster).set(_BREAKER_VALUE[t.state])
         metrics.BREAKER_TRANSITIONS.labels(t.cluster, t.state.value).inc()

@@ -35,7 +35,7 @@ class RedisServer:
                 return
             except OSError:
                 if time.monotonic() > deadline:
-                    raise RuntimeError("redis-server did not start")
+                    raise RuntimeError("redis-server did not start") from None
                 time.sleep(0.01)
 
     def stop(self) -> None:

@@ -132,6 +132,11 @@ class Scheduler:
         return Endpoint(spec, self.signals.cluster_snapshot(spec.cluster, now), breaker.state, breaker.offer_probe())
 
     def _choose(self, kept: list[Endpoint], role: Role, policy: RoutePolicy, dropped: dict[str, str]) -> Decision:
+        if len(kept) == 1 and kept[0].breaker is BreakerState.CLOSED:
+            # One healthy choice: nothing to weigh (scoring is most of a pick's cost).
+            only = kept[0]
+            return Decision(cluster=only.cluster, role=role, degraded=role == "fallback",
+                            model_rewrite=only.spec.model, dropped=MappingProxyType(dropped))
         scores = policy.weighted.score(kept)
         probes = [ep for ep in kept if ep.breaker is BreakerState.HALF_OPEN]
         if probes:

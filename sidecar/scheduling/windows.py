@@ -17,17 +17,24 @@ class Ewma:
 
 
 class SampleWindow:
-    """The samples of the last `window_s` seconds, at most `max_samples` of them (the newest)."""
+    """The samples of the last `window_s` seconds, at most `max_samples` of them (the newest).
 
-    def __init__(self, window_s: float, max_samples: int) -> None:
+    Quantiles come from a sorted copy that is refreshed at most every `refresh_s` once samples
+    change: sorting ~1,000 samples on every request cost more than the rest of the sidecar's
+    routing path, and a P95 over a minute does not move in a quarter of a second."""
+
+    def __init__(self, window_s: float, max_samples: int, refresh_s: float = 0.25) -> None:
         self._window_s = window_s
+        self._refresh_s = refresh_s
         self._samples: deque[tuple[float, float]] = deque(maxlen=max_samples)
         self._sorted: list[float] | None = None
+        self._sorted_at = -math.inf
+        self._dirty = False
 
     def add(self, now: float, value: float) -> None:
         self._prune(now)
         self._samples.append((now, value))
-        self._sorted = None
+        self._dirty = True
 
     def count(self, now: float) -> int:
         self._prune(now)
@@ -38,8 +45,9 @@ class SampleWindow:
         self._prune(now)
         if not self._samples:
             return None
-        if self._sorted is None:
+        if self._sorted is None or (self._dirty and now - self._sorted_at >= self._refresh_s):
             self._sorted = sorted(value for _, value in self._samples)
+            self._sorted_at, self._dirty = now, False
         rank = max(1, math.ceil(q * len(self._sorted)))
         return self._sorted[rank - 1]
 
@@ -51,7 +59,7 @@ class SampleWindow:
         horizon = now - self._window_s
         while self._samples and self._samples[0][0] <= horizon:
             self._samples.popleft()
-            self._sorted = None
+            self._dirty = True
 
 
 class OutcomeWindow:
