@@ -105,11 +105,12 @@ class RequestProcessor:
             return plan.reply
         self.state = State.AWAIT_RESPONSE_HEADERS
         headers = plan.request_headers
-        if plan.cluster is not None:
+        # Envoy's edge set the header to the default cluster and matched the route with it: the
+        # route is re-resolved (a cost on every request) only when the sidecar chose another.
+        steer = plan.cluster is not None and plan.cluster != self.context.headers.get(CLUSTER_HEADER)
+        if steer:
             headers = ((CLUSTER_HEADER, plan.cluster), *headers)
-        # The route is re-resolved only when the cluster header changed.
-        return Continue(Phase.REQUEST_BODY, set_headers=headers, body=plan.body,
-                        clear_route_cache=plan.cluster is not None)
+        return Continue(Phase.REQUEST_BODY, set_headers=headers, body=plan.body, clear_route_cache=steer)
 
     # --- response -----------------------------------------------------------------------
 

@@ -182,3 +182,11 @@ def test_out_of_order_events_are_protocol_errors(events):
 def test_response_body_end_finishes_the_request():
     processor, _ = run([*chat_flow(), ResponseBody(b"{}", True)])
     assert processor.state is State.DONE and processor.context.response_complete
+
+
+def test_default_cluster_already_set_by_the_edge_needs_no_reroute():
+    processor = RequestProcessor()
+    processor.handle(RequestHeaders({**CHAT, "x-sluice-cluster": "a"}, False))
+    processor.handle(RequestBody(BODY, True))
+    reply = processor.apply(Plan(cluster="a", request_headers=(("x-envoy-upstream-rq-timeout-ms", "9000"),)))
+    assert reply == Continue(Phase.REQUEST_BODY, set_headers=(("x-envoy-upstream-rq-timeout-ms", "9000"),))
