@@ -114,13 +114,17 @@ async def run(stack: Stack, seconds: float) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--seconds", type=float, default=30.0, help="duration of each loaded phase")
+    parser.add_argument("--reserved-slots", type=int, default=0,
+                        help="slots per cluster only VIP may take (SLUICE_ADMISSION_RESERVED_SLOTS)")
     args = parser.parse_args()
     upstream = ["--ttft-ms", str(TTFT_MS), "--tokens", str(TOKENS), "--tokens-per-s", str(TOKENS_PER_S),
                 "--capacity", str(SLOTS)]
     with tempfile.TemporaryDirectory() as tmp:
         # The cache is off: every request is the same prompt and must reach the upstream.
         with Stack(pathlib.Path(tmp), routes=routes(), upstream_args={"a": upstream, "b": []},
-                   envoy_vars={"RATE_LIMIT_TOKENS": 100_000}, sidecar_env={"SLUICE_CACHE": "false"}) as stack:
+                   envoy_vars={"RATE_LIMIT_TOKENS": 100_000},
+                   sidecar_env={"SLUICE_CACHE": "false",
+                                "SLUICE_ADMISSION_RESERVED_SLOTS": str(args.reserved_slots)}) as stack:
             results = asyncio.run(run(stack, args.seconds))
     rows = []
     for arm in ("direct", "gate"):
@@ -141,7 +145,8 @@ def main() -> int:
               f"{vip_unloaded:.0f} ms), refused {r['refused']}, wasted upstream work {r['wasted']}")
     print(f"gate refusals by reason (cumulative): {results['gate']['refusal_reasons']}")
     keys = ("p50_ms", "p99_ms")
-    out = {"capacity_rps": CAPACITY_RPS, "unloaded": {"vip_p99_ms": vip_unloaded}}
+    out = {"capacity_rps": CAPACITY_RPS, "reserved_slots": args.reserved_slots,
+           "unloaded": {"vip_p99_ms": vip_unloaded}}
     for arm in ("direct", "gate"):
         r = results[arm]
         out[arm] = {"vip": {k: r["vip"][k] for k in keys}, "standard": {k: r["standard"][k] for k in keys},

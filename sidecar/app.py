@@ -77,13 +77,13 @@ def _admission(config: SidecarConfig, routing: RoutingDirector, secret: bytes):
     turn admission on in their settings. Expected time to first byte comes from the scheduler."""
     import time
 
-    from sidecar.admission import (Gate, LocalTokenLimiter, PrometheusAdmissionMetrics,
+    from sidecar.admission import (Gate, GateConfig, LocalTokenLimiter, PrometheusAdmissionMetrics,
                                    RedisTokenLimiter, connect)
     from sidecar.admitting import Admission
 
     signals = routing.scheduler.signals
     metrics = PrometheusAdmissionMetrics()
-    gate = Gate(metrics=metrics,
+    gate = Gate(GateConfig(reserved_top_slots=config.admission_reserved_slots), metrics=metrics,
                 expected_ttft=lambda cluster: signals.cluster_snapshot(cluster, time.monotonic()).ttfb_ewma_s)
     tokens = (RedisTokenLimiter(connect(config.redis_url), metrics=metrics) if config.redis_url
               else LocalTokenLimiter(metrics=metrics))

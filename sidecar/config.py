@@ -29,6 +29,7 @@ class SidecarConfig:
     redis_url: str = ""          # shared tiers across replicas; "" keeps everything in memory
     cache_secret: str = ""       # HMAC key for tenant ids; replicas sharing Redis need the same one
     cache_max_entries: int = 100_000
+    admission_reserved_slots: int = 0  # per cluster, only for the highest priority class (see GateConfig)
     access_log: bool = True      # one JSON line per request (logger sluice.access)
     config_file: str = ""        # KEY=VALUE file of SLUICE_* settings, re-read on SIGHUP
     config_watch_s: float = 0.0  # also re-read it when it changes, checked this often; 0: SIGHUP only
@@ -44,6 +45,8 @@ class SidecarConfig:
         for name in ("drain_delay_s", "grace_s"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name}: must be >= 0")
+        if self.admission_reserved_slots < 0:
+            raise ConfigError("admission_reserved_slots: must be >= 0")
         if self.cache_max_entries < 1:
             raise ConfigError("cache_max_entries: must be >= 1")
         if self.cache_secret and len(self.cache_secret.encode()) < 16:

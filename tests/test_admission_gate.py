@@ -101,6 +101,27 @@ async def test_vip_requests_arriving_later_overtake_queued_standard_ones():
     assert gate.in_flight("a") == 0 and gate.queue_depth() == 0
 
 
+async def test_reserved_slots_keep_room_for_the_highest_class():
+    gate, _ = gate_with(limiter=fixed(3), reserved_top_slots=1, queue=QueueConfig(max_queued_per_tenant=100))
+    standard = [await gate.acquire(["a"], "standard", "t") for _ in range(2)]
+    assert [p.cluster for p in standard] == ["a", "a"]
+    waiting = asyncio.create_task(gate.acquire(["a"], "standard", "t"))   # the third slot is reserved
+    await settle()
+    assert gate.queue_depth("standard") == 1
+    vip = await gate.acquire(["a"], "vip", "t")                              # takes it at once
+    assert vip.cluster == "a" and gate.in_flight("a") == 3
+    vip.release(0.1, True)                    # a freed reserved slot still waits for a VIP ...
+    await settle()
+    assert not waiting.done()
+    standard[0].release(0.1, True)            # ... a freed ordinary one goes to the queue
+    assert (await waiting).cluster == "a"
+
+
+async def test_the_last_slot_of_a_cluster_is_never_reserved():
+    gate, _ = gate_with(limiter=fixed(1), reserved_top_slots=2)
+    assert (await gate.acquire(["a"], "batch", "t")).cluster == "a"
+
+
 async def test_an_impossible_deadline_is_refused_at_once():
     gate, metrics = gate_with(expected_ttft=lambda cluster: 2.0)
     started = time.perf_counter()

@@ -50,6 +50,10 @@ class GateConfig:
     default_deadline_s: float = 60.0  # a request that brings no deadline waits at most this long
     degrade_after_s: float | None = None  # None: never degrade
     degrade_classes: tuple[str, ...] | None = None  # classes that may degrade; None: the highest
+    # Slots of each cluster that only the highest class may take (never the cluster's last one):
+    # slots are not preempted, so without a reserve a VIP request waits for a running request
+    # to finish, up to one whole service time.
+    reserved_top_slots: int = 0
     drain_window_s: float = 30.0  # window of the drain rate behind wait estimates and Retry-After
     retry_after_min_s: float = 1.0
     retry_after_max_s: float = 60.0
@@ -65,6 +69,7 @@ class GateConfig:
         names = self.queue.names
         unknown = [c for c in self.degrade_classes if c not in names]
         require(not unknown, "GateConfig.degrade_classes", f"must name classes of {names}", self.degrade_classes)
+        require(self.reserved_top_slots >= 0, "GateConfig.reserved_top_slots", "must be >= 0", self.reserved_top_slots)
         positive("GateConfig.drain_window_s", self.drain_window_s)
         positive("GateConfig.retry_after_min_s", self.retry_after_min_s)
         require(self.retry_after_max_s >= self.retry_after_min_s, "GateConfig.retry_after_max_s",
@@ -164,7 +169,7 @@ class Gate:
         for cluster in clusters:
             self._limiter(cluster)
         chooser = chooser or self._chooser
-        free = [c for c in clusters if self._has_slot(c)]
+        free = [c for c in clusters if self._has_slot(c, cls)]
         wait = 0.0 if free else self._expected_wait(cls, tenant, now)
         ttft = self._ttft(free or clusters)
         if admit_or_refuse(deadline - now, wait, ttft) == "refuse":
@@ -239,8 +244,12 @@ class Gate:
             self._metrics.concurrency(cluster, limiter.limit, 0)
         return limiter
 
-    def _has_slot(self, cluster: str) -> bool:
-        return self._in_flight[cluster] < self._limiters[cluster].limit
+    def _has_slot(self, cluster: str, cls: str | None = None) -> bool:
+        """A free slot on the cluster for a request of class `cls` (None: of the highest class)."""
+        limit = self._limiters[cluster].limit
+        if cls is not None and cls != self.config.queue.names[0]:
+            limit -= min(self.config.reserved_top_slots, limit - 1)
+        return self._in_flight[cluster] < limit
 
     def _ttft(self, clusters: Sequence[str]) -> float:
         """The best expected time to first token among these clusters; 0 when none is known."""
@@ -284,16 +293,15 @@ class Gate:
         for entry in self._queue.expire(now):
             self._resolve(entry, self._refuse(entry.priority, "expired", now))
         while len(self._queue):
-            free = {c for c in self._limiters if self._has_slot(c)}
-            if not free:
+            if not any(self._has_slot(c) for c in self._limiters):
                 break
-            entry = self._queue.pop(lambda e, free=free: not free.isdisjoint(e.item.candidates))
+            entry = self._queue.pop(lambda e: any(self._has_slot(c, e.priority) for c in e.item.candidates))
             if entry is None:
                 break
             waiter: _Waiter = entry.item
             if waiter.future.done():  # its task was cancelled and has not yet run its handler
                 continue
-            cluster = _choose(waiter.chooser, [c for c in waiter.candidates if c in free])
+            cluster = _choose(waiter.chooser, [c for c in waiter.candidates if self._has_slot(c, entry.priority)])
             waiter.future.set_result(self._grant(cluster, entry.priority, entry.tenant, now - entry.arrival, queued=True))
         self._report_depths()
 
