@@ -4,6 +4,7 @@ has ranked the route's clusters; see sidecar/admission/ for the queue, limiter a
 """
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import math
 from dataclasses import dataclass
@@ -45,6 +46,7 @@ def route_admission(route: RouteSettings) -> RouteAdmission | None:
 class Admission:
     def __init__(self, gate: Gate, tokens: TokenLimiter | None, secret: bytes):
         self.gate, self._tokens, self._secret = gate, tokens, secret
+        self._pending: set[asyncio.Task] = set()
         self._routes: dict[bytes, RouteAdmission | None] = {}
         self._limited_routes: dict[str, RateLimits] = {}
 
@@ -83,9 +85,19 @@ class Admission:
             decision = await self._tokens.check(tenant, ctx.route_name, estimate)
             if not decision.allowed:
                 return decision.refusal()
+            ctx.token_estimate = estimate
         priority = ctx.headers.get(settings.priority_header) if settings.priority_header else None
         return await self.gate.acquire(clusters, priority or settings.default_priority, tenant,
                                        deadline=self._deadline(ctx, settings))
+
+    def settle(self, ctx: RequestContext) -> None:
+        """Correct the tenant's token budget with the answer's real usage (in the background)."""
+        if self._tokens is None or ctx.token_estimate is None or ctx.usage is None:
+            return
+        delta = sum(ctx.usage) - ctx.token_estimate
+        task = asyncio.get_running_loop().create_task(self._tokens.adjust(ctx.tenant, ctx.route_name, delta))
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
 
     def _deadline(self, ctx: RequestContext, settings: RouteAdmission) -> float:
         """Absolute, on the monotonic clock (the gate's and ctx.started's): from the request's

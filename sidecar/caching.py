@@ -300,6 +300,7 @@ class CachingDirector:
         if isinstance(answer, Refusal):
             return self._refuse(ctx, capture, answer)
         capture.finished = True
+        ctx.usage = (answer.prompt_tokens, answer.completion_tokens)
         payload = answer.to_bytes()
         if capture.lead is not None:
             capture.lead.complete(payload)

@@ -16,6 +16,7 @@ from sidecar.route_settings import settings_from_attribute
 EXT_PROC_FILTER = "envoy.filters.http.ext_proc"
 ROUTE_METADATA_ATTRIBUTE = "xds.route_metadata"
 ROUTE_NAME_ATTRIBUTE = "xds.route_name"
+METADATA_NAMESPACE = "sluice"
 
 _BODY_MODES = {BodyMode.NONE: mode_pb2.ProcessingMode.NONE,
                BodyMode.BUFFERED: mode_pb2.ProcessingMode.BUFFERED,
@@ -129,4 +130,8 @@ def encode(reply: Reply) -> pb.ProcessingResponse:
         response.response_body.response.CopyFrom(_common(reply))
     if reply.mode is not None:
         response.mode_override.CopyFrom(_mode(reply.mode))
+    if reply.dynamic_metadata:
+        # Envoy accepts it for namespaces in metadata_options.receiving_namespaces (the template
+        # lists "sluice"); access logs and rate-limit filters read it from there.
+        response.dynamic_metadata.update({METADATA_NAMESPACE: dict(reply.dynamic_metadata)})
     return response

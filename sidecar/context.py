@@ -37,6 +37,9 @@ class RequestContext:
     decision: object = None            # sidecar.scheduling.Decision, when the scheduler picked
     permit: object = None              # sidecar.admission.Permit: a slot held on the cluster
     tenant: str | None = None          # keyed hash of the caller's credential (admission)
+    token_estimate: int | None = None  # prompt tokens charged to the tenant at admission
+    usage: tuple[int, int] | None = None  # (prompt, completion) tokens of the answer, once read
+    usage_meter: object = None         # sidecar.usage.UsageMeter when the usage must be read
     status: int | None = None
     response_headers: Mapping[str, str] = field(default_factory=dict)
     sent_at: float | None = None       # when the sidecar let the request go upstream

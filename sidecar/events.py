@@ -73,6 +73,7 @@ class Continue:
     clear_route_cache: bool = False
     body: bytes | None = None           # replaces the buffered body when not None
     mode: ModeOverride | None = None
+    dynamic_metadata: tuple[tuple[str, float], ...] = ()   # Envoy dynamic metadata, namespace "sluice"
 
 
 @dataclass(frozen=True)

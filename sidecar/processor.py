@@ -126,10 +126,16 @@ class RequestProcessor:
         return Continue(Phase.RESPONSE_HEADERS, set_headers=self._plan.response_headers, mode=mode)
 
     def _on_response_body(self, event: ResponseBody) -> Reply:
-        if event.end_of_stream:
-            self.state = State.DONE
-            self.context.response_complete = True
-        return Continue(Phase.RESPONSE_BODY)
+        if not event.end_of_stream:
+            return Continue(Phase.RESPONSE_BODY)
+        self.state = State.DONE
+        self.context.response_complete = True
+        usage = self.context.usage
+        if usage is None:
+            return Continue(Phase.RESPONSE_BODY)
+        prompt, completion = usage
+        return Continue(Phase.RESPONSE_BODY, dynamic_metadata=(
+            ("prompt_tokens", prompt), ("completion_tokens", completion), ("total_tokens", prompt + completion)))
 
     def _on_passthrough(self, event: Event) -> Reply:
         if isinstance(event, ResponseHeaders):

@@ -19,7 +19,8 @@ from sidecar.admission import Degrade, Refusal
 from sidecar.admitting import Admission, RouteAdmission
 from sidecar.chat import message_text
 from sidecar.context import Outcome, RequestContext
-from sidecar.events import Plan
+from sidecar.events import BodyMode, Plan
+from sidecar.usage import UsageMeter
 from sidecar.gpu import GpuPoller
 from sidecar.openai_errors import error_reply
 from sidecar.processor import CLUSTER_HEADER
@@ -121,9 +122,14 @@ class RoutingDirector:
         if decision.degraded:
             metrics.DEGRADED.labels(ctx.route_name).inc()
             response_headers.append(("x-sluice-degraded", "1"))
+        response_body = None
+        if ctx.token_estimate is not None:   # a token budget: read the answer's real usage
+            prompt = "".join(message_text(m) for m in ctx.chat.messages)
+            ctx.usage_meter = UsageMeter(ctx.chat.stream, prompt)
+            response_body = BodyMode.STREAMED if ctx.chat.stream else BodyMode.BUFFERED
         return Plan(cluster=decision.cluster, body=body,
                     request_headers=((TIMEOUT_HEADER, str(timeout_ms)),),
-                    response_headers=tuple(response_headers))
+                    response_headers=tuple(response_headers), response_body=response_body)
 
     def _unavailable(self, ctx: RequestContext, decision: Decision, debug: tuple) -> Plan:
         ctx.outcome = Outcome.REFUSED
@@ -179,7 +185,13 @@ class RoutingDirector:
             self.scheduler.on_first_byte(ctx.decision, now - ctx.sent_at, now)
 
     def on_response_body(self, ctx: RequestContext, chunk: bytes, end_of_stream: bool) -> None:
-        pass
+        """Reads the answer's usage for token limits, unless the cache already captures it."""
+        meter = ctx.usage_meter
+        if meter is None or ctx.capture is not None:
+            return
+        usage = meter.feed(chunk, end_of_stream)
+        if usage is not None:
+            ctx.usage = usage
 
     def on_finish(self, ctx: RequestContext) -> None:
         decision: Decision | None = ctx.decision
@@ -187,6 +199,8 @@ class RoutingDirector:
         # the cluster's latency (counting it would shrink the limits that made it wait).
         sent = ctx.response_headers_at is not None and ctx.sent_at is not None
         ttfb = ctx.response_headers_at - ctx.sent_at if sent else None
+        if self.admission is not None:
+            self.admission.settle(ctx)
         if ctx.permit is not None:          # the slot goes back whatever happened
             ok = ctx.status is None or ctx.status < 500
             ctx.permit.release(ttfb if ctx.status is not None else None, ok)

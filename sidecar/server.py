@@ -68,6 +68,8 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):
                 event = codec.decode(request)
                 if event is None:
                     continue
+                if isinstance(event, ResponseBody):     # first: the reply may carry its usage
+                    self._director.on_response_body(ctx, event.body, event.end_of_stream)
                 reply = processor.handle(event)
                 if isinstance(reply, Decide):
                     if self._tracing is not None:
@@ -87,8 +89,6 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):
                         decision.cancel()      # the client went away: leave queues at once
                 elif isinstance(event, ResponseHeaders):
                     self._director.on_response_headers(ctx)
-                elif isinstance(event, ResponseBody):
-                    self._director.on_response_body(ctx, event.body, event.end_of_stream)
                 response = codec.encode(reply)
                 metrics.message_timer(type(event)).observe(time.perf_counter() - started)
                 yield response

@@ -1,4 +1,5 @@
 """Admission control through the real Envoy: priority queueing, deadlines, disconnects, limits."""
+import json
 import threading
 import time
 
@@ -7,7 +8,7 @@ import pytest
 
 from devtools.envoy_config import chat_route
 from devtools.stack import http_get
-from tests.e2e import upstream_stats
+from tests.e2e import metric, upstream_stats
 from tests.redis_server import RedisServer
 
 BODY = {"model": "demo-model", "messages": [{"role": "user", "content": "hello"}]}
@@ -28,6 +29,7 @@ def post(stack, prefix, key="k1", timeout=30.0, headers=None):
 
 ROUTES = [
     admission_route("vip", "/vip/", {"default_priority": "vip"}),
+    admission_route("metered", "/metered/", {"tokens_per_minute": 1_000_000}, max_in_flight=8),
     admission_route("limited", "/limited/", {"requests_per_minute": 2}, max_in_flight=8),
     admission_route("standard", "/", {"default_priority": "standard"}),
 ]
@@ -92,6 +94,31 @@ def test_tenant_request_limit_gives_429_with_retry_after(stack):
     assert refused.json()["error"]["type"] == "rate_limit_error"
     assert 20 <= int(refused.headers["retry-after"]) <= 31      # 2 per minute: one every 30 s
     assert post(stack, "/limited/", key="tenant-y").status_code == 200   # another tenant
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_real_usage_corrects_the_budget_and_reaches_envoy(stack, stream):
+    before = metric(stack, "sluice_admission_tokens_total", kind="added")
+    log_lines = len((stack.workdir / "envoy.log").read_text().splitlines())
+    body = {"model": "demo-model", "stream": stream,
+            "messages": [{"role": "user", "content": f"count my tokens {stream}"}]}
+    url = f"http://127.0.0.1:{stack.ports.http}/metered/v1/chat/completions"
+    response = httpx.post(url, json=body, headers={"authorization": "Bearer metered"}, timeout=30)
+    assert response.status_code == 200 and response.text
+    # The admission estimate covered the prompt only: the answer's completion tokens are added.
+    deadline = time.monotonic() + 5
+    while metric(stack, "sluice_admission_tokens_total", kind="added") <= before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert metric(stack, "sluice_admission_tokens_total", kind="added") > before
+
+    def logged_tokens():                              # this request's access-log line (Envoy's)
+        lines = (stack.workdir / "envoy.log").read_text().splitlines()[log_lines:]
+        entries = [json.loads(line) for line in lines if line.startswith("{")]
+        return [e["tokens"] for e in entries if e.get("tokens") not in (None, "-")]
+    deadline = time.monotonic() + 15
+    while not logged_tokens() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert logged_tokens() and int(logged_tokens()[-1]) >= 3   # read from the dynamic metadata
 
 
 def test_two_sidecars_share_one_tenant_budget_through_redis(make_stack, tmp_path):
