@@ -96,6 +96,11 @@ def _limits(config: SidecarConfig):
                        max_entries_per_scope=min(config.cache_max_entries, 20_000))
 
 
-@dataclass
 class _Closing:
-    close: object
+    """A part whose shutdown is a coroutine function other than `close`."""
+
+    def __init__(self, close) -> None:
+        self._close = close
+
+    async def close(self) -> None:
+        await self._close()
