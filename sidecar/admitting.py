@@ -13,7 +13,6 @@ from typing import Sequence
 from sidecar.admission import (Degrade, Gate, Permit, RateLimitRule, RateLimits, Refusal,
                                TokenLimiter, estimate_prompt_tokens)
 from sidecar.cache.scope import tenant_of
-from sidecar.chat import message_text
 from sidecar.context import RequestContext
 from sidecar.route_settings import RouteSettings
 
@@ -81,7 +80,7 @@ class Admission:
         tenant = tenant_of(ctx.headers, self._secret) or ANONYMOUS
         ctx.tenant = tenant
         if self._tokens is not None and (settings.limits.requests_per_minute or settings.limits.tokens_per_minute):
-            estimate = estimate_prompt_tokens("".join(message_text(m) for m in ctx.chat.messages))
+            estimate = estimate_prompt_tokens(ctx.chat.text)
             decision = await self._tokens.check(tenant, ctx.route_name, estimate)
             if not decision.allowed:
                 return decision.refusal()

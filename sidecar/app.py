@@ -41,8 +41,14 @@ class App:
 
 def build(config: SidecarConfig) -> App:
     secret = config.cache_secret.encode() if config.cache_secret else os.urandom(32)
+    # One fast-failing client (50 ms, no retries) for dedup leases and rate limits; the cache
+    # store makes its own (it also needs a long-blocking one for its event stream).
+    redis = None
+    if config.redis_url:
+        from sidecar.admission import connect
+        redis = connect(config.redis_url)
     routing = RoutingDirector()
-    routing.admission = _admission(config, routing, secret)
+    routing.admission = _admission(config, routing, secret, redis)
     if not config.cache:
         return App(routing, scheduler=routing.scheduler)
     from sidecar.cache.inflight import InFlight
@@ -55,11 +61,8 @@ def build(config: SidecarConfig) -> App:
     if config.redis_url:
         if not config.cache_secret:
             log.warning("SLUICE_CACHE_SECRET is not set: replicas sharing Redis will not share tenants' entries")
-        from redis.asyncio import Redis
-
         from sidecar.cache.inflight_redis import RedisInFlight
         from sidecar.cache.redis_store import RedisSettings, RedisStore
-        redis = Redis.from_url(config.redis_url, socket_timeout=0.05, socket_connect_timeout=0.05)
         store = RedisStore(RedisSettings(url=config.redis_url), _limits(config))
         inflight = RedisInFlight(redis, InFlight())
         closers = [store, _Closing(inflight.aclose)]
@@ -72,20 +75,20 @@ def build(config: SidecarConfig) -> App:
     return App(CachingDirector(routing, runtime), embedder, closers, scheduler=routing.scheduler, store=store)
 
 
-def _admission(config: SidecarConfig, routing: RoutingDirector, secret: bytes):
+def _admission(config: SidecarConfig, routing: RoutingDirector, secret: bytes, redis):
     """The gate (queue + per-cluster concurrency limits) and the per-tenant rate limits; routes
     turn admission on in their settings. Expected time to first byte comes from the scheduler."""
     import time
 
     from sidecar.admission import (Gate, GateConfig, LocalTokenLimiter, PrometheusAdmissionMetrics,
-                                   RedisTokenLimiter, connect)
+                                   RedisTokenLimiter)
     from sidecar.admitting import Admission
 
     signals = routing.scheduler.signals
     metrics = PrometheusAdmissionMetrics()
     gate = Gate(GateConfig(reserved_top_slots=config.admission_reserved_slots), metrics=metrics,
                 expected_ttft=lambda cluster: signals.cluster_snapshot(cluster, time.monotonic()).ttfb_ewma_s)
-    tokens = (RedisTokenLimiter(connect(config.redis_url), metrics=metrics) if config.redis_url
+    tokens = (RedisTokenLimiter(redis, metrics=metrics) if redis is not None
               else LocalTokenLimiter(metrics=metrics))
     return Admission(gate, tokens, secret)
 

@@ -5,6 +5,7 @@ reads) and leaves the rest of the body to the upstream, which it forwards byte f
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 from dataclasses import dataclass, field
@@ -39,6 +40,11 @@ class ChatRequest:
     sampling: dict[str, Any] = field(default_factory=dict)
     tools: tuple[dict, ...] = ()
     tool_choice: Any = None
+
+    @functools.cached_property
+    def text(self) -> str:
+        """All message text joined (what token estimates count); computed once per request."""
+        return "".join(message_text(m) for m in self.messages)
 
     @property
     def max_tokens(self) -> int | None:

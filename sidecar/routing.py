@@ -15,9 +15,8 @@ import time
 from typing import Callable
 
 from sidecar import metrics, tracing
-from sidecar.admission import Degrade, Refusal
+from sidecar.admission import Degrade, Refusal, estimate_prompt_tokens
 from sidecar.admitting import Admission, RouteAdmission
-from sidecar.chat import message_text
 from sidecar.context import Outcome, RequestContext
 from sidecar.events import BodyMode, Plan
 from sidecar.usage import UsageMeter
@@ -31,10 +30,6 @@ from sidecar.scrape import Scraper
 
 log = logging.getLogger("sluice.routing")
 TIMEOUT_HEADER = "x-envoy-upstream-rq-timeout-ms"
-
-
-def estimate_prompt_tokens(ctx: RequestContext) -> int:
-    return sum(len(message_text(m)) for m in ctx.chat.messages) // 4 + 1
 
 
 def rewrite_model(body: bytes, model: str) -> bytes:
@@ -112,8 +107,8 @@ class RoutingDirector:
         self.scheduler.on_send(decision, now)
         ctx.sent_at = now
         ctx.decision, ctx.outcome, ctx.cluster = decision, Outcome.ROUTED, decision.cluster
-        self._export(decision, now)
-        timeout_ms = self.scheduler.timeout_ms(decision, estimate_prompt_tokens(ctx), ctx.chat.max_tokens,
+        self._remember_scores(decision)
+        timeout_ms = self.scheduler.timeout_ms(decision, estimate_prompt_tokens(ctx.chat.text), ctx.chat.max_tokens,
                                                ctx.chat.model, now, plan.timeout)
         body = None
         if plan.rewrite_model and decision.model_rewrite and decision.model_rewrite != ctx.chat.model:
@@ -124,8 +119,7 @@ class RoutingDirector:
             response_headers.append(("x-sluice-degraded", "1"))
         response_body = None
         if ctx.token_estimate is not None:   # a token budget: read the answer's real usage
-            prompt = "".join(message_text(m) for m in ctx.chat.messages)
-            ctx.usage_meter = UsageMeter(ctx.chat.stream, prompt)
+            ctx.usage_meter = UsageMeter(ctx.chat.stream, ctx.chat.text)
             response_body = BodyMode.STREAMED if ctx.chat.stream else BodyMode.BUFFERED
         return Plan(cluster=decision.cluster, body=body,
                     request_headers=((TIMEOUT_HEADER, str(timeout_ms)),),
@@ -213,7 +207,7 @@ class RoutingDirector:
         else:
             self.scheduler.on_complete(decision, now - ctx.sent_at, ctx.status < 500, now, ttfb_s=ttfb)
 
-    def _export(self, decision: Decision, now: float) -> None:
+    def _remember_scores(self, decision: Decision) -> None:
         """Scores for the scrape-time gauges (sidecar.metrics.SchedulerCollector)."""
         for cluster, breakdown in decision.scores.items():
             self.last_scores[cluster] = breakdown.total
