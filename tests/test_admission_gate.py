@@ -96,8 +96,8 @@ async def test_vip_requests_arriving_later_overtake_queued_standard_ones():
     for permit in burst:
         permit.release(0.1, True)
     await asyncio.gather(*tasks)
-    # smooth weighted round robin, vip 8 : standard 4, then standard alone (see queue.py)
-    assert order == ["v0", "s0", "v1", "v2", "s1", "s2", "s3", "s4", "s5", "s6", "s7"]
+    # vip first while it has credit, vip 8 : standard 4, then standard alone (see queue.py)
+    assert order == ["v0", "v1", "s0", "v2", "s1", "s2", "s3", "s4", "s5", "s6", "s7"]
     assert gate.in_flight("a") == 0 and gate.queue_depth() == 0
 
 

@@ -46,10 +46,10 @@ def classes(entries):
 
 ORDER = [
     ("one class is first in, first out without deadlines", "standard*3", "s s s"),
-    ("all backlogged: 8 vip, 4 standard, 1 batch in every 13, spread out",
-     "vip*20 standard*20 batch*20", "v s v v s v b v s v v s v"),
+    ("all backlogged: 8 vip, 4 standard, 1 batch in every 13, vip first while it has credit",
+     "vip*20 standard*20 batch*20", "v v s v v s v s v v s v b"),
     ("a lone vip goes before a standard backlog", "standard*5 vip", "v s s s s s"),
-    ("vip and standard alone share 2:1 until vip empties", "standard*6 vip*6", "v s v v s v v s v s s s"),
+    ("vip and standard alone share 2:1 until vip empties", "standard*6 vip*6", "v v s v v s v v s s s s"),
     ("batch alone is served", "batch*2", "b b"),
 ]
 
@@ -153,10 +153,39 @@ def test_remove_and_expire():
 
 def test_a_class_that_empties_loses_its_credit():
     q = queue(max_queued_per_tenant=100)
-    fill(q, "vip standard*3")
-    drain(q, n=2)  # vip, then standard
+    fill(q, "vip*2 standard*5")
+    assert classes(drain(q, n=3)) == "v v s"  # vip ran up a debt, then emptied
     fill(q, "vip*2")
-    assert classes(drain(q, n=3)) == "v s v"
+    assert classes(drain(q, n=3)) == "v v s"  # the debt is gone: vip goes first again
+
+
+def test_a_waiting_vip_takes_every_freed_slot_before_a_standard_backlog():
+    # Plain SWRR gave every other lone vip's slot to standard: pops until served 1, 2, 1, 2, ...
+    q = queue(max_queued_per_tenant=1000)
+    fill(q, "standard*50")
+    pops_until_served = []
+    for _ in range(20):
+        fill(q, "vip")
+        served = drain(q, n=1)
+        fill(q, "standard")
+        while served[-1].priority != "vip":
+            served += drain(q, n=1)
+        pops_until_served.append(len(served))
+    assert pops_until_served == [1] * 20
+
+
+def test_credit_won_while_a_higher_class_is_served_is_bounded():
+    # Standard and batch gain credit at every lone vip's pick; without a bound, standard would
+    # then keep batch out for as many picks as there were vips.
+    q = queue(max_queued=10_000, max_queued_per_tenant=10_000)
+    fill(q, "standard*300 batch*300")
+    for _ in range(100):
+        fill(q, "vip")
+        assert drain(q, n=1)[0].priority == "vip"
+        fill(q, "standard")
+    order = classes(drain(q, n=40))
+    assert order.index("b") <= 2 * 13   # within two rounds of the weights (8 + 4 + 1)
+    assert Counter(order.split()[14:]) == {"s": 21, "b": 5}   # then 4:1
 
 
 # -- decisions ---------------------------------------------------------------------------------

@@ -3,14 +3,18 @@ clock (time comes in as `now`, seconds on a monotonic clock).
 
 Order, when a slot frees (`pop`):
 
-1. Class -- smooth weighted round robin (nginx's SWRR) over the classes that have an entry that
-   may take the slot: each pick adds every such class's weight to that class's credit, picks the
-   class with the most credit (the higher priority on a tie) and takes the sum of those weights
-   off the picked class's credit. A class that empties loses its credit. While every class stays
-   backlogged, each run of sum(weights) picks gives each class exactly its weight: with vip 8,
-   standard 4, batch 1, every 13 admissions are 8 vip, 4 standard and 1 batch, spread out
-   (vip, standard, vip, vip, standard, vip, batch, ...). A vip arriving at a queue of standard
-   entries goes next: its 8 beats standard's 4.
+1. Class -- the highest class that has not used up its share, shares kept by the credits of
+   smooth weighted round robin (nginx's SWRR): each pick adds every contending class's weight to
+   that class's credit (a class contends when it has an entry that may take the slot), takes the
+   highest class whose credit is then positive (the one with the most credit if none is) and
+   takes the sum of the contenders' weights off its credit. A class that empties loses its
+   credit; no credit exceeds the sum of all weights. A waiting vip therefore takes the next
+   freed slot unless vip has had more than its share lately: while every class stays
+   backlogged, each run of sum(weights) picks gives each class exactly its weight (vip 8,
+   standard 4, batch 1: 8 vip, 4 standard and 1 batch in every 13, as vip vip standard vip vip
+   standard vip standard vip vip standard vip batch), but a lone vip never waits behind a
+   standard backlog. (Plain SWRR picks the most credit, which spreads the classes evenly but
+   lets a standard entry take every other freed slot while a vip waits.)
 2. Tenant -- round robin among the tenants that have an entry in the picked class: the tenant
    served goes to the back of the rotation.
 3. Entry -- within that tenant's entries in the class, the earliest deadline first (then arrival).
@@ -115,6 +119,7 @@ class AdmissionQueue:
         self.config = config or QueueConfig()
         self._classes = {c.name: _Class(c) for c in self.config.classes}
         self._rank = {name: i for i, name in enumerate(self.config.names)}
+        self._max_credit = sum(c.weight for c in self.config.classes)
         self._per_tenant: dict[str, int] = {}
         self._by_deadline: list[tuple[float, int, Entry]] = []  # lazy: may hold removed entries
         self._live: set[int] = set()  # seq of the entries in the queue
@@ -180,13 +185,13 @@ class AdmissionQueue:
                 heads[name] = head
         if not heads:
             return None
-        contenders = [self._classes[name] for name in heads]
+        contenders = [self._classes[name] for name in heads]  # highest class first
         total = sum(c.spec.weight for c in contenders)
-        best = contenders[0]
         for cls in contenders:
-            cls.credit += cls.spec.weight
-            if cls.credit > best.credit:
-                best = cls
+            cls.credit = min(cls.credit + cls.spec.weight, self._max_credit)
+        best = next((c for c in contenders if c.credit > 0), None)
+        if best is None:
+            best = max(contenders, key=lambda c: c.credit)  # the first of the most on a tie
         best.credit -= total
         entry = heads[best.spec.name]
         self._unlink(entry, rotate=True)
