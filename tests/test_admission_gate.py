@@ -236,6 +236,32 @@ async def test_a_waiter_past_its_deadline_is_refused_as_expired():
     assert gate.in_flight("a") == 0
 
 
+async def test_a_freed_slot_never_goes_to_a_waiter_too_late_to_be_answered_in_time():
+    clock = Clock()
+    gate, metrics = gate_with(limiter=fixed(1), clock=clock, expected_ttft=lambda cluster: 0.5)
+    held = await gate.acquire(["a"], "standard", "t")
+    late = asyncio.create_task(gate.acquire(["a"], "standard", "late", deadline=clock.t + 1.0))
+    on_time = asyncio.create_task(gate.acquire(["a"], "standard", "on-time", deadline=clock.t + 10.0))
+    await settle()
+    clock.t += 0.7  # 0.3 s left to late: less than the 0.5 s its first token takes
+    held.release()
+    refused = await late
+    assert (refused.status, refused.reason) == (503, "expired")
+    assert (await on_time).tenant == "on-time" and gate.in_flight("a") == 1
+    assert ("standard", "expired") in metrics.of("refused")
+
+
+async def test_a_waiter_is_refused_once_a_slot_could_no_longer_answer_it_in_time():
+    gate, _ = gate_with(limiter=fixed(1), expected_ttft=lambda cluster: 0.2)
+    held = await gate.acquire(["a"], "standard", "t")
+    started = time.monotonic()
+    result = await gate.acquire(["a"], "standard", "u", deadline=started + 0.3)
+    assert (result.status, result.reason) == (503, "expired")
+    assert time.monotonic() - started < 0.25  # at the deadline less the first token's 0.2 s
+    assert gate.queue_depth() == 0
+    held.release()
+
+
 async def test_a_waiter_only_takes_slots_of_its_own_candidates():
     gate, _ = gate_with(limiter=fixed(1))
     on_a = await gate.acquire(["a"], "standard", "t")

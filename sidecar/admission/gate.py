@@ -188,7 +188,10 @@ class Gate:
 
     async def _wait(self, entry: Entry, waiter: _Waiter, now: float, allow_degrade: bool) -> Permit | Refusal | Degrade:
         loop = asyncio.get_running_loop()
-        timers = [loop.call_later(max(0.0, entry.deadline - now), self._on_deadline, entry)]
+        # Out at the last moment a slot could still answer in time: the deadline less the
+        # expected time to first token (a later slot would only run for a client gone).
+        latest_start = entry.deadline - self._ttft(waiter.candidates)
+        timers = [loop.call_later(max(0.0, latest_start - now), self._on_deadline, entry)]
         degrade_after = self.config.degrade_after_s
         if allow_degrade and degrade_after is not None and entry.priority in self.config.degrade_classes:
             timers.append(loop.call_later(degrade_after, self._on_degrade, entry))
@@ -302,6 +305,10 @@ class Gate:
             if waiter.future.done():  # its task was cancelled and has not yet run its handler
                 continue
             cluster = _choose(waiter.chooser, [c for c in waiter.candidates if self._has_slot(c, entry.priority)])
+            if admit_or_refuse(entry.deadline - now, 0.0, self._ttft([cluster])) == "refuse":
+                # Too late to answer in time: the slot goes to the next one, not to wasted work.
+                waiter.future.set_result(self._refuse(entry.priority, "expired", now))
+                continue
             waiter.future.set_result(self._grant(cluster, entry.priority, entry.tenant, now - entry.arrival, queued=True))
         self._report_depths()
 
