@@ -22,7 +22,7 @@ from functools import lru_cache
 from sidecar.embedding.normalize import normalize_text
 
 __all__ = ["EquivalenceSettings", "Verdict", "Requirement", "Profile", "profile",
-           "requirement", "same_question"]
+           "requirement", "same_question", "STOPWORDS"]
 
 
 @dataclass(frozen=True)
@@ -58,6 +58,15 @@ class EquivalenceSettings:
     # difference earlier in a long prompt leaves the cosine near 1.  Past this many
     # words (either prompt), every content word must match, whatever the knobs above.
     long_prompt_words: int = 150
+    # Token alignment (sidecar/cache/alignment.py): a hit also needs each prompt to have at
+    # most max_unaligned_tokens content tokens whose nearest token in the other prompt
+    # (the model's per-token vectors) is below alignment_floor.  It needs the two prompts'
+    # token states, which the serving engine does not return yet: off by default, and
+    # a miss ("alignment_unavailable") when on without them.  The two knobs are what
+    # scripts/tune_semantic.py picks for it.
+    check_alignment: bool = False
+    alignment_floor: float = 0.6
+    max_unaligned_tokens: int = 4
 
     def __post_init__(self) -> None:
         if not 0.0 < self.threshold <= 1.0:
@@ -65,7 +74,9 @@ class EquivalenceSettings:
         for name in ("extra_word_cost", "substitution_margin"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)!r}")
-        for name in ("max_extra_words", "long_prompt_words"):
+        if not -1.0 <= self.alignment_floor <= 1.0:
+            raise ValueError(f"alignment_floor: must be in [-1, 1], got {self.alignment_floor!r}")
+        for name in ("max_extra_words", "long_prompt_words", "max_unaligned_tokens"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)!r}")
 
@@ -195,6 +206,8 @@ what's let's also just very really quite some any all each every both most much 
 other another own same only even still yet again too get got gets getting one ones thing
 things someone something anyone anything everyone everything somebody anybody s t
 """.split())
+
+STOPWORDS = _STOPWORDS  # also the words that token alignment skips
 
 # "A to B", "from A", "better than B", "A against B": swapping A and B changes the question.
 _DIRECTIONS = frozenset("from to into than vs versus against".split())
@@ -450,15 +463,24 @@ def requirement(a_text: str, b_text: str, settings: EquivalenceSettings) -> Requ
 
 
 def same_question(a_text: str, b_text: str, cosine: float,
-                  settings: EquivalenceSettings) -> Verdict:
+                  settings: EquivalenceSettings, token_states: tuple[object, object] | None = None
+                  ) -> Verdict:
     """May the answer stored for one prompt be served for the other?
 
-    `cosine` is the similarity of the two prompts' embeddings.  Symmetric in the
-    prompts.  The reason names the first check that said no, or "ok".
+    `cosine` is the similarity of the two prompts' embeddings.  `token_states`, needed
+    only with settings.check_alignment, is the two prompts' content-token states
+    (sidecar.cache.alignment.content_states), in the order of the texts.  Symmetric in
+    the prompts.  The reason names the first check that said no, or "ok".
     """
     if cosine < settings.threshold:
         return Verdict(False, "below_threshold")
     need = requirement(a_text, b_text, settings)
-    if cosine >= need.min_cosine:
-        return Verdict(True, "ok")
-    return Verdict(False, need.reason)
+    if cosine < need.min_cosine:
+        return Verdict(False, need.reason)
+    if settings.check_alignment:
+        if token_states is None:
+            return Verdict(False, "alignment_unavailable")
+        from sidecar.cache.alignment import unaligned  # here: that module imports this one
+        if unaligned(*token_states, settings.alignment_floor) > settings.max_unaligned_tokens:
+            return Verdict(False, "alignment_differs")
+    return Verdict(True, "ok")

@@ -1,0 +1,83 @@
+"""Token alignment: does each word of one prompt have a counterpart in the other?
+
+A sentence embedding is the mean of the model's per-token vectors (its last hidden
+states), so one changed word among twenty moves it little.  The per-token vectors
+keep that word: the "same question?" decision can ask, for each content token of one
+prompt, how close the nearest token of the other prompt is (a BERTScore-style greedy
+alignment), and refuse a hit when too many tokens have no counterpart.
+
+Measured in docs/semantic-quality.md.  `content_states` turns one model run's output
+into what `unaligned` compares; sidecar.cache.equivalence applies the limit.
+`run_content_states` is that run, offline (scripts/tune_semantic.py, tests): the
+serving engine returns pooled vectors only, so the server does not use this yet.
+"""
+from __future__ import annotations
+
+import string
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from sidecar.cache.equivalence import STOPWORDS
+
+__all__ = ["content_states", "unaligned", "run_content_states"]
+
+_SPECIAL = frozenset({"[CLS]", "[SEP]", "[PAD]", "[UNK]", "[MASK]"})
+
+
+def _is_content(piece: str) -> bool:
+    if piece in _SPECIAL:
+        return False
+    if piece.startswith("##"):          # the rest of a word: as much content as its start
+        return True
+    if all(c in string.punctuation for c in piece):
+        return False
+    return piece not in STOPWORDS
+
+
+def content_states(token_ids: Sequence[int], states: np.ndarray,
+                   id_to_token: Callable[[int], str | None]) -> np.ndarray:
+    """The unit-length hidden states of a prompt's content tokens, [k, dim] float32.
+
+    token_ids: the ids the model read; states: its last hidden states for them,
+    [len(token_ids), dim]; id_to_token: the tokenizer's id -> word piece.  Special
+    tokens, punctuation and stop words (sidecar.cache.equivalence.STOPWORDS) are left
+    out: "the" aligns with anything and says nothing.
+    """
+    keep = [i for i, tid in enumerate(token_ids) if _is_content(id_to_token(int(tid)) or "[UNK]")]
+    rows = np.asarray(states, dtype=np.float32)[keep]
+    norms = np.linalg.norm(rows, axis=1, keepdims=True)
+    return rows / np.maximum(norms, 1e-12)
+
+
+def unaligned(a: np.ndarray, b: np.ndarray, floor: float) -> int:
+    """Content tokens of one prompt with no token of the other at cosine >= floor.
+
+    The larger count of the two directions, so symmetric.  a, b: `content_states`
+    rows.  A prompt without content tokens aligns with anything; every content token
+    of the other prompt then counts.
+    """
+    if len(a) == 0 or len(b) == 0:
+        return max(len(a), len(b))
+    sims = a @ b.T
+    return int(max((sims.max(axis=1) < floor).sum(), (sims.max(axis=0) < floor).sum()))
+
+
+def run_content_states(encoder, texts: Sequence[str]) -> list[np.ndarray]:
+    """Content-token states of texts in one model run of `encoder` (sidecar.embedding's
+    Encoder: same tokenizer, truncation and session as the served vectors), float32.
+
+    Blocking, and not for a thread that shares the encoder: offline use only.  A text
+    with nothing to embed raises NothingToEmbed, as Encoder.tokenize does.
+    """
+    from sidecar.embedding.tensors import pad_batch
+
+    session, tokenizer = encoder.session, encoder.tokenizer
+    ids = [encoder.tokenize(text) for text in texts]
+    input_ids, mask = pad_batch(ids, tokenizer.token_to_id("[PAD]") or 0)
+    feeds = {"input_ids": input_ids, "attention_mask": mask}
+    if any(i.name == "token_type_ids" for i in session.get_inputs()):
+        feeds["token_type_ids"] = np.zeros_like(input_ids)
+    hidden = session.run([session.get_outputs()[0].name], feeds)[0]
+    return [content_states(row_ids, hidden[row, :len(row_ids)], tokenizer.id_to_token)
+            for row, row_ids in enumerate(ids)]
