@@ -160,6 +160,31 @@ async def test_a_deadline_the_queue_ahead_cannot_meet_is_refused_at_once():
     held.release()
 
 
+async def test_after_a_quiet_spell_a_burst_waits_at_the_clusters_service_rate():
+    clock = Clock()
+    gate, _ = gate_with(limiter=fixed(2), clock=clock, expected_ttft=lambda cluster: 0.5, retry_after_min_s=0.1)
+    await drained_at_one_per_second(gate, clock)  # a trickle, then 20 s of nothing
+    clock.t += 20.0
+    for _ in range(2):  # then the burst: each answer held its slot 0.5 s
+        permit = await gate.acquire(["a"], "standard", "first")
+        clock.t += 0.5
+        permit.release(0.2, True)
+    assert gate.service_rate(["a"]) == 4.0 and gate.drain_rate() < 0.3  # 2 slots / 0.5 s; 6 in 24 s
+    held = [await gate.acquire(["a"], "standard", "holder") for _ in range(2)]
+    waiting = [asyncio.create_task(gate.acquire(["a"], "standard", f"t{i}")) for i in range(3)]
+    await settle()
+    # 3 ahead and itself: 4 admissions at 4/s plus 0.5 s to first token fit in 2 s (at the
+    # drain rate, under 0.3/s, they would take over 13 s)
+    accepted = asyncio.create_task(gate.acquire(["a"], "standard", "late", deadline=clock.t + 2.0))
+    await settle()
+    assert gate.queue_depth() == 4 and not accepted.done()
+    refused = await gate.acquire(["a"], "standard", "later", deadline=clock.t + 1.6)
+    assert refused.reason == "deadline" and refused.retry_after_s == 1.0  # 4 queued at 4/s
+    await cancel_all(waiting + [accepted])
+    for permit in held:
+        permit.release()
+
+
 async def test_a_cancelled_waiter_leaves_the_queue_at_once_and_never_gets_a_slot():
     gate, metrics = gate_with(limiter=fixed(1))
     held = await gate.acquire(["a"], "standard", "t")

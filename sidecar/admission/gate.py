@@ -38,6 +38,9 @@ from sidecar.scheduling._validate import positive, require
 from sidecar.scheduling.signals import P95
 from sidecar.scheduling.windows import SampleWindow
 
+# Weight of the newest answered request in a cluster's mean slot hold time (grant to release).
+HOLD_EWMA_ALPHA = 0.1
+
 Chooser = Callable[[Sequence[str]], str]  # clusters with a free slot, in the caller's order -> one of them
 TtftEstimate = Callable[[str], "float | None"]  # cluster -> expected time to first token (s), None if unknown
 
@@ -92,13 +95,15 @@ class WaitStats:
 class Permit:
     """A slot on `cluster`. Release it once, when the response ends or the request is dropped."""
 
-    def __init__(self, gate: Gate, cluster: str, priority: str, tenant: str, waited_s: float, in_flight: int) -> None:
+    def __init__(self, gate: Gate, cluster: str, priority: str, tenant: str, waited_s: float, in_flight: int,
+                 granted_at: float = 0.0) -> None:
         self.cluster = cluster
         self.priority = priority
         self.tenant = tenant
         self.waited_s = waited_s
         self._gate = gate
         self._in_flight = in_flight  # the cluster's count with this request, for the limiter
+        self._granted_at = granted_at  # on the gate's clock
         self.released = False
 
     def release(self, latency_s: float | None = None, ok: bool = True, upstream_waiting: float | None = None) -> None:
@@ -139,6 +144,7 @@ class Gate:
         self._queue = AdmissionQueue(self.config.queue)
         self._limiters: dict[str, ConcurrencyLimiter] = {}
         self._in_flight: dict[str, int] = {}
+        self._hold_s: dict[str, float] = {}  # mean slot hold time of answered requests, per cluster
         self._drain = DrainMeter(self.config.drain_window_s)
         self._waits = {name: SampleWindow(self.config.wait_stats_window_s, 1024) for name in self.config.queue.names}
 
@@ -170,7 +176,7 @@ class Gate:
             self._limiter(cluster)
         chooser = chooser or self._chooser
         free = [c for c in clusters if self._has_slot(c, cls)]
-        wait = 0.0 if free else self._expected_wait(cls, tenant, now)
+        wait = 0.0 if free else self._expected_wait(cls, tenant, clusters, now)
         ttft = self._ttft(free or clusters)
         if admit_or_refuse(deadline - now, wait, ttft) == "refuse":
             return self._refuse(cls, "deadline", now)
@@ -220,6 +226,13 @@ class Gate:
         """Slots freed per second recently, over all clusters; None when unknown."""
         return self._drain.rate(self._clock() if now is None else now)
 
+    def service_rate(self, clusters: Sequence[str] | None = None) -> float | None:
+        """Slots these clusters (all with None) free per second while busy: each one's limit over
+        its mean slot hold time, summed over those with a known hold time; None when none has one."""
+        clusters = self._limiters if clusters is None else clusters
+        rates = [self._limiters[c].limit / self._hold_s[c] for c in clusters if self._hold_s.get(c)]
+        return sum(rates) if rates else None
+
     def wait_stats(self, priority: str, now: float | None = None) -> WaitStats:
         window = self._waits[self.config.queue.resolve(priority)]
         now = self._clock() if now is None else now
@@ -259,13 +272,19 @@ class Gate:
         known = [t for t in map(self._expected_ttft, clusters) if t is not None and math.isfinite(t) and t >= 0]
         return min(known, default=0.0)
 
-    def _expected_wait(self, cls: str, tenant: str, now: float) -> float:
-        rate = self._drain.rate(now)
+    def _rate(self, clusters: Sequence[str] | None, now: float) -> float | None:
+        """How fast queued requests get slots. A queue only forms while its clusters are at
+        their limits, so their service rate, not the recent drain rate: after a quiet spell the
+        drain rate still counts the quiet seconds and would refuse the start of every burst."""
+        return self.service_rate(clusters) or self._drain.rate(now)
+
+    def _expected_wait(self, cls: str, tenant: str, clusters: Sequence[str], now: float) -> float:
+        rate = self._rate(clusters, now)
         return self._queue.position(cls, tenant) / rate if rate else 0.0
 
     def _retry_after(self, now: float) -> float:
         cfg = self.config
-        return retry_after_s(len(self._queue), self._drain.rate(now), cfg.retry_after_min_s, cfg.retry_after_max_s)
+        return retry_after_s(len(self._queue), self._rate(None, now), cfg.retry_after_min_s, cfg.retry_after_max_s)
 
     def _refuse(self, cls: str, reason: str, now: float) -> Refusal:
         self._metrics.refused(cls, reason)
@@ -277,7 +296,7 @@ class Gate:
         self._waits[cls].add(self._clock(), waited_s)
         self._metrics.admitted(cls, waited_s, queued)
         self._metrics.concurrency(cluster, self._limiters[cluster].limit, in_flight)
-        return Permit(self, cluster, cls, tenant, waited_s, in_flight)
+        return Permit(self, cluster, cls, tenant, waited_s, in_flight, self._clock())
 
     def _release(self, permit: Permit, latency_s: float | None, ok: bool, upstream_waiting: float | None) -> None:
         now = self._clock()
@@ -287,6 +306,10 @@ class Gate:
         limiter = self._limiters[cluster]
         if latency_s is not None or not ok:
             limiter.on_sample(latency_s, ok, permit._in_flight, now, upstream_waiting)
+        if latency_s is not None and ok:  # answered: the slot was held for a whole request
+            held = max(0.0, now - permit._granted_at)
+            mean = self._hold_s.get(cluster)
+            self._hold_s[cluster] = held if mean is None else mean + HOLD_EWMA_ALPHA * (held - mean)
         self._metrics.concurrency(cluster, limiter.limit, self._in_flight[cluster])
         self._dispatch(now)
 
