@@ -185,6 +185,37 @@ async def test_after_a_quiet_spell_a_burst_waits_at_the_clusters_service_rate():
         permit.release()
 
 
+HIGHER_CLASS_SHARE = [
+    # vip admissions before, the standard request's deadline (s from now) -> admitted to the queue?
+    ("no vip traffic: 3 admissions at 2/s + 0.5 s to first token = 2.0 s", 0, 2.1, True),
+    ("no vip traffic, a deadline too short", 0, 1.9, False),
+    ("vip had 54% of recent admissions: standard gets 46% of the rate (3.8 s)", 40, 3.6, False),
+    ("... and fits in 4 s", 40, 4.0, True),
+    ("vip had nearly all: standard still gets the 4/12 its weight guarantees (5.0 s)", 400, 4.8, False),
+    ("... and fits in 5.2 s", 400, 5.2, True),
+]
+
+
+@pytest.mark.parametrize("vips, deadline_s, queued", [r[1:] for r in HIGHER_CLASS_SHARE],
+                         ids=[r[0] for r in HIGHER_CLASS_SHARE])
+async def test_a_wait_estimate_leaves_higher_classes_their_recent_share(vips, deadline_s, queued):
+    clock = Clock()
+    gate, _ = gate_with(limiter=fixed(1), clock=clock, expected_ttft=lambda cluster: 0.5)
+    for _ in range(vips or 1):  # each answer holds the slot 0.5 s: 2 admissions per second
+        permit = await gate.acquire(["a"], "vip" if vips else "standard", "v")
+        clock.t += 0.5
+        permit.release(0.2, True)
+    held = await gate.acquire(["a"], "standard", "holder")
+    waiting = [asyncio.create_task(gate.acquire(["a"], "standard", f"t{i}")) for i in range(2)]
+    await settle()
+    request = asyncio.create_task(gate.acquire(["a"], "standard", "new", deadline=clock.t + deadline_s))
+    vip = asyncio.create_task(gate.acquire(["a"], "vip", "w", deadline=clock.t + 1.1))  # never slowed by itself
+    await settle()
+    assert (not request.done()) == queued and not vip.done()
+    await cancel_all(waiting + [request, vip])
+    held.release()
+
+
 async def test_a_cancelled_waiter_leaves_the_queue_at_once_and_never_gets_a_slot():
     gate, metrics = gate_with(limiter=fixed(1))
     held = await gate.acquire(["a"], "standard", "t")

@@ -40,6 +40,8 @@ from sidecar.scheduling.windows import SampleWindow
 
 # Weight of the newest answered request in a cluster's mean slot hold time (grant to release).
 HOLD_EWMA_ALPHA = 0.1
+# Weight of the newest admission in each class's share of recent admissions (about the last 50).
+SHARE_EWMA_ALPHA = 0.02
 
 Chooser = Callable[[Sequence[str]], str]  # clusters with a free slot, in the caller's order -> one of them
 TtftEstimate = Callable[[str], "float | None"]  # cluster -> expected time to first token (s), None if unknown
@@ -147,6 +149,7 @@ class Gate:
         self._hold_s: dict[str, float] = {}  # mean slot hold time of answered requests, per cluster
         self._drain = DrainMeter(self.config.drain_window_s)
         self._waits = {name: SampleWindow(self.config.wait_stats_window_s, 1024) for name in self.config.queue.names}
+        self._share = dict.fromkeys(self.config.queue.names, 0.0)  # of recent admissions, per class
 
     # -- the request path --------------------------------------------------------------------
 
@@ -279,8 +282,17 @@ class Gate:
         return self.service_rate(clusters) or self._drain.rate(now)
 
     def _expected_wait(self, cls: str, tenant: str, clusters: Sequence[str], now: float) -> float:
+        """Admissions until served over the rate this class gets: the higher classes' recent
+        share of admissions goes to the requests they keep sending meanwhile (never below the
+        share the weights guarantee this class against them)."""
         rate = self._rate(clusters, now)
-        return self._queue.position(cls, tenant) / rate if rate else 0.0
+        if not rate:
+            return 0.0
+        classes = self.config.queue.classes
+        rank = self.config.queue.names.index(cls)
+        guaranteed = classes[rank].weight / sum(c.weight for c in classes[:rank + 1])
+        higher = sum(self._share[c.name] for c in classes[:rank])
+        return self._queue.position(cls, tenant) / (rate * max(guaranteed, 1.0 - higher))
 
     def _retry_after(self, now: float) -> float:
         cfg = self.config
@@ -294,6 +306,8 @@ class Gate:
         self._in_flight[cluster] += 1
         in_flight = self._in_flight[cluster]
         self._waits[cls].add(self._clock(), waited_s)
+        for name, share in self._share.items():
+            self._share[name] = share + SHARE_EWMA_ALPHA * ((name == cls) - share)
         self._metrics.admitted(cls, waited_s, queued)
         self._metrics.concurrency(cluster, self._limiters[cluster].limit, in_flight)
         return Permit(self, cluster, cls, tenant, waited_s, in_flight, self._clock())
