@@ -1,39 +1,85 @@
-"""The request log: one JSON line per request when its ext_proc stream ends (logger sluice.access).
+"""The request log: one JSON line per request on stdout when its ext_proc stream ends.
 
 Fields: request id (x-request-id), route, cluster, outcome, cache status, HTTP status, time from
 sending the request upstream to its response headers, total duration since the request headers
 reached the sidecar (both ms), model, stream flag, trace id. Never the Authorization header, the prompt or the
 completion; with log_prompts on, the last user turn, cut to PROMPT_CHARS characters.
 
-It runs for every request (1-2k/s per sidecar), so the line is built as one dict and serialised
-once; sidecar.logs writes it as it is. `enabled` and `log_prompts` change on a config reload.
+It runs for every request (1-2k/s per sidecar), so the line is built as one dict, serialised
+once and written straight to a buffered stdout, flushed at most every FLUSH_S (like Envoy's own
+access log): through the `logging` machinery with a flush per line it cost ~160k instructions a
+request, a sixth of the sidecar's routing work. `enabled` and `log_prompts` change on a reload.
 """
 from __future__ import annotations
 
 import json
-import logging
+import sys
 import time
+from typing import Callable, TextIO
 
 from sidecar.chat import message_text
 from sidecar.context import RequestContext
 
-LOG = logging.getLogger("sluice.access")
 PROMPT_CHARS = 200
+_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))   # one for every line
+FLUSH_S = 1.0
+
+
+class LineWriter:
+    """Lines kept in memory and written to a stream together: when FLUSH_S has passed since the
+    last write (checked on each line and by the server's periodic `flush()`), when MAX_LINES are
+    waiting, and on close. It owns its buffer: stdout may be unbuffered (PYTHONUNBUFFERED)."""
+
+    MAX_LINES = 512
+
+    def __init__(self, stream: TextIO | None = None, flush_s: float = FLUSH_S, clock=time.monotonic) -> None:
+        self._stream = stream
+        self._flush_s = flush_s
+        self._clock = clock
+        self._flushed = clock()
+        self._lines: list[str] = []
+
+    def __call__(self, line: str) -> None:
+        self._lines.append(line)
+        if len(self._lines) >= self.MAX_LINES or self._clock() - self._flushed >= self._flush_s:
+            self.flush()
+
+    def flush(self) -> None:
+        self._flushed = self._clock()
+        if not self._lines:
+            return
+        text = "\n".join(self._lines) + "\n"
+        self._lines.clear()
+        stream = self._stream if self._stream is not None else sys.stdout   # stdout as it is now
+        try:
+            stream.write(text)
+            stream.flush()
+        except (OSError, ValueError):   # stdout closed or gone: the log must not fail requests
+            pass
+
+
+STDOUT = LineWriter()
 
 
 class AccessLog:
     def __init__(self, enabled: bool = True, log_prompts: bool = False, clock=time.monotonic,
-                 wall_clock=time.time) -> None:
+                 wall_clock=time.time, write: Callable[[str], None] | None = None) -> None:
         self.enabled = enabled
         self.log_prompts = log_prompts
+        self.write = write if write is not None else STDOUT
         self._clock = clock
         self._wall_clock = wall_clock
         self._second = -1
         self._second_text = ""
 
     def emit(self, ctx: RequestContext, trace_id: str | None = None) -> None:
-        if self.enabled and LOG.isEnabledFor(logging.INFO):
-            LOG.info(json.dumps(self.entry(ctx, trace_id), ensure_ascii=False, separators=(",", ":")))
+        if self.enabled:
+            self.write(_ENCODER.encode(self.entry(ctx, trace_id)))
+
+    def flush(self) -> None:
+        flush = getattr(self.write, "flush", None)
+        if flush is not None:
+            flush()
 
     def entry(self, ctx: RequestContext, trace_id: str | None = None) -> dict:
         now = self._clock()

@@ -30,7 +30,7 @@ class SidecarConfig:
     cache_secret: str = ""       # HMAC key for tenant ids; replicas sharing Redis need the same one
     cache_max_entries: int = 100_000
     admission_reserved_slots: int = 0  # per cluster, only for the highest priority class (see GateConfig)
-    access_log: bool = True      # one JSON line per request (logger sluice.access)
+    access_log: bool = True      # one JSON line per request on stdout
     config_file: str = ""        # KEY=VALUE file of SLUICE_* settings, re-read on SIGHUP
     config_watch_s: float = 0.0  # also re-read it when it changes, checked this often; 0: SIGHUP only
     otlp_endpoint: str = ""      # OpenTelemetry spans over OTLP/gRPC, e.g. http://collector:4317; "" off

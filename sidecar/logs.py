@@ -1,8 +1,7 @@
 """Logging setup: one JSON object per line, through named `sluice.*` loggers.
 
-Everything goes to stderr, except the request log (`sluice.access`, sidecar/access_log.py),
-which goes to stdout at INFO whatever SLUICE_LOG_LEVEL says: it formats its own JSON line, so
-its handler writes the message as it is.
+Everything goes to stderr. The request log is not a logger: sidecar/access_log.py writes its own
+JSON lines to stdout, whatever SLUICE_LOG_LEVEL says.
 """
 from __future__ import annotations
 
@@ -27,15 +26,12 @@ def configure(level: str = "INFO") -> None:
     logging.config.dictConfig({
         "version": 1,
         "disable_existing_loggers": False,
-        "formatters": {"json": {"()": JsonFormatter}, "line": {"format": "%(message)s"}},
-        "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "json"},
-                     "stdout": {"class": "logging.StreamHandler", "formatter": "line",
-                                "stream": "ext://sys.stdout"}},
-        "loggers": {"sluice": {"handlers": ["stderr"], "level": level.upper(), "propagate": False},
-                    "sluice.access": {"handlers": ["stdout"], "level": "INFO", "propagate": False}},
+        "formatters": {"json": {"()": JsonFormatter}},
+        "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "json"}},
+        "loggers": {"sluice": {"handlers": ["stderr"], "level": level.upper(), "propagate": False}},
     })
 
 
 def set_level(level: str) -> None:
-    """Change the level of every sluice.* logger but the request log (a config reload)."""
+    """Change the level of every sluice.* logger (a config reload)."""
     logging.getLogger("sluice").setLevel(level.upper())

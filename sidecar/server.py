@@ -18,8 +18,8 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from grpc_health.v1 import _async as health_async
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from sidecar import codec, logs, metrics, reload
-from sidecar.access_log import AccessLog
+from sidecar import codec, eager, logs, metrics, reload
+from sidecar.access_log import FLUSH_S, AccessLog
 from sidecar.admin import AdminService, DrainStarted, admin_parts
 from sidecar.app import App, build
 from sidecar.config import SidecarConfig
@@ -39,14 +39,6 @@ EXT_PROC_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
 # EXTEND_AFTER_S asks for EXTENDED_MESSAGE_TIMEOUT_S, which must not exceed max_message_timeout.
 EXTEND_AFTER_S = 0.5
 EXTENDED_MESSAGE_TIMEOUT_S = 60.0
-
-
-async def _done_within(task: asyncio.Future, seconds: float) -> bool:
-    await asyncio.sleep(0)          # most decisions finish in their first step: no timer needed
-    if task.done():
-        return True
-    done, _ = await asyncio.wait({task}, timeout=seconds)
-    return bool(done)
 
 
 class ExternalProcessor(pb_grpc.ExternalProcessorServicer):
@@ -74,19 +66,20 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):
                 if isinstance(reply, Decide):
                     if self._tracing is not None:
                         trace = self._tracing.begin(ctx, parse_s=time.perf_counter() - started)
-                        decision = trace.start(self._director.decide(ctx))
-                    else:
-                        decision = asyncio.ensure_future(self._director.decide(ctx))
-                    try:
-                        if not await _done_within(decision, EXTEND_AFTER_S):
-                            # Queued or waiting for a twin's answer: keep Envoy from timing
-                            # the message out (and failing open past the gate).
-                            yield codec.extend_message_timeout(EXTENDED_MESSAGE_TIMEOUT_S)
-                        plan = await decision
-                        # The upstream request carries a traceparent (kept or new).
-                        reply = processor.apply(trace.plan(plan) if trace is not None else plan)
-                    finally:
-                        decision.cancel()      # the client went away: leave queues at once
+                    step = self._start_decision(ctx, trace)
+                    plan, decision = step.result, step.task
+                    if decision is not None:
+                        try:
+                            done, _ = await asyncio.wait({decision}, timeout=EXTEND_AFTER_S)
+                            if not done:
+                                # Queued or waiting for a twin's answer: keep Envoy from timing
+                                # the message out (and failing open past the gate).
+                                yield codec.extend_message_timeout(EXTENDED_MESSAGE_TIMEOUT_S)
+                            plan = await decision
+                        finally:
+                            decision.cancel()      # the client went away: leave queues at once
+                    # The upstream request carries a traceparent (kept or new).
+                    reply = processor.apply(trace.plan(plan) if trace is not None else plan)
                 elif isinstance(event, ResponseHeaders):
                     self._director.on_response_headers(ctx)
                 response = codec.encode(reply)
@@ -106,6 +99,13 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):
                 metrics.REQUESTS.labels(ctx.route_name, ctx.cluster or "", ctx.outcome.value,
                                         metrics.status_class(ctx.status)).inc()
             self._record(ctx, trace)
+
+    def _start_decision(self, ctx, trace: RequestTrace | None) -> eager.Started:
+        """The director's decision, run at once; a task only when it has to wait (or when its
+        span is recorded: spans of its stages need the task's context)."""
+        if trace is not None and trace.recording:
+            return eager.Started(False, task=trace.start(self._director.decide(ctx)))
+        return eager.start(self._director.decide(ctx))
 
     def _record(self, ctx, trace: RequestTrace | None) -> None:
         """The request's span and its line in the request log; never fails the stream."""
@@ -195,6 +195,7 @@ async def serve(config: SidecarConfig, app: App | None = None,
     log.info("sluice sidecar serving")
     watcher = (asyncio.create_task(reloader.watch(config.config_file, config.config_watch_s))
                if config.config_file and config.config_watch_s else None)
+    flusher = asyncio.create_task(_flush_every(access_log, FLUSH_S))
     signalled = False
 
     def on_signal() -> None:
@@ -210,6 +211,15 @@ async def serve(config: SidecarConfig, app: App | None = None,
     await stopping.wait()
     if watcher is not None:
         watcher.cancel()
+    flusher.cancel()
     await sidecar.stop()
     await app.close()
     tracing.close()
+    access_log.flush()
+
+
+async def _flush_every(access_log: AccessLog, seconds: float) -> None:
+    """A quiet sidecar's last request lines reach stdout within `seconds` too."""
+    while True:
+        await asyncio.sleep(seconds)
+        access_log.flush()

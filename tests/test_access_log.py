@@ -1,10 +1,11 @@
 """The request log: one JSON line per request, cheap, and nothing secret in it by default."""
+import io
 import json
-import logging
 
 import pytest
 
-from sidecar.access_log import LOG, PROMPT_CHARS, AccessLog
+from sidecar import access_log
+from sidecar.access_log import PROMPT_CHARS, AccessLog, LineWriter
 from sidecar.chat import parse_chat_request
 from sidecar.context import Outcome, RequestContext
 from sidecar.server import ExternalProcessor
@@ -15,20 +16,52 @@ SECRET_PROMPT = "my card number is 4111 1111 1111 1111"
 
 
 @pytest.fixture
-def lines():
-    """Lines written to the sluice.access logger during the test."""
+def lines(monkeypatch):
+    """Lines the request log writes (to stdout, by default) during the test."""
     captured: list[str] = []
+    monkeypatch.setattr(access_log, "STDOUT", captured.append)
+    return captured
 
-    class Collect(logging.Handler):
-        def emit(self, record):
-            captured.append(record.getMessage())
 
-    handler = Collect()
-    LOG.addHandler(handler)
-    level, LOG.level = LOG.level, logging.INFO
-    yield captured
-    LOG.removeHandler(handler)
-    LOG.setLevel(level)
+class Stream(io.StringIO):
+    def __init__(self):
+        super().__init__()
+        self.flushes = 0
+
+    def flush(self):
+        self.flushes += 1
+
+
+def test_lines_are_buffered_and_written_once_a_second():
+    now = [0.0]
+    stream = Stream()
+    write = LineWriter(stream, flush_s=1.0, clock=lambda: now[0])
+    write("a")
+    now[0] = 0.5
+    write("b")
+    assert stream.getvalue() == "" and stream.flushes == 0
+    now[0] = 1.0
+    write("c")
+    assert stream.getvalue() == "a\nb\nc\n" and stream.flushes == 1
+    write("d")
+    write.flush()                       # the server's periodic flush (and the one at exit)
+    assert stream.getvalue().endswith("c\nd\n") and stream.flushes == 2
+
+
+def test_a_burst_is_written_before_a_second_has_passed():
+    stream = Stream()
+    write = LineWriter(stream, clock=lambda: 0.0)
+    for i in range(LineWriter.MAX_LINES):
+        write(str(i))
+    assert stream.getvalue().count("\n") == LineWriter.MAX_LINES
+
+
+def test_a_closed_stdout_does_not_fail_the_request_path():
+    stream = Stream()
+    stream.write = lambda text: (_ for _ in ()).throw(ValueError("I/O operation on closed file"))
+    write = LineWriter(stream)
+    write("a")
+    write.flush()
 
 
 def routed_context(*turns, stream=False) -> RequestContext:
