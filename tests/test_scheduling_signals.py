@@ -78,6 +78,21 @@ def test_outcome_window_keeps_a_bounded_number_of_buckets():
     assert total == pytest.approx(1000, abs=10) and failed == pytest.approx(total / 2, abs=1)
 
 
+def test_outcome_totals_match_the_buckets_as_outcomes_age_out():
+    import random
+    rng = random.Random(7)
+    window = OutcomeWindow(window_s=5.0, buckets=5)
+    now = 0.0
+    for _ in range(2_000):
+        now += rng.expovariate(20.0)
+        window.add(now, ok=rng.random() < 0.7)
+        if rng.random() < 0.1:
+            now += rng.uniform(0, 3)       # idle gaps let whole buckets expire
+        total, failed = window.counts(now)
+        assert (total, failed) == (sum(b[1] + b[2] for b in window._buckets), sum(b[2] for b in window._buckets))
+    assert window.counts(now + 60.0) == (0, 0)
+
+
 def test_only_successes_feed_latency_and_tokens_per_second():
     t = tracker()
     t.on_complete("a", 0.01, False, 1.0, completion_tokens=5)
@@ -122,3 +137,14 @@ def test_snapshots_are_immutable():
         snaps["b"] = snaps["a"]
     t.on_send("a", 0.0)
     assert snaps["a"].in_flight == 1  # a snapshot does not follow later events
+
+
+def test_recent_snapshot_is_reused_for_a_tenth_of_a_second_then_refreshed():
+    t = tracker()
+    t.on_first_byte("a", 0.5, 1.0)
+    first = t.recent_snapshot("a", 1.0)
+    t.on_first_byte("a", 9.0, 1.05)
+    assert t.recent_snapshot("a", 1.05) is first                 # slow signals: 50 ms old is fine
+    refreshed = t.recent_snapshot("a", 1.11)
+    assert refreshed is not first and refreshed.ttfb_ewma_s > first.ttfb_ewma_s
+    assert t.recent_snapshot("a", 0.5) is not refreshed           # a clock that went back: fresh

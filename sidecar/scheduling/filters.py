@@ -38,9 +38,11 @@ def apply_filters(
     kept: list[Endpoint] = []
     dropped: dict[str, str] = {}
     for ep in endpoints:
-        reason = next((r for r in (f(ep) for f in filters) if r is not None), None)
-        if reason is None:
-            kept.append(ep)
+        for f in filters:
+            reason = f(ep)
+            if reason is not None:
+                dropped[ep.cluster] = reason
+                break
         else:
-            dropped[ep.cluster] = reason
+            kept.append(ep)
     return kept, dropped

@@ -96,6 +96,9 @@ class Decision:
         return "; ".join(items)
 
 
+_NONE_DROPPED: Mapping[str, str] = MappingProxyType({})
+
+
 class Scheduler:
     def __init__(
         self,
@@ -114,6 +117,10 @@ class Scheduler:
 
     def pick(self, candidates: Sequence[CandidateSpec], now: float, policy: RoutePolicy | None = None) -> Decision:
         require(bool(candidates), "candidates", "must not be empty", list(candidates))
+        if len(candidates) == 1:
+            only = self._only_candidate(candidates[0], now)
+            if only is not None:
+                return only
         clusters = [c.cluster for c in candidates]
         require(len(set(clusters)) == len(clusters), "candidates", "must name each cluster once", clusters)
         policy = policy or self.config.policy
@@ -125,6 +132,21 @@ class Scheduler:
             if kept:
                 return self._choose(kept, role, policy, dropped)
         return Decision.unavailable(self._retry_after(candidates, now), dropped)
+
+    def _only_candidate(self, spec: CandidateSpec, now: float) -> Decision | None:
+        """A route's single candidate, healthy and not saturated: nothing to score, so its
+        windowed signals are not read (the filters need only its in-flight count); None when
+        it must go the general way (breaker not closed, filtered out)."""
+        breaker = self._breaker(spec.cluster)
+        self._emit(breaker.poll(now))
+        if breaker.state is not BreakerState.CLOSED:
+            return None
+        endpoint = Endpoint(spec, ClusterSnapshot(spec.cluster, in_flight=self.signals.in_flight(spec.cluster)))
+        kept, _ = apply_filters((endpoint,))
+        if not kept:
+            return None
+        return Decision(cluster=spec.cluster, role=spec.role, degraded=spec.role == "fallback",
+                        model_rewrite=spec.model, dropped=_NONE_DROPPED)
 
     def _endpoint(self, spec: CandidateSpec, now: float) -> Endpoint:
         breaker = self._breaker(spec.cluster)
@@ -215,7 +237,7 @@ class Scheduler:
         now: float, config: TimeoutConfig,
     ) -> int:
         """Upstream timeout for this request on the chosen cluster (see timeout.py)."""
-        snapshot = self.signals.cluster_snapshot(decision.cluster, now) if decision.cluster else None
+        snapshot = self.signals.recent_snapshot(decision.cluster, now) if decision.cluster else None
         return upstream_timeout_ms(prompt_tokens, max_tokens, decision.model_rewrite or model, snapshot, config)
 
     def breaker_states(self, now: float) -> Mapping[str, BreakerState]:

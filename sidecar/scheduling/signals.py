@@ -55,6 +55,7 @@ class SignalTracker:
     def __init__(self, config: SignalConfig | None = None) -> None:
         self._config = config or SignalConfig()
         self._clusters: dict[str, _Cluster] = {}
+        self._recent: dict[str, tuple[float, ClusterSnapshot]] = {}
 
     def on_send(self, cluster: str, now: float) -> None:
         self._get(cluster).in_flight += 1
@@ -103,11 +104,25 @@ class SignalTracker:
     def on_gpu_load(self, cluster: str, load: GpuLoad, now: float) -> None:
         self._get(cluster).gpu = (now, load)
 
+    def in_flight(self, cluster: str) -> int:
+        c = self._clusters.get(cluster)
+        return 0 if c is None else c.in_flight
+
+    def recent_snapshot(self, cluster: str, now: float, max_age_s: float = 0.1) -> ClusterSnapshot:
+        """A snapshot at most `max_age_s` old, for readers of slow signals (P95, tokens/s) that
+        run on every request, such as the timeout rule; in_flight may be that old too."""
+        cached = self._recent.get(cluster)
+        if cached is not None and 0 <= now - cached[0] < max_age_s:
+            return cached[1]
+        snapshot = self.cluster_snapshot(cluster, now)
+        self._recent[cluster] = (now, snapshot)
+        return snapshot
+
     def cluster_snapshot(self, cluster: str, now: float) -> ClusterSnapshot:
         c = self._clusters.get(cluster)
         if c is None:
             return ClusterSnapshot(cluster=cluster)
-        total, _ = c.outcomes.counts(now)
+        total, failed = c.outcomes.counts(now)
         return ClusterSnapshot(
             cluster=cluster,
             in_flight=c.in_flight,
@@ -116,7 +131,7 @@ class SignalTracker:
             latency_ewma_s=c.latency_ewma.value,
             latency_p95_s=c.latency.quantile(P95, now),
             requests_in_window=total,
-            error_rate=c.outcomes.error_rate(now),
+            error_rate=failed / total if total else None,
             tokens_per_s=c.tokens_per_s.value,
             upstream=self._fresh(c.upstream, now),
             gpu=self._fresh(c.gpu, now),

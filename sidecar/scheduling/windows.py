@@ -63,12 +63,14 @@ class SampleWindow:
 
 
 class OutcomeWindow:
-    """Success and failure counts over the last `window_s` seconds, kept in `buckets` time buckets."""
+    """Success and failure counts over the last `window_s` seconds, kept in `buckets` time buckets
+    with running totals (read on every request, so O(1) rather than a sum over the buckets)."""
 
     def __init__(self, window_s: float, buckets: int = 20) -> None:
         self._window_s = window_s
         self._width = window_s / buckets
         self._buckets: deque[list[int]] = deque()  # [bucket index, ok, failed]
+        self._total = self._failed = 0
 
     def add(self, now: float, ok: bool) -> None:
         self._prune(now)
@@ -76,11 +78,13 @@ class OutcomeWindow:
         if not self._buckets or index > self._buckets[-1][0]:
             self._buckets.append([index, 0, 0])
         self._buckets[-1][1 if ok else 2] += 1
+        self._total += 1
+        self._failed += not ok
 
     def counts(self, now: float) -> tuple[int, int]:
         """(total, failed) in the window."""
         self._prune(now)
-        return sum(b[1] + b[2] for b in self._buckets), sum(b[2] for b in self._buckets)
+        return self._total, self._failed
 
     def error_rate(self, now: float) -> float | None:
         total, failed = self.counts(now)
@@ -88,8 +92,11 @@ class OutcomeWindow:
 
     def clear(self) -> None:
         self._buckets.clear()
+        self._total = self._failed = 0
 
     def _prune(self, now: float) -> None:
         horizon = now - self._window_s
         while self._buckets and (self._buckets[0][0] + 1) * self._width <= horizon:
-            self._buckets.popleft()
+            _, ok, failed = self._buckets.popleft()
+            self._total -= ok + failed
+            self._failed -= failed
