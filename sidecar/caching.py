@@ -32,7 +32,7 @@ from sidecar.cache.replay import completion_id, hit_headers, json_body, sse_body
 from sidecar.cache.scope import exact_key, prompt_text, scope_for
 from sidecar.context import Outcome, RequestContext
 from sidecar.events import BodyMode, ImmediateReply, Plan
-from sidecar.route_settings import RouteSettings
+from sidecar.route_settings import PerSettings, RouteSettings
 
 log = logging.getLogger("sluice.cache")
 CACHE_HEADER = "x-sluice-cache"
@@ -119,6 +119,7 @@ class CachingDirector:
         self._rt = runtime
         self._clock = clock
         self._routes: dict[bytes, RouteCache | None] = {}
+        self._route_cache_of = PerSettings()
         self._tasks: set[asyncio.Task] = set()
 
     # --- decision -----------------------------------------------------------------------
@@ -166,6 +167,9 @@ class CachingDirector:
         route = ctx.route
         if not isinstance(route, RouteSettings):
             return None
+        return self._route_cache_of.get(route, self._build_route_cache, ctx.route_name)
+
+    def _build_route_cache(self, route: RouteSettings, route_name: str) -> RouteCache | None:
         key = route.cache.SerializeToString(deterministic=True)
         if key not in self._routes:
             if len(self._routes) > 1024:    # bounded: route configs are few
@@ -173,7 +177,7 @@ class CachingDirector:
             try:
                 self._routes[key] = route_cache(route)
             except ValueError as exc:
-                log.error("invalid cache settings of route %s, cache off: %s", ctx.route_name, exc)
+                log.error("invalid cache settings of route %s, cache off: %s", route_name, exc)
                 self._routes[key] = None
         return self._routes[key]
 

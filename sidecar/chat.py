@@ -63,11 +63,15 @@ def _is_number(value: Any) -> bool:
     return (_is_int(value) or isinstance(value, float)) and math.isfinite(value)
 
 
+# One decoder for every request: json.loads with an argument builds a new one each call.
+_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
+
+
 def parse_chat_request(body: bytes) -> ChatRequest:
     if not body:
         raise BadRequest("request body is empty; expected a JSON chat completion request")
     try:
-        data = json.loads(body, parse_constant=_reject_constant)
+        data = _DECODER.decode(body.decode("utf-8-sig"))   # a BOM is tolerated, as json.loads does
     except UnicodeDecodeError:
         raise BadRequest("request body is not valid UTF-8") from None
     except json.JSONDecodeError as exc:

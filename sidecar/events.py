@@ -97,6 +97,11 @@ class Plan:
     response_headers: tuple[tuple[str, str], ...] = ()  # added to the client's response
     response_body: BodyMode | None = None         # ask Envoy for the response body (capture)
 
+    def with_request_header(self, name: str, value: str) -> "Plan":
+        # Positional, not dataclasses.replace: this runs on every request.
+        return Plan(self.cluster, self.reply, self.body, self.request_headers + ((name, value),),
+                    self.response_headers, self.response_body)
+
 
 @dataclass(frozen=True)
 class Decide:

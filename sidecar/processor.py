@@ -81,10 +81,11 @@ class RequestProcessor:
         return Continue(Phase.REQUEST_HEADERS)
 
     def _on_request_body(self, event: RequestBody) -> Reply | Decide:
-        self._body += event.body
         if not event.end_of_stream:
+            self._body += event.body
             return Continue(Phase.REQUEST_BODY)
-        self.context.body = bytes(self._body)
+        # Buffered mode sends the body in one message: no copy then.
+        self.context.body = bytes(self._body) + event.body if self._body else event.body
         try:
             self.context.chat = parse_chat_request(self.context.body)
         except BadRequest as exc:

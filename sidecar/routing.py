@@ -24,7 +24,7 @@ from sidecar.gpu import GpuPoller
 from sidecar.openai_errors import error_reply
 from sidecar.processor import CLUSTER_HEADER
 from sidecar.route_policy import RoutePlan, build_route_plan
-from sidecar.route_settings import RouteSettings, RouteSettingsError
+from sidecar.route_settings import PerSettings, RouteSettings, RouteSettingsError
 from sidecar.scheduling import BreakerTransition, Decision, Scheduler
 from sidecar.scrape import Scraper
 
@@ -50,6 +50,7 @@ class RoutingDirector:
                          if scrape_interval_s else None)
         self._gpus = GpuPoller(self.scheduler.on_gpu_load) if scrape_interval_s else None
         self._plans: dict[bytes, RoutePlan | RouteSettingsError] = {}
+        self._plan_of = PerSettings()
 
     # --- decision -----------------------------------------------------------------------
 
@@ -66,6 +67,17 @@ class RoutingDirector:
         return await self._schedule(ctx, route)
 
     def _route_plan(self, route: RouteSettings, route_name: str) -> RoutePlan | RouteSettingsError:
+        plan = self._plan_of.get(route, self._build_plan, route_name)
+        if isinstance(plan, RoutePlan) and self._scraper is not None:
+            for cluster, url in plan.metrics_urls:
+                self._scraper.ensure(cluster, url)
+        if isinstance(plan, RoutePlan) and self._gpus is not None:
+            for cluster, index in plan.gpu_indices:
+                self._gpus.ensure(cluster, index)
+        return plan
+
+    def _build_plan(self, route: RouteSettings, route_name: str) -> RoutePlan | RouteSettingsError:
+        """Routes with the same settings share a plan (and their breakers' config)."""
         key = route.SerializeToString(deterministic=True) + route_name.encode()
         plan = self._plans.get(key)
         if plan is None:
@@ -80,12 +92,6 @@ class RoutingDirector:
             if len(self._plans) > 1024:   # bounded: route configs are few; churn resets the cache
                 self._plans.clear()
             self._plans[key] = plan
-        if isinstance(plan, RoutePlan) and self._scraper is not None:
-            for cluster, url in plan.metrics_urls:
-                self._scraper.ensure(cluster, url)
-        if isinstance(plan, RoutePlan) and self._gpus is not None:
-            for cluster, index in plan.gpu_indices:
-                self._gpus.ensure(cluster, index)
         return plan
 
     async def _schedule(self, ctx: RequestContext, plan: RoutePlan) -> Plan:
@@ -134,7 +140,7 @@ class RoutingDirector:
             type_="server_error", code="upstream_unavailable", headers=(("retry-after", retry), *debug)))
 
     def _admission_settings(self, ctx: RequestContext) -> RouteAdmission | None:
-        if self.admission is None or not isinstance(ctx.route, RouteSettings):
+        if self.admission is None or not isinstance(ctx.route, RouteSettings) or not ctx.route.admission.enabled:
             return None
         try:
             return self.admission.settings(ctx.route, ctx.route_name)

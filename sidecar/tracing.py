@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
-import dataclasses
 import logging
 import os
 import random
@@ -92,7 +91,7 @@ class RequestTrace:
         """The plan with the traceparent among the upstream request's headers."""
         if not self.forward or plan.reply is not None or any(k == TRACEPARENT for k, _ in plan.request_headers):
             return plan
-        return dataclasses.replace(plan, request_headers=plan.request_headers + ((TRACEPARENT, self.traceparent.header()),))
+        return plan.with_request_header(TRACEPARENT, self.traceparent.header())
 
     def start(self, decide) -> asyncio.Future:
         """The director's work (a coroutine) as a task; when traced, under a `sluice.decide`
@@ -159,7 +158,7 @@ class Tracing:
     """Process-wide: how new traces are sampled, and the OpenTelemetry tracer when spans are on."""
 
     def __init__(self, sample_ratio: float = 0.1, tracer=None, provider=None,
-                 rng=random.random, randbytes=os.urandom) -> None:
+                 rng=random.random, randbytes=random.randbytes) -> None:
         self.sample_ratio = sample_ratio
         self._tracer = tracer
         self._provider = provider

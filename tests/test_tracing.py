@@ -163,3 +163,14 @@ def test_otlp_exporter_is_built_when_installed():
         assert traced.spans and traced.begin(context({})).recording
     finally:
         traced.close()
+
+
+def test_adding_the_traceparent_keeps_every_other_field_of_the_plan():
+    import dataclasses
+
+    from sidecar.events import BodyMode, ImmediateReply
+    plan = Plan(cluster="a", reply=ImmediateReply(200, b"{}"), body=b"x", request_headers=(("k", "v"),),
+                response_headers=(("r", "1"),), response_body=BodyMode.STREAMED)
+    assert len(dataclasses.fields(Plan)) == 6, "Plan.with_request_header lists the fields by position"
+    assert plan.with_request_header("traceparent", "00-1") == dataclasses.replace(
+        plan, request_headers=(("k", "v"), ("traceparent", "00-1")))
