@@ -17,6 +17,7 @@ EXT_PROC_FILTER = "envoy.filters.http.ext_proc"
 ROUTE_METADATA_ATTRIBUTE = "xds.route_metadata"
 ROUTE_NAME_ATTRIBUTE = "xds.route_name"
 METADATA_NAMESPACE = "sluice"
+SIDECAR_REPLY_KEY = "sidecar_reply"
 
 _BODY_MODES = {BodyMode.NONE: mode_pb2.ProcessingMode.NONE,
                BodyMode.BUFFERED: mode_pb2.ProcessingMode.BUFFERED,
@@ -115,10 +116,14 @@ def extend_message_timeout(seconds: float) -> pb.ProcessingResponse:
 
 def encode(reply: Reply) -> pb.ProcessingResponse:
     if isinstance(reply, ImmediateReply):
-        return pb.ProcessingResponse(immediate_response=pb.ImmediateResponse(
+        response = pb.ProcessingResponse(immediate_response=pb.ImmediateResponse(
             status=http_status_pb2.HttpStatus(code=reply.status),
             headers=pb.HeaderMutation(set_headers=_header_options(reply.headers)),
             body=reply.body))
+        # Marks the answer as the sidecar's: Envoy's local-reply mappers (envoy.yaml.tmpl) rewrite
+        # Envoy's own 429s into OpenAI's shape and must leave the sidecar's (already so) alone.
+        response.dynamic_metadata.update({METADATA_NAMESPACE: {SIDECAR_REPLY_KEY: True}})
+        return response
     response = pb.ProcessingResponse()
     if reply.phase is Phase.REQUEST_HEADERS:
         response.request_headers.response.CopyFrom(_common(reply))

@@ -29,6 +29,21 @@ def message_timer(event_type: type):
     return timer
 
 
+_REQUEST_COUNTERS: dict = {}
+
+
+def count_request(route: str, cluster: str, outcome: str, status: int | None) -> None:
+    """sluice_requests_total += 1, with the label child cached (labels() is ~1.5 µs a call);
+    the labels' values are few (routes x clusters x outcomes x status classes)."""
+    key = (route, cluster, outcome, status)
+    counter = _REQUEST_COUNTERS.get(key)
+    if counter is None:
+        if len(_REQUEST_COUNTERS) > 10_000:    # bounded all the same: a churn of route names
+            _REQUEST_COUNTERS.clear()
+        counter = _REQUEST_COUNTERS[key] = REQUESTS.labels(route, cluster, outcome, status_class(status))
+    counter.inc()
+
+
 def status_class(status: int | None) -> str:
     return f"{status // 100}xx" if status else "none"
 

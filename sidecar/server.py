@@ -96,8 +96,7 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):
             except Exception:       # a bug there must not cost the request its metrics and log line
                 log.exception("director.on_finish failed")
             if ctx.outcome is not None:
-                metrics.REQUESTS.labels(ctx.route_name, ctx.cluster or "", ctx.outcome.value,
-                                        metrics.status_class(ctx.status)).inc()
+                metrics.count_request(ctx.route_name, ctx.cluster or "", ctx.outcome.value, ctx.status)
             self._record(ctx, trace)
 
     def _start_decision(self, ctx, trace: RequestTrace | None) -> eager.Started:

@@ -91,7 +91,9 @@ def test_tenant_request_limit_gives_429_with_retry_after(stack):
     statuses = [post(stack, "/limited/", key="tenant-x").status_code for _ in range(2)]
     refused = post(stack, "/limited/", key="tenant-x")
     assert statuses == [200, 200] and refused.status_code == 429
-    assert refused.json()["error"]["type"] == "rate_limit_error"
+    error = refused.json()["error"]
+    assert error["type"] == "rate_limit_error"
+    assert "admission control" in error["message"]              # the sidecar's own words, not Envoy's mapper's
     assert 20 <= int(refused.headers["retry-after"]) <= 31      # 2 per minute: one every 30 s
     assert post(stack, "/limited/", key="tenant-y").status_code == 200   # another tenant
 
