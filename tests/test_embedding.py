@@ -99,6 +99,17 @@ async def test_many_concurrent_callers_each_get_their_own_vector(model):
     assert max(runs) > 1  # it did batch
 
 
+async def test_two_model_runs_at_once_give_each_caller_its_own_vector(model):
+    # Two workers call the one session from two threads at the same time.
+    texts = [f"concurrent question {i}: " + "how " * (i % 23) for i in range(80)]
+    expected = {t: alone(model, t) for t in texts}
+    batcher = batcher_for(model, workers=2, min_group=1, max_batch=4)
+    vectors = await asyncio.gather(*(batcher.embed(t) for t in texts))
+    await batcher.close()
+    for text, vector in zip(texts, vectors):
+        np.testing.assert_allclose(vector, expected[text], atol=1e-5, rtol=0)
+
+
 def _recording(model, batch, runs):
     runs.append(len(batch))
     yield from model.encoder.encode_iter(batch)

@@ -223,3 +223,44 @@ async def test_a_lone_caller_never_waits_for_a_batch_after_a_run():
         await batcher.embed("again")
     assert time.perf_counter() - started < 0.2
     await batcher.close()
+
+
+async def test_with_two_workers_a_text_that_comes_during_a_run_starts_at_once():
+    gate = threading.Event()
+    encoder = FakeEncoder(gate=gate)
+    batcher = make(encoder, workers=2)
+    first = asyncio.ensure_future(batcher.embed("first"))
+    await asyncio.sleep(0.01)            # worker 1 holds "first" at the gate
+    second = asyncio.ensure_future(batcher.embed("second!"))
+    await asyncio.sleep(0.01)            # worker 2 has taken it and waits at the gate too
+    assert batcher.queued == 0
+    gate.set()
+    assert [r[0] for r in await asyncio.gather(first, second)] == [5, 7]
+    assert sorted(map(tuple, encoder.calls)) == [("first",), ("second!",)]
+    await batcher.close()
+
+
+async def test_never_more_runs_at_once_than_workers():
+    running, most = 0, 0
+    lock = threading.Lock()
+
+    def encode_iter(texts):
+        nonlocal running, most
+        with lock:
+            running += 1
+            most = max(most, running)
+        time.sleep(0.005)
+        with lock:
+            running -= 1
+        yield list(range(len(texts))), [np.array([len(t)], np.float32) for t in texts]
+
+    batcher = Batcher(encode_iter, max_batch=4, max_wait_s=0, max_queue=256, min_group=1, workers=2)
+    results = await asyncio.gather(*(batcher.embed("t" * n) for n in range(1, 41)))
+    assert [r[0] for r in results] == list(range(1, 41))
+    assert most == 2
+    await batcher.close()
+
+
+def test_workers_must_be_positive():
+    with pytest.raises(ValueError):
+        Batcher(FakeEncoder().encode_iter, max_batch=4, max_wait_s=0, max_queue=4, workers=0)

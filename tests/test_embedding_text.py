@@ -257,10 +257,16 @@ def test_max_batch_zero_means_the_providers_default():
     assert EmbeddingSettings(max_batch=16).batch_ceiling(on_gpu=True) == 16
 
 
+def test_workers_zero_means_two_on_a_cpu_and_one_on_a_gpu():
+    assert EmbeddingSettings().worker_count(on_gpu=False) == 2
+    assert EmbeddingSettings().worker_count(on_gpu=True) == 1
+    assert EmbeddingSettings(workers=3).worker_count(on_gpu=True) == 3
+
+
 @pytest.mark.parametrize("field, value", [
     ("provider", "tpu"), ("intra_op_threads", -1), ("max_batch", -1), ("max_batch", 2.5),
     ("max_wait_ms", -1), ("max_wait_ms", float("nan")), ("max_queue", 0), ("max_tokens", 2),
-    ("max_tokens", 513), ("model_sha256", "xyz"), ("max_batch", True),
+    ("max_tokens", 513), ("model_sha256", "xyz"), ("max_batch", True), ("workers", -1),
 ])
 def test_bad_settings_name_the_field(field, value):
     with pytest.raises(ConfigError, match=field):

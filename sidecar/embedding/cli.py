@@ -24,7 +24,7 @@ EXIT_NO_VECTOR = 1
 EXIT_BAD_CONFIG = 2
 EXIT_LOAD_FAILED = 3
 _ENV_HELP = ("settings from SLUICE_EMBED_* variables: MODEL_PATH, MODEL_SHA256, TOKENIZER_PATH, "
-             "PROVIDER, INTRA_OP_THREADS, MAX_BATCH, MAX_WAIT_MS, MAX_QUEUE, MAX_TOKENS")
+             "PROVIDER, INTRA_OP_THREADS, MAX_BATCH, WORKERS, MAX_WAIT_MS, MAX_QUEUE, MAX_TOKENS")
 
 
 def add_subcommands(subparsers: argparse._SubParsersAction) -> None:

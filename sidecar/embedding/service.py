@@ -64,6 +64,7 @@ class EmbeddingService:
         on_gpu = model.provider == CUDA
         self._batcher = Batcher(model.encoder.encode_iter, max_batch=model.encoder.max_batch,
                                 min_group=self.settings.min_group(on_gpu),
+                                workers=self.settings.worker_count(on_gpu),
                                 max_wait_s=self.settings.max_wait_s,
                                 max_queue=self.settings.max_queue, metrics=self._metrics)
 

@@ -21,6 +21,7 @@ _SHA256 = re.compile(r"[0-9a-f]{64}")
 # texts (sidecar.embedding.batcher says why; bench/embed.py measures it).
 CPU_MAX_BATCH = 32
 CPU_MIN_GROUP = 4
+CPU_WORKERS = 2
 # On a GPU a run of 128 short texts costs little more than a run of one.
 GPU_MAX_BATCH = 128
 
@@ -36,13 +37,18 @@ class EmbeddingSettings:
     # auto: CUDA when onnxruntime-gpu sees a GPU, else CPU. cuda: fail the start without one.
     provider: str = "auto"
     # onnxruntime intra-op threads per model run; 0 lets onnxruntime use every core.
-    # 2 measured best on the 2-core box, alone and batched (bench/embed.py); use 1 where
-    # other work on the box (Envoy at full load) needs the second core.
-    intra_op_threads: int = 2
+    # 1: on the 2-core box a run split over two threads took 40 % more CPU per text than
+    # a run on one (the threads meet at every one of the graph's ~100 parallel sections),
+    # and Envoy and the event loop need that CPU; two workers (below) use both cores
+    # under load instead. A lone text on an idle box is about 1 ms faster on 2 threads.
+    intra_op_threads: int = 1
     # Most texts the worker takes at once (and so in one model run). 0 = by provider:
     # CPU_MAX_BATCH on a CPU, GPU_MAX_BATCH on a GPU, where fewer are used when memory
     # is short.
     max_batch: int = 0
+    # Model runs at once (worker threads sharing the session). 0 = by provider:
+    # CPU_WORKERS on a CPU, 1 on a GPU.
+    workers: int = 0
     # Most extra time a text waits for others to fill a batch, once the model is busy.
     # A text that arrives while the model is idle and nothing is queued runs at once.
     max_wait_ms: float = 0.0
@@ -61,6 +67,7 @@ class EmbeddingSettings:
                               "(sha256sum of the model file; it is checked at load)")
         _check_range("intra_op_threads", self.intra_op_threads, 0, 256)
         _check_range("max_batch", self.max_batch, 0, 4096)
+        _check_range("workers", self.workers, 0, 64)
         _check_range("max_wait_ms", self.max_wait_ms, 0, 1000, integer=False)
         _check_range("max_queue", self.max_queue, 1, 1_000_000)
         _check_range("max_tokens", self.max_tokens, 3, MODEL_POSITION_LIMIT)
@@ -68,6 +75,10 @@ class EmbeddingSettings:
     def batch_ceiling(self, on_gpu: bool) -> int:
         """max_batch, or the provider's default when it is 0."""
         return self.max_batch or (GPU_MAX_BATCH if on_gpu else CPU_MAX_BATCH)
+
+    def worker_count(self, on_gpu: bool) -> int:
+        """workers, or the provider's default when it is 0."""
+        return self.workers or (1 if on_gpu else CPU_WORKERS)
 
     def min_group(self, on_gpu: bool) -> int | None:
         """The batcher's min_group: None on a GPU (take all it may), CPU_MIN_GROUP on a CPU."""
