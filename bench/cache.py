@@ -23,7 +23,9 @@ One run, about 3.5 minutes on the 2-core box; real Envoy + the Sluice sidecar + 
    for two bodies: bench.overhead's ~2 KB one and a short question (the per-request cost of
    an exact hit grows with the prompt's length). Semantic hits (rotating the paraphrase
    bodies; each request embeds its text once) against the embedder's own texts/s on the
-   same texts (EmbeddingService in this process, concurrency 32, with the stack idle).
+   same texts at the same concurrency (EmbeddingService in this process, as many closed-loop
+   callers as wrk had connections, with the stack idle). The embedder's rate depends on
+   its callers (deeper queues make bigger groups), so each point is compared with its own.
 4. TTFT of streamed cache misses: on a cacheable miss the sidecar asks Envoy for the
    response body (STREAMED for SSE), so it sits on the token path. Fresh prompts, upstream
    ttft 100 ms and 30 tokens, alternating between the cached route and a route with
@@ -59,7 +61,6 @@ ZIPF_S = 1.1
 SEED = 11
 SOURCES = ("qqp", "mrpc-train", "stsb-train")
 TTFT_PROMPTS = 40
-EMBED_CLIENTS = 32
 HEADERS = {"authorization": "Bearer bench", "content-type": "application/json"}
 MODEL = "demo-model"
 
@@ -358,11 +359,18 @@ def ttft_phase(stack: Stack, texts: list[str]) -> dict:
 
 # ---------------------------------------------------------------- the embedder alone
 
-async def embedder_rate(texts: list[str], clients: int, seconds: float) -> dict:
+async def embedder_rates(texts: list[str], clients: list[int], seconds: float) -> dict[str, dict]:
+    """The embedder's texts/s at each number of closed-loop callers (one loaded model)."""
     from sidecar.embedding import EmbeddingService, EmbeddingSettings
     service = EmbeddingService(EmbeddingSettings.from_env())
     await service.warm_up()
+    try:
+        return {str(c): await _embedder_rate(service, texts, c, seconds) for c in clients}
+    finally:
+        await service.close()
 
+
+async def _embedder_rate(service, texts: list[str], clients: int, seconds: float) -> dict:
     async def closed_loop(duration: float) -> tuple[int, float]:
         done, cursor = 0, iter(range(10**9))
         deadline = time.perf_counter() + duration
@@ -376,24 +384,23 @@ async def embedder_rate(texts: list[str], clients: int, seconds: float) -> dict:
         await asyncio.gather(*(client() for _ in range(clients)))
         return done, time.perf_counter() - started
 
-    try:
-        await closed_loop(1.0)                        # warm-up
-        done, elapsed = await closed_loop(seconds)
-    finally:
-        await service.close()
+    await closed_loop(1.0)                            # warm-up
+    done, elapsed = await closed_loop(seconds)
     return {"clients": clients, "texts": done, "seconds": elapsed, "texts_per_s": done / elapsed,
             "settings": dataclasses.asdict(service.settings)}
 
 
 def embed_report_reference() -> dict | None:
-    """The batcher at 32 clients from reports/embed.json (bench.embed), when present."""
+    """The batcher as served, at 32 clients, from reports/embed.json (bench.embed), when present."""
+    from sidecar.embedding import EmbeddingSettings
+    threads = EmbeddingSettings.from_env().intra_op_threads
     path = report.ROOT / "reports" / "embed.json"
     try:
         rows = json.loads(path.read_text())["rows"]
     except (OSError, ValueError, KeyError):
         return None
     for row in rows:
-        if row.get("mode") == "batcher" and row.get("clients") == 32 and row.get("threads") == 2:
+        if row.get("mode") == "batcher" and row.get("clients") == 32 and row.get("threads") == threads:
             return {"texts_per_s": row["texts_per_s"], "time": json.loads(path.read_text()).get("time")}
     return None
 
@@ -453,8 +460,9 @@ def run_cache_stack(work: pathlib.Path, args, pairs, stream, ttft_texts, exact_b
         out["wrk_semantic"] = [{"concurrency": c, **wrk_rotate(url, semantic_bodies, c, duration(args, c))}
                                for c in CONCURRENCY] if semantic_bodies else []
 
-        log(f"[3/5] the embedder alone in this process: {EMBED_CLIENTS} clients, {args.embed_seconds:g} s")
-        out["embedder"] = asyncio.run(embedder_rate(semantic_texts or texts, EMBED_CLIENTS, args.embed_seconds))
+        clients = [c for c in CONCURRENCY if c > 1]
+        log(f"[3/5] the embedder alone in this process: {clients} clients, {args.embed_seconds:g} s each")
+        out["embedder"] = asyncio.run(embedder_rates(semantic_texts or texts, clients, args.embed_seconds))
 
         log(f"[4/5] streamed misses: {len(ttft_texts)} fresh prompts on the cached and the cache-off route")
         httpx.post(f"http://127.0.0.1:{stack.upstream_port('a')}/admin/config", json=STREAM_CONFIG,
@@ -543,7 +551,7 @@ def main() -> int:
                      "stream_upstream": STREAM_CONFIG, "wrk_seconds": args.seconds,
                      "wrk_seconds_c1": args.seconds_c1,
                      "exact_body_bytes": {k: len(v) for k, v in exact_bodies.items()},
-                     "semantic_bodies": cache["semantic_texts"], "embed_clients": EMBED_CLIENTS},
+                     "semantic_bodies": cache["semantic_texts"], "embed_clients": [c for c in CONCURRENCY if c > 1]},
         "quality": quality_out,
         "latency_c1": latency_out,
         "throughput": throughput_out,
@@ -628,15 +636,15 @@ def print_throughput(cache: dict, noop: dict) -> dict:
             rows.append({"workload": name, "concurrency": p["concurrency"], "req/s": p["rps"],
                          "p50 ms": p["p50_ms"], "p99 ms": p["p99_ms"], "errors": p["errors"], "tiers seen": seen})
     print(report.table(rows, ["workload", "concurrency", "req/s", "p50 ms", "p99 ms", "errors", "tiers seen"]))
-    embed_rate = cache["embedder"]["texts_per_s"]
+    embed_rates = {c: e["texts_per_s"] for c, e in cache["embedder"].items()}
     reference = embed_report_reference()
     exact_over_noop = {body: {str(p["concurrency"]): p["rps"] / n["rps"]
                               for p, n in zip(points, noop[body]) if p["concurrency"] > 1}
                        for body, points in cache["wrk_exact"].items()}
-    semantic_over_embed = {str(p["concurrency"]): p["rps"] / embed_rate for p in cache["wrk_semantic"]
-                           if p["concurrency"] > 1}
-    print(f"embedder alone (this process, {EMBED_CLIENTS} clients, the same texts, stack idle): "
-          f"{embed_rate:.0f} texts/s"
+    semantic_over_embed = {str(p["concurrency"]): p["rps"] / embed_rates[str(p["concurrency"])]
+                           for p in cache["wrk_semantic"] if p["concurrency"] > 1}
+    print("embedder alone (this process, the same texts, stack idle), texts/s: "
+          + ", ".join(f"{c} clients: {r:.0f}" for c, r in embed_rates.items())
           + (f" (reports/embed.json, batcher, 32 clients: {reference['texts_per_s']:.0f})" if reference else ""))
     for body, ratios in exact_over_noop.items():
         print(f"exact hit / noop req/s, {body} body: " + ", ".join(f"c={c}: {r:.2f}" for c, r in ratios.items()))

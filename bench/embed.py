@@ -1,6 +1,6 @@
 """Embedding engine: the micro-batcher against one text at a time, on this machine's CPU.
 
-Run: `make bench-embed` (= `.venv/bin/python -m bench.embed`); about 2.5 minutes.
+Run: `make bench-embed` (= `.venv/bin/python -m bench.embed`); about 3 minutes.
 
 Workload: prompts from the paraphrase set (fields a and b of
 ../shared/data/paraphrase/dev.jsonl beside the repo, or $SLUICE_PARAPHRASE), shuffled
@@ -12,7 +12,9 @@ Modes (the same loaded model and session; onnxruntime intra-op threads varied):
   one-at-a-time  each request is one model run of one text on one worker thread
                  (await run_in_executor), the best a server without batching can do;
   batcher        sidecar.embedding.batcher as served with the default settings (on a
-                 CPU: groups of a quarter of the backlog, 4 to 32 texts; no timer);
+                 CPU: groups of a quarter of the backlog, 4 to 32 texts; no timer; two
+                 workers, so two model runs at once);
+  batcher/1 worker  the same with one model run at a time (the default before two);
   take-all/32    the worker takes everything queued, up to 32 (the GPU policy), to
                  show what big groups cost the tail on a CPU;
   batcher+wait2  the defaults with max_wait_ms=2, to show what a fill timer costs on a CPU.
@@ -43,8 +45,9 @@ from sidecar.embedding.settings import EmbeddingSettings
 
 CONCURRENCY = (1, 8, 32, 128)
 # Batcher modes: (max_wait_ms, take all up to max_batch); None = the settings' default.
-MODES = {"one-at-a-time": None, "batcher": (None, False), "take-all/32": (None, True),
-         "batcher+wait2": (2.0, False)}
+# workers: model runs at once (None = the settings' default).
+MODES = {"one-at-a-time": None, "batcher": (None, False, None), "batcher/1 worker": (None, False, 1),
+         "take-all/32": (None, True, None), "batcher+wait2": (2.0, False, None)}
 THREADS = (1, 2)
 ROUNDS = 3
 SECONDS = 1.2
@@ -118,10 +121,11 @@ async def run_cell(model, mode: str, clients: int, texts: list[str], seconds: fl
             return await closed_loop(embed, texts, clients, seconds, offset)
         finally:
             worker.shutdown()
-    wait_ms, take_all = MODES[mode]
-    settings = EmbeddingSettings.from_env(max_wait_ms=wait_ms)
+    wait_ms, take_all, workers = MODES[mode]
+    settings = EmbeddingSettings.from_env(max_wait_ms=wait_ms, workers=workers)
     batcher = Batcher(model.encoder.encode_iter, max_batch=model.encoder.max_batch,
                       min_group=None if take_all else settings.min_group(on_gpu=False),
+                      workers=settings.worker_count(on_gpu=False),
                       max_wait_s=settings.max_wait_s, max_queue=1024)
     try:
         return await closed_loop(batcher.embed, texts, clients, seconds, offset)
@@ -209,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
                 for mode, runs in cells.items():
                     row = {"threads": threads, "clients": clients, "mode": mode, **summarize(runs)}
                     rows.append(row)
-                    print(f"  threads={threads} clients={clients:3} {mode:14} "
+                    print(f"  threads={threads} clients={clients:3} {mode:16} "
                           f"{row['texts_per_s']:7.1f} texts/s  p50 {row['p50_ms']:7.2f} ms  "
                           f"p99 {row['p99_ms']:7.2f} ms", flush=True)
         loads[-1]["rss_peak_under_load_mb"] = round(rss.peak, 1)
