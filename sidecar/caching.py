@@ -124,6 +124,15 @@ class CachingDirector:
 
     # --- decision -----------------------------------------------------------------------
 
+    def decide_now(self, ctx: RequestContext) -> Plan | None:
+        """On a route without the cache, the routing director's plan when it needs no waiting;
+        None where a cache lookup may wait (Redis, the embedder): then the server awaits decide."""
+        settings = self._route_cache(ctx)
+        if settings is not None and settings.policy.enabled:
+            return None
+        plan = self._inner.decide_now(ctx)
+        return None if plan is None else self._passed_on(ctx, "bypass", None, plan)
+
     async def decide(self, ctx: RequestContext) -> Plan:
         settings = self._route_cache(ctx)
         if settings is None or not settings.policy.enabled:
@@ -252,6 +261,10 @@ class CachingDirector:
             if capture is not None:
                 capture.abandon()
             raise
+        return self._passed_on(ctx, status, capture, plan)
+
+    def _passed_on(self, ctx: RequestContext, status: str, capture: Capture | None, plan: Plan) -> Plan:
+        """The routing director's plan for a request the cache did not answer."""
         ctx.cache_status = status
         if status == "miss":
             metrics.CACHE_LOOKUPS.labels(ctx.route_name, "miss").inc()

@@ -13,6 +13,11 @@ from sidecar.events import Plan
 
 
 class Director(Protocol):
+    def decide_now(self, ctx: RequestContext) -> Plan | None:
+        """The plan when it needs no waiting, else None: the server then awaits `decide` in a
+        task. (Running `decide`'s first step outside a task would let code in it that captures
+        the current task, such as asyncio.timeout, cancel the wrong one.)"""
+
     async def decide(self, ctx: RequestContext) -> Plan: ...
 
     def on_response_headers(self, ctx: RequestContext) -> None:

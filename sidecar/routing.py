@@ -54,7 +54,27 @@ class RoutingDirector:
 
     # --- decision -----------------------------------------------------------------------
 
+    def decide_now(self, ctx: RequestContext) -> Plan | None:
+        """The plan when deciding needs no waiting (the route has no admission), else None and
+        the server awaits `decide` in a task. Most requests are decided here, without one."""
+        route = self._resolve(ctx)
+        if not isinstance(route, RoutePlan):
+            return route
+        if self._admission_settings(ctx) is not None:
+            return None
+        return self._schedule(ctx, route)
+
     async def decide(self, ctx: RequestContext) -> Plan:
+        route = self._resolve(ctx)
+        if not isinstance(route, RoutePlan):
+            return route
+        admission = self._admission_settings(ctx)
+        if admission is None:
+            return self._schedule(ctx, route)
+        return await self._schedule_admitted(ctx, route, admission)
+
+    def _resolve(self, ctx: RequestContext) -> RoutePlan | Plan:
+        """The route's plan, or the (empty) Plan that keeps Envoy's default cluster."""
         route = ctx.route
         if isinstance(route, RouteSettings) and route.candidates:
             route = self._route_plan(route, ctx.route_name)
@@ -64,7 +84,7 @@ class RoutingDirector:
         if not isinstance(route, RoutePlan):
             ctx.outcome = Outcome.DEFAULT
             return Plan()
-        return await self._schedule(ctx, route)
+        return route
 
     def _route_plan(self, route: RouteSettings, route_name: str) -> RoutePlan | RouteSettingsError:
         plan = self._plan_of.get(route, self._build_plan, route_name)
@@ -94,22 +114,30 @@ class RoutingDirector:
             self._plans[key] = plan
         return plan
 
-    async def _schedule(self, ctx: RequestContext, plan: RoutePlan) -> Plan:
+    def _schedule(self, ctx: RequestContext, plan: RoutePlan) -> Plan:
         now = self._clock()
-        admission = self._admission_settings(ctx)
-        candidates = plan.candidates if admission is None else plan.unbounded_candidates
         with tracing.span("sluice.schedule"):
-            decision = self.scheduler.pick(candidates, now, plan.policy)
+            decision = self.scheduler.pick(plan.candidates, now, plan.policy)
         debug = (("x-sluice-debug", decision.debug_header()),) if plan.debug_header else ()
         if not decision.available:
             return self._unavailable(ctx, decision, debug)
-        if admission is not None:
-            decision = await self._admit(ctx, plan, decision, admission)
-            if not isinstance(decision, Decision):
-                return decision                      # a refusal (Plan with a reply)
-            if not decision.available:
-                return self._unavailable(ctx, decision, debug)
-            now = self._clock()
+        return self._routed(ctx, plan, decision, now, debug)
+
+    async def _schedule_admitted(self, ctx: RequestContext, plan: RoutePlan, admission: RouteAdmission) -> Plan:
+        with tracing.span("sluice.schedule"):
+            decision = self.scheduler.pick(plan.unbounded_candidates, self._clock(), plan.policy)
+        debug = (("x-sluice-debug", decision.debug_header()),) if plan.debug_header else ()
+        if not decision.available:
+            return self._unavailable(ctx, decision, debug)
+        decision = await self._admit(ctx, plan, decision, admission)
+        if not isinstance(decision, Decision):
+            return decision                      # a refusal (Plan with a reply)
+        if not decision.available:
+            return self._unavailable(ctx, decision, debug)
+        return self._routed(ctx, plan, decision, self._clock(), debug)
+
+    def _routed(self, ctx: RequestContext, plan: RoutePlan, decision: Decision, now: float, debug: tuple) -> Plan:
+        """The request goes to decision.cluster now: signals, timeout, headers."""
         self.scheduler.on_send(decision, now)
         ctx.sent_at = now
         ctx.decision, ctx.outcome, ctx.cluster = decision, Outcome.ROUTED, decision.cluster

@@ -18,7 +18,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from grpc_health.v1 import _async as health_async
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from sidecar import codec, eager, logs, metrics, reload
+from sidecar import codec, logs, metrics, reload
 from sidecar.access_log import FLUSH_S, AccessLog
 from sidecar.admin import AdminService, DrainStarted, admin_parts
 from sidecar.app import App, build
@@ -39,6 +39,14 @@ EXT_PROC_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
 # EXTEND_AFTER_S asks for EXTENDED_MESSAGE_TIMEOUT_S, which must not exceed max_message_timeout.
 EXTEND_AFTER_S = 0.5
 EXTENDED_MESSAGE_TIMEOUT_S = 60.0
+
+
+async def _done_within(task: asyncio.Future, seconds: float) -> bool:
+    await asyncio.sleep(0)          # many waits end in their first step: no timer needed
+    if task.done():
+        return True
+    done, _ = await asyncio.wait({task}, timeout=seconds)
+    return bool(done)
 
 
 class ExternalProcessor(pb_grpc.ExternalProcessorServicer):
@@ -66,12 +74,11 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):
                 if isinstance(reply, Decide):
                     if self._tracing is not None:
                         trace = self._tracing.begin(ctx, parse_s=time.perf_counter() - started)
-                    step = self._start_decision(ctx, trace)
-                    plan, decision = step.result, step.task
-                    if decision is not None:
+                    plan = self._decide_now(ctx, trace)
+                    if plan is None:
+                        decision = self._start_decision(ctx, trace)
                         try:
-                            done, _ = await asyncio.wait({decision}, timeout=EXTEND_AFTER_S)
-                            if not done:
+                            if not await _done_within(decision, EXTEND_AFTER_S):
                                 # Queued or waiting for a twin's answer: keep Envoy from timing
                                 # the message out (and failing open past the gate).
                                 yield codec.extend_message_timeout(EXTENDED_MESSAGE_TIMEOUT_S)
@@ -99,12 +106,17 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):
                 metrics.count_request(ctx.route_name, ctx.cluster or "", ctx.outcome.value, ctx.status)
             self._record(ctx, trace)
 
-    def _start_decision(self, ctx, trace: RequestTrace | None) -> eager.Started:
-        """The director's decision, run at once; a task only when it has to wait (or when its
-        span is recorded: spans of its stages need the task's context)."""
+    def _decide_now(self, ctx, trace: RequestTrace | None):
+        """Most decisions need no waiting and no task; a recorded span needs the task path (its
+        stages' spans attach through the task's context)."""
         if trace is not None and trace.recording:
-            return eager.Started(False, task=trace.start(self._director.decide(ctx)))
-        return eager.start(self._director.decide(ctx))
+            return None
+        return self._director.decide_now(ctx)
+
+    def _start_decision(self, ctx, trace: RequestTrace | None) -> asyncio.Future:
+        if trace is not None:
+            return trace.start(self._director.decide(ctx))
+        return asyncio.ensure_future(self._director.decide(ctx))
 
     def _record(self, ctx, trace: RequestTrace | None) -> None:
         """The request's span and its line in the request log; never fails the stream."""

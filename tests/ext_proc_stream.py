@@ -55,6 +55,9 @@ class FakeDirector:
     def __init__(self, cluster: str = "upstream_a", plan: Plan | None = None, during=None):
         self.cluster, self.plan, self.during = cluster, plan, during
 
+    def decide_now(self, ctx):
+        return None          # always the awaited path, like a director that waits
+
     async def decide(self, ctx) -> Plan:
         if self.during is not None:
             self.during()
