@@ -206,3 +206,31 @@ def test_exact_key_depends_on_scope_and_normalised_prompt():
     assert exact_key(s, "x") != exact_key(scope(chat(model="m2")), "x")
     assert re.fullmatch(r"[0-9a-f]{64}", exact_key(s, "x"))
     assert exact_key(s, "a\ud800") == exact_key(s, "a")          # lone surrogates removed
+
+
+def test_exact_text_shortcuts_give_what_the_substitutions_give():
+    import random
+
+    from sidecar.cache import scope
+    from sidecar.embedding.normalize import normalize_text
+    rng = random.Random(5)
+    pieces = ["a", "b", "?", " ", "  ", "\t", "\n", " \n", "\t\n", "é", "\u200b", "x y"]
+    for _ in range(3000):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 12)))
+        spelled_out = scope._INNER_BLANKS.sub(" ", scope._TRAILING_BLANKS.sub("", normalize_text(text)))
+        assert exact_text(text) == spelled_out, repr(text)
+
+
+def test_time_words_prefilter_never_hides_a_match():
+    import random
+
+    from sidecar.cache.policy import TIME_SENSITIVE_WORDS, _time_pattern
+    from sidecar.embedding.normalize import normalize_text
+    from sidecar.cache.policy import time_sensitive_word
+    rng = random.Random(9)
+    filler = ["what", "is", "the", "of", "(", ")", "-", "'", ",", " ", "\n", "¿", "«", "Now", "nowhere",
+              "right", "this", "week", "up", "to", "date", "aujourd", "hui", "今天", "日本語"]
+    for _ in range(3000):
+        text = " ".join(rng.choice(filler) for _ in range(rng.randint(0, 10)))
+        match = _time_pattern(TIME_SENSITIVE_WORDS).search(normalize_text(text))
+        assert time_sensitive_word(text) == (match.group(0) if match else None), repr(text)

@@ -326,3 +326,17 @@ def test_cuda_without_onnxruntime_gpu_fails_the_load_clearly():
     from sidecar.embedding.runtime import choose_providers
     with pytest.raises(ModelLoadError, match="onnxruntime-gpu"):
         choose_providers("cuda", ["CPUExecutionProvider"])
+
+
+def test_the_ascii_fast_path_normalises_exactly_as_the_general_one():
+    import random
+
+    from sidecar.embedding import normalize
+    rng = random.Random(3)
+    alphabet = [chr(c) for c in range(0x80)] + ["\r\n"] * 5 + [" "] * 20
+
+    for _ in range(2000):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 40)))
+        # the general path's steps, spelled out
+        expected = unicodedata.normalize("NFKC", _REMOVED.sub("", normalize._LINE_BREAKS.sub("\n", text))).strip()
+        assert normalize_text(text) == expected, repr(text)

@@ -174,11 +174,41 @@ def _time_pattern(words: tuple[str, ...]) -> re.Pattern[str]:
     return re.compile("|".join(alternatives), re.IGNORECASE)
 
 
+_TOKEN = re.compile(r"\w+")
+# ASCII text: every non-word character to a space, then split (4x faster than _TOKEN.findall).
+_ASCII_NON_WORD = str.maketrans({chr(c): " " for c in range(128) if not _TOKEN.fullmatch(chr(c))})
+
+
+def _tokens(lower: str) -> list[str]:
+    return lower.translate(_ASCII_NON_WORD).split() if lower.isascii() else _TOKEN.findall(lower)
+
+
+@functools.lru_cache(maxsize=64)
+def _time_prefilter(words: tuple[str, ...]) -> tuple[frozenset[str], tuple[str, ...]]:
+    """(the lower-case first token of every word-bounded entry, the CJK entries): a prompt
+    that has none of those first tokens and contains no CJK entry cannot match the pattern."""
+    firsts, bare = set(), []
+    for word in {normalize_text(w).lower() for w in words}:
+        if _CJK.search(word):
+            bare.append(word)
+        else:
+            firsts.add(_TOKEN.findall(word)[0])
+    return frozenset(firsts), tuple(bare)
+
+
 def time_sensitive_word(text: str, words: tuple[str, ...] = TIME_SENSITIVE_WORDS) -> str | None:
-    """The first time-sensitive word in the text (as in its normalised form); None if none."""
+    """The first time-sensitive word in the text (as in its normalised form); None if none.
+
+    Most prompts have none: a set lookup of their words rules that out before the pattern (an
+    alternation of ~150 words, tried at every position: ~0.4 ms on a 2 KB prompt) runs."""
     if not words:
         return None
-    match = _time_pattern(words).search(normalize_text(text))
+    normal = normalize_text(text)
+    firsts, bare = _time_prefilter(words)
+    lower = normal.lower()
+    if firsts.isdisjoint(_tokens(lower)) and not any(word in lower for word in bare):
+        return None
+    match = _time_pattern(words).search(normal)
     return match.group(0) if match else None
 
 
