@@ -22,8 +22,8 @@ Policy, and why:
   so short texts of a group are not held for the long ones.
 - `workers` model runs may go at once (threads calling the one onnxruntime session, which
   is thread-safe): a text that comes while a run is going starts on a free worker at once
-  instead of waiting for that run. On a CPU, two one-thread runs on two cores cost about
-  a third less CPU per text than one run split over both cores (sidecar.embedding.settings).
+  instead of waiting for that run, and under load both cores run model code even when
+  Envoy or the event loop holds one of them in the middle of a split run.
 """
 from __future__ import annotations
 

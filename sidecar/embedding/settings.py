@@ -37,11 +37,11 @@ class EmbeddingSettings:
     # auto: CUDA when onnxruntime-gpu sees a GPU, else CPU. cuda: fail the start without one.
     provider: str = "auto"
     # onnxruntime intra-op threads per model run; 0 lets onnxruntime use every core.
-    # 1: on the 2-core box a run split over two threads took 40 % more CPU per text than
-    # a run on one (the threads meet at every one of the graph's ~100 parallel sections),
-    # and Envoy and the event loop need that CPU; two workers (below) use both cores
-    # under load instead. A lone text on an idle box is about 1 ms faster on 2 threads.
-    intra_op_threads: int = 1
+    # 2: a lone text on the idle 2-core box takes ~4.3 ms on two threads, ~5.8 on one.
+    # Under load the two workers (below) each run their own group, and a caller thread
+    # takes back the shards of its run that the busy pool thread has not started
+    # (bench/embed.py: 356 texts/s at 32 callers with two workers, 301 with one).
+    intra_op_threads: int = 2
     # Most texts the worker takes at once (and so in one model run). 0 = by provider:
     # CPU_MAX_BATCH on a CPU, GPU_MAX_BATCH on a GPU, where fewer are used when memory
     # is short.
