@@ -112,6 +112,7 @@ class Scheduler:
         self._on_transition = on_transition or (lambda transition: None)
         self._breakers: dict[str, CircuitBreaker] = {}
         self._hysteresis = Hysteresis()
+        self._only_decisions: dict[CandidateSpec, Decision] = {}
 
     # -- the decision ----------------------------------------------------------------------
 
@@ -145,8 +146,14 @@ class Scheduler:
         kept, _ = apply_filters((endpoint,))
         if not kept:
             return None
-        return Decision(cluster=spec.cluster, role=spec.role, degraded=spec.role == "fallback",
-                        model_rewrite=spec.model, dropped=_NONE_DROPPED)
+        decision = self._only_decisions.get(spec)     # immutable and the same every time
+        if decision is None:
+            if len(self._only_decisions) > 1024:
+                self._only_decisions.clear()
+            decision = self._only_decisions[spec] = Decision(
+                cluster=spec.cluster, role=spec.role, degraded=spec.role == "fallback",
+                model_rewrite=spec.model, dropped=_NONE_DROPPED)
+        return decision
 
     def _endpoint(self, spec: CandidateSpec, now: float) -> Endpoint:
         breaker = self._breaker(spec.cluster)

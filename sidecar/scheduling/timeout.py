@@ -1,6 +1,7 @@
 """Upstream timeout for one request, from its size and what the cluster has been observed to do."""
 from __future__ import annotations
 
+import functools
 import math
 import re
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ class TimeoutConfig:
         count("TimeoutConfig.default_max_tokens", self.default_max_tokens)
 
 
+@functools.lru_cache(maxsize=256)     # a route's few model names, asked on every request
 def model_size_b(model: str | None) -> float | None:
     """Parameters in billions as the name tells them: 'llama-3.1-70b' -> 70, 'mixtral-8x22b' -> 176."""
     sizes = [float(n or 1) * float(b) for n, b in _SIZE.findall(model or "")]
