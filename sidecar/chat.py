@@ -46,6 +46,17 @@ class ChatRequest:
         """All message text joined (what token estimates count); computed once per request."""
         return "".join(message_text(m) for m in self.messages)
 
+    @functools.cached_property
+    def prompt_parts(self):
+        """The last user turn's text and the key of the rest (sidecar.embedding.prompt), or
+        None when there is no user text; split once per request (scope, key and policy use it)."""
+        from sidecar.embedding.errors import NothingToEmbed
+        from sidecar.embedding.prompt import split_prompt
+        try:
+            return split_prompt(self.messages)
+        except NothingToEmbed:
+            return None
+
     @property
     def max_tokens(self) -> int | None:
         return self.sampling.get("max_completion_tokens", self.sampling.get("max_tokens"))

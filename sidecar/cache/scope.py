@@ -56,6 +56,7 @@ Pure functions; no I/O.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import json
@@ -65,7 +66,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from sidecar.chat import ChatRequest
-from sidecar.embedding import prompt as embedding_prompt
 from sidecar.embedding.errors import NothingToEmbed
 from sidecar.embedding.normalize import normalize_text
 
@@ -102,7 +102,7 @@ class CacheScope:
     params_key: str
     route: str = ""
 
-    @property
+    @functools.cached_property      # read several times a request
     def key(self) -> str:
         return _digest({"v": KEY_VERSION, "tenant": self.tenant, "model": self.model,
                         "route": self.route, "context": self.context_key,
@@ -111,8 +111,10 @@ class CacheScope:
 
 def _digest(value: Any) -> str:
     """SHA-256 hex of canonical JSON (sorted keys, no spaces, ASCII escapes)."""
-    canonical = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
-    return hashlib.sha256(canonical.encode("ascii")).hexdigest()
+    return hashlib.sha256(_CANONICAL.encode(value).encode("ascii")).hexdigest()
+
+
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=True)   # one for all
 
 
 # ---------------------------------------------------------------- tenant
@@ -160,7 +162,10 @@ def context_key(chat: ChatRequest) -> str:
     tool_choice and response_format. Raises ValueError (NothingToEmbed) when there is no
     user text; `cache_decision` bypasses such requests first ("not_text").
     """
-    messages_key = embedding_prompt.split_prompt(chat.messages).context_key
+    parts = chat.prompt_parts
+    if parts is None:
+        raise NothingToEmbed("no user message text")
+    messages_key = parts.context_key
     return _digest({"v": KEY_VERSION, "messages": messages_key, "tools": list(chat.tools),
                     "tool_choice": chat.tool_choice,
                     **{name: chat.sampling.get(name) for name in _CONTEXT_SAMPLING}})
@@ -219,10 +224,8 @@ def scope_for(chat: ChatRequest, headers: Mapping[str, str], policy: CachePolicy
 
 def prompt_text(chat: ChatRequest) -> str:
     """The last user turn's text, raw: what the cache compares ("" when there is none)."""
-    try:
-        return embedding_prompt.split_prompt(chat.messages).text
-    except NothingToEmbed:
-        return ""
+    parts = chat.prompt_parts
+    return "" if parts is None else parts.text
 
 
 def exact_text(prompt: str) -> str:

@@ -58,11 +58,13 @@ def split_prompt(messages: Sequence[Any]) -> PromptParts:
     return PromptParts(text=text, context_key=context_key(context))
 
 
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=True, default=repr)
+
+
 def context_key(value: Any) -> str:
     """SHA-256 hex of the canonical JSON of a JSON-like value."""
     try:
-        canonical = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True,
-                               default=repr)
+        canonical = _CANONICAL.encode(value)
     except (TypeError, ValueError) as exc:  # not JSON-like: mixed key types, a cycle
         raise NothingToEmbed(f"messages are not JSON-like: {exc}") from None
     return hashlib.sha256(canonical.encode("ascii")).hexdigest()
