@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.installed
 GEN     := sidecar/gen/.stamp
 PROTOS  := $(wildcard proto/sluice/v1/*.proto)
 
-.PHONY: all run test test-fast proto bench bench-overhead bench-embed bench-decode bench-route bench-overload bench-cache bench-index model-fp16 gpu-check docs lint system-deps clean
+.PHONY: all run test test-fast proto bench bench-overhead bench-embed bench-decode bench-route bench-overload bench-cache bench-index bench-instructions model-fp16 gpu-check docs lint system-deps clean
 
 all: $(STAMP) $(GEN)
 
@@ -57,6 +57,10 @@ bench-cache: all system-deps
 
 bench-index: all
 	$(BIN)/python -m bench.index
+
+# Instructions per request under callgrind: steady on a busy machine, unlike req/s.
+bench-instructions: all
+	$(BIN)/python -m bench.instructions
 
 # The fp16 model for GPUs, made reproducibly from the fp32 weights (a separate, large venv).
 EXPORT_VENV := build/export-venv
