@@ -37,11 +37,12 @@ class EmbeddingSettings:
     # auto: CUDA when onnxruntime-gpu sees a GPU, else CPU. cuda: fail the start without one.
     provider: str = "auto"
     # onnxruntime intra-op threads per model run; 0 lets onnxruntime use every core.
-    # 2: a lone text on the idle 2-core box takes ~4.3 ms on two threads, ~5.8 on one.
-    # Under load the two workers (below) each run their own group, and a caller thread
-    # takes back the shards of its run that the busy pool thread has not started
-    # (bench/embed.py: 356 texts/s at 32 callers with two workers, 301 with one).
-    intra_op_threads: int = 2
+    # 1, with two workers (below): through Envoy on the 2-core box, semantic hits/s at
+    # 16 and 64 connections were ~30% higher than with one worker on 2 threads (5 of 6
+    # same-minute comparisons), and a run cost ~15% less CPU per text; a run split over
+    # two threads stalls whenever Envoy or the event loop holds one of the cores. Alone
+    # on an idle box a lone text is ~1.3 ms faster on 2 threads (bench/embed.py).
+    intra_op_threads: int = 1
     # Most texts the worker takes at once (and so in one model run). 0 = by provider:
     # CPU_MAX_BATCH on a CPU, GPU_MAX_BATCH on a GPU, where fewer are used when memory
     # is short.
