@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 import pathlib
+import random
 import signal
 import socket
 import subprocess
@@ -23,10 +24,26 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 BIN = pathlib.Path(sys.executable).parent
 
 
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port nothing listens on, never handed out before by this process, and below Linux's
+    ephemeral range (32768-60999): a port from bind(0) is in that range, where any outgoing
+    connection may take it as its local port before our server binds it (seen: Envoy failing
+    with "address already in use" in a full test run)."""
+    for _ in range(1000):
+        port = random.randint(20000, 32000)
+        if port in _HANDED_OUT:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _HANDED_OUT.add(port)
+        return port
+    raise OSError("no free port in 20000-32000")
 
 
 def http_get(url: str, timeout: float = 1.0) -> tuple[int, str]:

@@ -6,12 +6,9 @@ import shutil
 import socket
 import subprocess
 import time
+from devtools.stack import free_port
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class RedisServer:

@@ -6,6 +6,7 @@ import time
 
 import pytest
 
+from devtools.stack import free_port
 from sidecar.admission.tokens import (
     LocalTokenLimiter,
     RateLimitRule,
@@ -165,10 +166,6 @@ async def test_the_fallback_share_scales_the_limits():
 # -- in Redis ----------------------------------------------------------------------------------
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

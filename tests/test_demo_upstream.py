@@ -16,6 +16,7 @@ from pathlib import Path
 
 import openai
 import pytest
+from devtools.stack import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 NAME = "up-a"
@@ -77,10 +78,6 @@ def stream_events(port: int, body: dict, events: list[str]) -> str:
         conn.close()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_upstream(name: str, *args: str) -> tuple[subprocess.Popen, int]:

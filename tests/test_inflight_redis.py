@@ -10,16 +10,13 @@ from redis.asyncio import Redis
 
 from sidecar.cache.inflight import Answered, Follow, InFlight, Lead, Promoted, TimedOut
 from sidecar.cache.inflight_redis import RedisInFlight
+from devtools.stack import free_port
 
 PAYLOAD = b"\x00binary answer\xff"
 REDIS_SERVER = shutil.which("redis-server")
 pytestmark = pytest.mark.skipif(REDIS_SERVER is None, reason="redis-server not installed")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class RedisServer:
