@@ -22,8 +22,8 @@ Policy, and why:
   so short texts of a group are not held for the long ones.
 - `workers` model runs may go at once (threads calling the one onnxruntime session, which
   is thread-safe): a text that comes while a run is going starts on a free worker at once
-  instead of waiting for that run; under load both cores run model code without the
-  runs meeting at every parallel section, as one run split over two threads must.
+  instead of waiting for that run, and under load both cores run model code even while
+  one of them is busy elsewhere (a run split over two threads then waits for it).
 """
 from __future__ import annotations
 

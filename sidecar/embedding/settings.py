@@ -37,12 +37,11 @@ class EmbeddingSettings:
     # auto: CUDA when onnxruntime-gpu sees a GPU, else CPU. cuda: fail the start without one.
     provider: str = "auto"
     # onnxruntime intra-op threads per model run; 0 lets onnxruntime use every core.
-    # 1, with two workers (below): through Envoy on the 2-core box, semantic hits/s at
-    # 16 and 64 connections were ~30% higher than with one worker on 2 threads (5 of 6
-    # same-minute comparisons), and a run cost ~15% less CPU per text; a run split over
-    # two threads stalls whenever Envoy or the event loop holds one of the cores. Alone
-    # on an idle box a lone text is ~1.3 ms faster on 2 threads (bench/embed.py).
-    intra_op_threads: int = 1
+    # 2, with two workers (below). Through Envoy on the 2-core box, semantic hits at
+    # concurrency 1 took 1.0-1.4 ms less (p50) than with 1 thread, and under load two
+    # workers gave 10-20% more hits/s than one whatever the thread count. When another
+    # process keeps a core busy, a run split over two threads stalls: 1 is then better.
+    intra_op_threads: int = 2
     # Most texts the worker takes at once (and so in one model run). 0 = by provider:
     # CPU_MAX_BATCH on a CPU, GPU_MAX_BATCH on a GPU, where fewer are used when memory
     # is short.
