@@ -71,9 +71,11 @@ class Batcher:
         self._metrics = metrics or NoMetrics()
         self._clock = clock
         self._queue: deque[_Waiting] = deque()
-        self._workers = workers
-        self._worker = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="sluice-embed")
-        self._drainers: set[asyncio.Task] = set()  # one per busy worker
+        # One thread per worker, and a lone text always on the first: the thread that
+        # ran the last text (its caches, onnxruntime's per-thread state) runs the next.
+        self._threads = [ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"sluice-embed-{n}")
+                         for n in range(workers)]
+        self._drainers: dict[int, asyncio.Task] = {}  # worker number -> its busy drainer
         self._filled = asyncio.Event()
         self._closed = False
         self._answered_at = float("-inf")  # when the last results went back
@@ -93,8 +95,9 @@ class Batcher:
             raise QueueFull(f"embedding queue full ({self._max_queue} texts waiting)")
         future = asyncio.get_running_loop().create_future()
         self._queue.append(_Waiting(text, future, self._clock()))
-        if len(self._drainers) < self._workers:
-            self._drainers.add(asyncio.create_task(self._drain()))
+        if len(self._drainers) < len(self._threads):
+            number = next(n for n in range(len(self._threads)) if n not in self._drainers)
+            self._drainers[number] = asyncio.create_task(self._drain(number))
         elif len(self._queue) >= self._max_batch:
             self._filled.set()
         return await future
@@ -103,10 +106,11 @@ class Batcher:
         """Refuse new texts, finish the queued ones, stop the worker threads."""
         self._closed = True
         if self._drainers:
-            await asyncio.shield(asyncio.gather(*self._drainers))
-        self._worker.shutdown(wait=True)
+            await asyncio.shield(asyncio.gather(*self._drainers.values()))
+        for thread in self._threads:
+            thread.shutdown(wait=True)
 
-    async def _drain(self) -> None:
+    async def _drain(self, number: int) -> None:
         """One worker's loop: take a group, run it, until the queue is empty."""
         loop = asyncio.get_running_loop()
         try:
@@ -117,13 +121,13 @@ class Batcher:
                     await self._wait_for_fuller_batch()
                 batch = self._take_batch()
                 if batch:
-                    await loop.run_in_executor(self._worker, self._work, batch, loop)
+                    await loop.run_in_executor(self._threads[number], self._work, batch, loop)
                 # Let the callers just answered run first: their next texts join the next group.
                 await asyncio.sleep(0)
         finally:
             # Here, not in a done callback: embed() must never count a drainer that has
             # left its loop, or a text queued in between would wait for nobody.
-            self._drainers.discard(asyncio.current_task())
+            del self._drainers[number]
 
     async def _wait_for_fuller_batch(self) -> None:
         if self._max_wait_s <= 0 or not self._queue or len(self._queue) >= self._max_batch:
