@@ -1,8 +1,9 @@
 """The director decides what happens to a parsed chat request (EPP's Director, STYLE.md §2).
 
 The processor speaks the protocol; the director decides: which cluster, which headers, or an
-answer without going upstream. It is async because some stages (cache, embedding, admission)
-wait on outside work. Implementations: sidecar.routing.RoutingDirector.
+answer without going upstream. Most requests are decided at once (`decide_now`); `decide` is
+async because some stages (cache, embedding, admission) wait on outside work. Implementations:
+sidecar.routing.RoutingDirector, and sidecar.caching.CachingDirector around it.
 """
 from __future__ import annotations
 
