@@ -14,7 +14,7 @@ from sidecar.admission import (Degrade, Gate, Permit, RateLimitRule, RateLimits,
                                TokenLimiter, estimate_prompt_tokens)
 from sidecar.cache.scope import tenant_of
 from sidecar.context import RequestContext
-from sidecar.route_settings import RouteSettings
+from sidecar.route_settings import PerSettings, RouteSettings
 
 DEADLINE_HEADER = "x-request-deadline-ms"
 ANONYMOUS = "anonymous"
@@ -46,25 +46,24 @@ class Admission:
     def __init__(self, gate: Gate, tokens: TokenLimiter | None, secret: bytes):
         self.gate, self._tokens, self._secret = gate, tokens, secret
         self._pending: set[asyncio.Task] = set()
-        self._routes: dict[bytes, RouteAdmission | None] = {}
+        self._settings_of = PerSettings()
         self._limited_routes: dict[str, RateLimits] = {}
 
     def settings(self, route: RouteSettings, route_name: str) -> RouteAdmission | None:
         """Raises ValueError naming the field for bad settings."""
-        key = route.SerializeToString(deterministic=True)
-        if key not in self._routes:
-            if len(self._routes) > 1024:    # bounded: route configs are few
-                self._routes.clear()
-            self._routes[key] = route_admission(route)
-            if self._routes[key] is not None:
-                # With admission on, a candidate's max_in_flight caps the gate's adaptive limit
-                # (requests then wait in the queue instead of being refused as saturated).
-                for candidate in route.candidates:
-                    if candidate.max_in_flight:
-                        self.gate.bound_cluster(candidate.cluster, candidate.max_in_flight)
-        settings = self._routes[key]
+        settings = self._settings_of.get(route, self._build_settings)
         if settings is not None and self._limited_routes.get(route_name) != settings.limits:
             self._set_route_limits(route_name, settings.limits)
+        return settings
+
+    def _build_settings(self, route: RouteSettings) -> RouteAdmission | None:
+        settings = route_admission(route)
+        if settings is not None:
+            # With admission on, a candidate's max_in_flight caps the gate's adaptive limit
+            # (requests then wait in the queue instead of being refused as saturated).
+            for candidate in route.candidates:
+                if candidate.max_in_flight:
+                    self.gate.bound_cluster(candidate.cluster, candidate.max_in_flight)
         return settings
 
     def _set_route_limits(self, route_name: str, limits: RateLimits) -> None:

@@ -118,7 +118,6 @@ class CachingDirector:
         self._inner = inner
         self._rt = runtime
         self._clock = clock
-        self._routes: dict[bytes, RouteCache | None] = {}
         self._route_cache_of = PerSettings()
         self._tasks: set[asyncio.Task] = set()
 
@@ -178,17 +177,13 @@ class CachingDirector:
             return None
         return self._route_cache_of.get(route, self._build_route_cache, ctx.route_name)
 
-    def _build_route_cache(self, route: RouteSettings, route_name: str) -> RouteCache | None:
-        key = route.cache.SerializeToString(deterministic=True)
-        if key not in self._routes:
-            if len(self._routes) > 1024:    # bounded: route configs are few
-                self._routes.clear()
-            try:
-                self._routes[key] = route_cache(route)
-            except ValueError as exc:
-                log.error("invalid cache settings of route %s, cache off: %s", route_name, exc)
-                self._routes[key] = None
-        return self._routes[key]
+    @staticmethod
+    def _build_route_cache(route: RouteSettings, route_name: str) -> RouteCache | None:
+        try:
+            return route_cache(route)
+        except ValueError as exc:
+            log.error("invalid cache settings of route %s, cache off: %s", route_name, exc)
+            return None
 
     async def _embed(self, prompt: str) -> np.ndarray | None:
         if self._rt.embedder is None:

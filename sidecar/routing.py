@@ -49,7 +49,6 @@ class RoutingDirector:
         self._scraper = (Scraper(self.scheduler.on_upstream_load, scrape_interval_s)
                          if scrape_interval_s else None)
         self._gpus = GpuPoller(self.scheduler.on_gpu_load) if scrape_interval_s else None
-        self._plans: dict[bytes, RoutePlan | RouteSettingsError] = {}
         self._plan_of = PerSettings()
 
     # --- decision -----------------------------------------------------------------------
@@ -97,21 +96,13 @@ class RoutingDirector:
         return plan
 
     def _build_plan(self, route: RouteSettings, route_name: str) -> RoutePlan | RouteSettingsError:
-        """Routes with the same settings share a plan (and their breakers' config)."""
-        key = route.SerializeToString(deterministic=True) + route_name.encode()
-        plan = self._plans.get(key)
-        if plan is None:
-            try:
-                plan = build_route_plan(route, route_name)
-            except ValueError as exc:
-                log.error("invalid route settings of route %s, using its default cluster: %s", route_name, exc)
-                plan = RouteSettingsError(str(exc))
-            else:
-                for spec in plan.candidates:
-                    self.scheduler.set_breaker_config(spec.cluster, plan.breaker)
-            if len(self._plans) > 1024:   # bounded: route configs are few; churn resets the cache
-                self._plans.clear()
-            self._plans[key] = plan
+        try:
+            plan = build_route_plan(route, route_name)
+        except ValueError as exc:
+            log.error("invalid route settings of route %s, using its default cluster: %s", route_name, exc)
+            return RouteSettingsError(str(exc))
+        for spec in plan.candidates:
+            self.scheduler.set_breaker_config(spec.cluster, plan.breaker)
         return plan
 
     def _schedule(self, ctx: RequestContext, plan: RoutePlan) -> Plan:
@@ -168,7 +159,7 @@ class RoutingDirector:
             type_="server_error", code="upstream_unavailable", headers=(("retry-after", retry), *debug)))
 
     def _admission_settings(self, ctx: RequestContext) -> RouteAdmission | None:
-        if self.admission is None or not isinstance(ctx.route, RouteSettings) or not ctx.route.admission.enabled:
+        if self.admission is None or not isinstance(ctx.route, RouteSettings):
             return None
         try:
             return self.admission.settings(ctx.route, ctx.route_name)
