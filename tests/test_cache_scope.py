@@ -224,7 +224,7 @@ def test_exact_text_shortcuts_give_what_the_substitutions_give():
 def test_time_words_prefilter_never_hides_a_match():
     import random
 
-    from sidecar.cache.policy import TIME_SENSITIVE_WORDS, _time_pattern
+    from sidecar.cache.policy import TIME_SENSITIVE_WORDS, _time_words
     from sidecar.embedding.normalize import normalize_text
     from sidecar.cache.policy import time_sensitive_word
     rng = random.Random(9)
@@ -232,5 +232,5 @@ def test_time_words_prefilter_never_hides_a_match():
               "right", "this", "week", "up", "to", "date", "aujourd", "hui", "今天", "日本語"]
     for _ in range(3000):
         text = " ".join(rng.choice(filler) for _ in range(rng.randint(0, 10)))
-        match = _time_pattern(TIME_SENSITIVE_WORDS).search(normalize_text(text))
+        match = _time_words(TIME_SENSITIVE_WORDS).pattern.search(normalize_text(text))
         assert time_sensitive_word(text) == (match.group(0) if match else None), repr(text)

@@ -45,6 +45,7 @@ from __future__ import annotations
 import functools
 import math
 import re
+from typing import NamedTuple
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -162,53 +163,52 @@ def _no_cache(directives: Mapping[str, str | None]) -> bool:
 
 # ---------------------------------------------------------------- time-sensitive words
 
-@functools.lru_cache(maxsize=64)
-def _time_pattern(words: tuple[str, ...]) -> re.Pattern[str]:
-    # One word-boundary group around all Latin-script words (not one per word: the engine would
-    # try ~150 lookbehinds at every position, 2.6 ms on a 2 KB prompt instead of ~0.4 ms).
-    bounded, bare = [], []
-    for word in sorted({normalize_text(w).lower() for w in words}, key=len, reverse=True):
-        body = r"\s+".join(re.escape(part).replace("'", "['\u2019]") for part in word.split())
-        (bare if _CJK.search(word) else bounded).append(body)
-    alternatives = ([rf"(?<!\w)(?:{'|'.join(bounded)})(?!\w)"] if bounded else []) + bare
-    return re.compile("|".join(alternatives), re.IGNORECASE)
-
-
 _TOKEN = re.compile(r"\w+")
 # ASCII text: every non-word character to a space, then split (4x faster than _TOKEN.findall).
 _ASCII_NON_WORD = str.maketrans({chr(c): " " for c in range(128) if not _TOKEN.fullmatch(chr(c))})
+
+
+class _TimeWords(NamedTuple):
+    pattern: re.Pattern[str]    # every entry: Latin-script ones word-bounded, CJK ones anywhere
+    firsts: frozenset[str]      # the lower-case first token of every word-bounded entry
+    bare: tuple[str, ...]       # the CJK entries
+
+
+@functools.lru_cache(maxsize=64)
+def _time_words(words: tuple[str, ...]) -> _TimeWords:
+    # One word-boundary group around all Latin-script words (not one per word: the engine would
+    # try ~150 lookbehinds at every position, 2.6 ms on a 2 KB prompt instead of ~0.4 ms).
+    bounded, bare_bodies, firsts, bare = [], [], set(), []
+    for word in sorted({normalize_text(w).lower() for w in words}, key=len, reverse=True):
+        body = r"\s+".join(re.escape(part).replace("'", "['\u2019]") for part in word.split())
+        if _CJK.search(word):
+            bare_bodies.append(body)
+            bare.append(word)
+        else:
+            bounded.append(body)
+            firsts.add(_TOKEN.findall(word)[0])
+    alternatives = ([rf"(?<!\w)(?:{'|'.join(bounded)})(?!\w)"] if bounded else []) + bare_bodies
+    return _TimeWords(re.compile("|".join(alternatives), re.IGNORECASE), frozenset(firsts), tuple(bare))
 
 
 def _tokens(lower: str) -> list[str]:
     return lower.translate(_ASCII_NON_WORD).split() if lower.isascii() else _TOKEN.findall(lower)
 
 
-@functools.lru_cache(maxsize=64)
-def _time_prefilter(words: tuple[str, ...]) -> tuple[frozenset[str], tuple[str, ...]]:
-    """(the lower-case first token of every word-bounded entry, the CJK entries): a prompt
-    that has none of those first tokens and contains no CJK entry cannot match the pattern."""
-    firsts, bare = set(), []
-    for word in {normalize_text(w).lower() for w in words}:
-        if _CJK.search(word):
-            bare.append(word)
-        else:
-            firsts.add(_TOKEN.findall(word)[0])
-    return frozenset(firsts), tuple(bare)
-
-
 def time_sensitive_word(text: str, words: tuple[str, ...] = TIME_SENSITIVE_WORDS) -> str | None:
     """The first time-sensitive word in the text (as in its normalised form); None if none.
 
-    Most prompts have none: a set lookup of their words rules that out before the pattern (an
-    alternation of ~150 words, tried at every position: ~0.4 ms on a 2 KB prompt) runs."""
+    Most prompts have none: a prompt without any entry's first word and without a CJK entry
+    cannot match, and a set lookup says so before the pattern (an alternation of ~150 words
+    tried at every position: ~0.4 ms on a 2 KB prompt) runs."""
     if not words:
         return None
     normal = normalize_text(text)
-    firsts, bare = _time_prefilter(words)
+    time_words = _time_words(words)
     lower = normal.lower()
-    if firsts.isdisjoint(_tokens(lower)) and not any(word in lower for word in bare):
+    if time_words.firsts.isdisjoint(_tokens(lower)) and not any(word in lower for word in time_words.bare):
         return None
-    match = _time_pattern(words).search(normal)
+    match = time_words.pattern.search(normal)
     return match.group(0) if match else None
 
 
