@@ -132,6 +132,11 @@ class CachingDirector:
         plan = self._inner.decide_now(ctx)
         return None if plan is None else self._passed_on(ctx, "bypass", None, plan)
 
+    def reads_response(self, ctx: RequestContext) -> bool:
+        """The cache reads every answer of its routes (to store it); other routes as routing says."""
+        settings = self._route_cache(ctx)
+        return (settings is not None and settings.policy.enabled) or self._inner.reads_response(ctx)
+
     async def decide(self, ctx: RequestContext) -> Plan:
         settings = self._route_cache(ctx)
         if settings is None or not settings.policy.enabled:

@@ -48,6 +48,7 @@ class RequestContext:
     cache_scope: str | None = None     # the cache scope key (a hash; for admin purges)
     capture: object = None             # sidecar.caching.Capture of a cache miss
     response_complete: bool = False
+    response_read: bool = True         # False: Envoy sends no response headers (feedback sampling)
 
     @property
     def request_id(self) -> str:

@@ -21,6 +21,11 @@ class Director(Protocol):
 
     async def decide(self, ctx: RequestContext) -> Plan: ...
 
+    def reads_response(self, ctx: RequestContext) -> bool:
+        """Asked at the request headers, before the body: whether Envoy should send this
+        request's response headers (its status, time to first byte). When False, the plan's
+        response headers reach the client through dynamic metadata (Plan.response_headers)."""
+
     def on_response_headers(self, ctx: RequestContext) -> None:
         """The upstream's (or Envoy's) response headers passed: time to first byte."""
 

@@ -73,7 +73,7 @@ class Continue:
     clear_route_cache: bool = False
     body: bytes | None = None           # replaces the buffered body when not None
     mode: ModeOverride | None = None
-    dynamic_metadata: tuple[tuple[str, float], ...] = ()   # Envoy dynamic metadata, namespace "sluice"
+    dynamic_metadata: tuple[tuple[str, float | str], ...] = ()   # Envoy dynamic metadata, namespace "sluice"
 
 
 @dataclass(frozen=True)
@@ -94,7 +94,10 @@ class Plan:
     reply: ImmediateReply | None = None           # answer now instead of going upstream
     body: bytes | None = None                     # rewritten request body (e.g. model changed)
     request_headers: tuple[tuple[str, str], ...] = ()   # for Envoy and the upstream
-    response_headers: tuple[tuple[str, str], ...] = ()  # added to the client's response
+    # Added to the client's response: by the sidecar when it reads the response headers, else
+    # by Envoy from dynamic metadata, which envoy.yaml.tmpl maps for x-sluice-cluster,
+    # x-sluice-degraded and x-sluice-cache only (directors read the answer for any other).
+    response_headers: tuple[tuple[str, str], ...] = ()
     response_body: BodyMode | None = None         # ask Envoy for the response body (capture)
 
     def with_request_header(self, name: str, value: str) -> "Plan":

@@ -9,7 +9,7 @@ _PHASES = {RequestHeaders: Phase.REQUEST_HEADERS, RequestBody: Phase.REQUEST_BOD
 
 
 class NoopProcessor:
-    def __init__(self) -> None:
+    def __init__(self, reads_response=None) -> None:     # reads every answer, like Sluice's default
         self.context = RequestContext(route_name="noop")
 
     def handle(self, event: Event) -> Continue:

@@ -8,6 +8,7 @@ work); the server asks the director and hands the Plan back through `apply()`.
 from __future__ import annotations
 
 import enum
+from typing import Callable
 
 from sidecar.chat import BadRequest, parse_chat_request
 from sidecar.context import Outcome, RequestContext
@@ -43,10 +44,17 @@ TRANSITIONS: dict[tuple[State, type], str] = {
 }
 
 
+# Envoy sends no response headers for this request (the rest as configured).
+_SKIP_RESPONSE = ModeOverride(response_headers=False)
+
+
 class RequestProcessor:
-    def __init__(self, now=None) -> None:
+    def __init__(self, reads_response: Callable[[RequestContext], bool] | None = None, now=None) -> None:
+        """reads_response: the director's answer, per chat request, to whether its response
+        headers are needed (Director.reads_response); None reads every one."""
         self.state = State.START
         self.context = RequestContext() if now is None else RequestContext(started=now)
+        self._reads_response = reads_response
         self._body = bytearray()
         self._plan = Plan()
 
@@ -78,6 +86,10 @@ class RequestProcessor:
             return Continue(Phase.REQUEST_HEADERS, mode=ModeOverride(
                 request_body=BodyMode.NONE, response_headers=False))
         self.state = State.AWAIT_REQUEST_BODY
+        if self._reads_response is not None and not self._reads_response(ctx):
+            # Said now: Envoy 1.40 ignored a mode override in the body's reply (measured).
+            ctx.response_read = False
+            return Continue(Phase.REQUEST_HEADERS, mode=_SKIP_RESPONSE)
         return Continue(Phase.REQUEST_HEADERS)
 
     def _on_request_body(self, event: RequestBody) -> Reply | Decide:
@@ -111,7 +123,10 @@ class RequestProcessor:
         steer = plan.cluster is not None and plan.cluster != self.context.headers.get(CLUSTER_HEADER)
         if steer:
             headers = ((CLUSTER_HEADER, plan.cluster), *headers)
-        return Continue(Phase.REQUEST_BODY, set_headers=headers, body=plan.body, clear_route_cache=steer)
+        # Unread answers get the plan's headers from Envoy, out of this metadata (Plan docs).
+        metadata = () if self.context.response_read else plan.response_headers
+        return Continue(Phase.REQUEST_BODY, set_headers=headers, body=plan.body, clear_route_cache=steer,
+                        dynamic_metadata=metadata)
 
     # --- response -----------------------------------------------------------------------
 

@@ -1,11 +1,12 @@
 """From a route's settings message to the scheduler's plain config (built once per route)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from sidecar.route_settings import RouteSettings
 from sidecar.scheduling import (BreakerConfig, CandidateSpec, PickerConfig, RoutePolicy,
                                 ScoringConfig, TimeoutConfig)
+from sidecar.scheduling.sampling import FeedbackSampler
 from sidecar.scheduling.scheduler import DEFAULT_SCORER_WEIGHTS
 
 
@@ -19,6 +20,8 @@ class RoutePlan:
     debug_header: bool
     metrics_urls: tuple[tuple[str, str], ...]   # (cluster, url)
     gpu_indices: tuple[tuple[str, int], ...] = ()  # (cluster, local GPU index)
+    # Mutable: counts the route's requests (one plan per route settings object).
+    feedback: FeedbackSampler = field(default_factory=FeedbackSampler, compare=False)
 
     @property
     def unbounded_candidates(self) -> tuple[CandidateSpec, ...]:
@@ -55,9 +58,13 @@ def build_route_plan(route: RouteSettings, route_name: str) -> RoutePlan:
     t = TimeoutConfig()
     timeout = replace(t, min_ms=_set(s.timeout, "min_ms", t.min_ms),
                       max_ms=_set(s.timeout, "max_ms", t.max_ms))
+    f, fd = s.feedback, FeedbackSampler()
+    feedback = FeedbackSampler(read_all_per_s=_set(f, "read_all_per_s", fd.read_all_per_s),
+                               then_one_in=_set(f, "then_one_in", fd.then_one_in))
     return RoutePlan(candidates=candidates, policy=policy, breaker=breaker, timeout=timeout,
                      rewrite_model=_set(s, "rewrite_model", True), debug_header=s.debug_header,
                      metrics_urls=tuple((c.cluster, c.metrics_url) for c in route.candidates
                                         if c.metrics_url),
                      gpu_indices=tuple((c.cluster, c.gpu_index) for c in route.candidates
-                                       if c.HasField("gpu_index")))
+                                       if c.HasField("gpu_index")),
+                     feedback=feedback)

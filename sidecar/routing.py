@@ -72,6 +72,18 @@ class RoutingDirector:
             return self._schedule(ctx, route)
         return await self._schedule_admitted(ctx, route, admission)
 
+    def reads_response(self, ctx: RequestContext) -> bool:
+        """Read this request's answer? Always where something needs it (admission's slots and
+        token budgets, the debug header, a breaker that is not closed, a route that does not
+        steer), else as the route's feedback sampler says. Asked at the request headers."""
+        route = ctx.route
+        if not (isinstance(route, RouteSettings) and route.candidates):
+            return True
+        plan = self._route_plan(route, ctx.route_name)
+        if not isinstance(plan, RoutePlan) or plan.debug_header or self._admission_settings(ctx) is not None:
+            return True
+        return not self.scheduler.breakers_closed(plan.candidates) or plan.feedback.read(self._clock())
+
     def _resolve(self, ctx: RequestContext) -> RoutePlan | Plan:
         """The route's plan, or the (empty) Plan that keeps Envoy's default cluster."""
         route = ctx.route

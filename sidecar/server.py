@@ -51,7 +51,7 @@ async def _done_within(task: asyncio.Future, seconds: float) -> bool:
 
 
 class ExternalProcessor(pb_grpc.ExternalProcessorServicer):
-    def __init__(self, director: Director, new_processor: Callable[[], object] = RequestProcessor,
+    def __init__(self, director: Director, new_processor: Callable[..., object] = RequestProcessor,
                  access_log: AccessLog | None = None, tracing: Tracing | None = None):
         self._director = director
         self._new_processor = new_processor
@@ -59,7 +59,7 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):
         self._tracing = tracing
 
     async def Process(self, request_iterator, context):
-        processor = self._new_processor()
+        processor = self._new_processor(self._director.reads_response)
         ctx = processor.context
         trace: RequestTrace | None = None
         metrics.OPEN_STREAMS.inc()
@@ -134,7 +134,7 @@ class Sidecar:
     """The gRPC server: ext_proc, health and, when given, the Admin service, on one port."""
 
     def __init__(self, config: SidecarConfig, director: Director | None = None,
-                 new_processor: Callable[[], object] = RequestProcessor, *,
+                 new_processor: Callable[..., object] = RequestProcessor, *,
                  access_log: AccessLog | None = None, tracing: Tracing | None = None, admin=None):
         self.config = config
         self.health = health_async.HealthServicer()
@@ -170,7 +170,7 @@ class Sidecar:
 
 
 async def serve(config: SidecarConfig, app: App | None = None,
-                new_processor: Callable[[], object] = RequestProcessor,
+                new_processor: Callable[..., object] = RequestProcessor,
                 load_config: Callable[[], SidecarConfig] | None = None) -> None:
     """Run until SIGTERM or SIGINT (or an Admin Drain); a second signal stops at once. Envoy
     sees NOT_SERVING until the heavy parts (the embedding model) are loaded and warm. SIGHUP

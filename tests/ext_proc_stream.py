@@ -58,6 +58,9 @@ class FakeDirector:
     def decide_now(self, ctx):
         return None          # always the awaited path, like a director that waits
 
+    def reads_response(self, ctx) -> bool:
+        return True
+
     async def decide(self, ctx) -> Plan:
         if self.during is not None:
             self.during()

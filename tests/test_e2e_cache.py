@@ -22,17 +22,19 @@ FAST = {"ttft_ms": 20, "tokens": 8, "tokens_per_s": 1000, "error_rate": 0.0, "er
 SCHEDULING = {"breaker": {"min_requests": 100000}}
 
 
-def cached_route(name, prefix, cluster, cache=None):
+def cached_route(name, prefix, cluster, cache=None, scheduling=SCHEDULING):
     route = chat_route(name, prefix, [{"cluster": cluster}], rewrite=None if prefix == "/" else "/")
     sluice = route["metadata"]["filter_metadata"]["sluice"]
-    sluice["scheduling"] = SCHEDULING
+    sluice["scheduling"] = scheduling
     if cache is not None:
         sluice["cache"] = cache
     return route
 
 
 ROUTES = [
-    cached_route("nocache", "/nocache/", "upstream_a", {"enabled": False}),
+    # Its answers are never read (feedback sampled out): Envoy adds x-sluice-cache from metadata.
+    cached_route("nocache", "/nocache/", "upstream_a", {"enabled": False},
+                 {**SCHEDULING, "feedback": {"read_all_per_s": 0, "then_one_in": 1000000}}),
     cached_route("nosemantic", "/nosemantic/", "upstream_a", {"semantic": False}),
     cached_route("slow", "/slow/", "upstream_b"),           # dedup tests tune upstream b
     cached_route("flaky", "/flaky/", "upstream_c"),         # failure tests tune upstream c

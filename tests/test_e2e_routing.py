@@ -10,7 +10,7 @@ import pytest
 
 from devtools.envoy_config import chat_route
 from devtools.stack import http_get
-from tests.e2e import ask, client
+from tests.e2e import ask, client, metric, wait_for_metric
 
 FAST_BREAKER = {"window_s": 5, "min_requests": 4, "max_error_ratio": 0.5, "cooldown_s": 1,
                 "close_after_successes": 2}
@@ -42,6 +42,7 @@ def stack(make_stack):
             {"cluster": "upstream_a", "role": "primary"},
             {"cluster": "upstream_b", "role": "fallback", "model": "small-model"}], rewrite="/"),
         chat_route("timeout", "/timeout/", [{"cluster": "upstream_a"}], rewrite="/"),
+        chat_route("unread", "/unread/", [{"cluster": "upstream_a"}, {"cluster": "upstream_b"}], rewrite="/"),
         chat_route("chat", "/", [{"cluster": "upstream_a"}, {"cluster": "upstream_b"}]),
     ]
     stack = make_stack(routes=routes, upstream_args={
@@ -55,6 +56,8 @@ def stack(make_stack):
             sluice["candidates"][0]["metrics_url"] = metrics_a.format(stack.ports.upstream_a)
         if sluice["name"] == "timeout":
             sluice["scheduling"]["timeout"] = {"min_ms": 300, "max_ms": 300}
+        if sluice["name"] == "unread":     # answers never read (sampled out), no debug header
+            sluice["scheduling"] = {"feedback": {"read_all_per_s": 0, "then_one_in": 1000000}}
     stack.routes = routes
     stack.stop_process("envoy")
     stack.start_envoy()
@@ -139,3 +142,26 @@ def test_per_request_timeout_is_enforced_by_envoy(stack):
     assert err.value.status_code == 504
     assert err.value.response.json()["error"]["code"] == "upstream_timeout"
     assert time.monotonic() - started < 1.5
+
+
+def test_unread_answers_still_carry_the_sidecars_headers_and_end_in_flight(stack):
+    """Sampled out: Envoy sends no response headers to the sidecar; it adds x-sluice-cluster from
+    the sidecar's dynamic metadata, and the stream still ends with the request."""
+    read_before = metric(stack, "sluice_ext_proc_message_seconds_count", phase="ResponseHeaders")
+    c = client(stack, "/unread/v1")
+    for _ in range(6):
+        completion, headers = ask(c)
+        assert completion.choices[0].message.content
+        assert headers["x-sluice-cluster"] == "upstream_" + headers["x-upstream-name"]
+    raw = c.chat.completions.with_raw_response.create(
+        model="demo-model", messages=[{"role": "user", "content": "hi"}], stream=True)
+    chunks = list(raw.parse())
+    assert raw.headers["x-sluice-cluster"] == "upstream_" + raw.headers["x-upstream-name"]
+    assert chunks[-1].choices[0].finish_reason == "stop"
+    assert wait_for_metric(stack, "sluice_open_streams", 0) == 0
+    for cluster in ("upstream_a", "upstream_b"):
+        assert wait_for_metric(stack, "sluice_scheduler_in_flight", 0, cluster=cluster) == 0
+    assert metric(stack, "sluice_ext_proc_message_seconds_count", phase="ResponseHeaders") == read_before
+    assert metric(stack, "sluice_requests_total", route="unread", status_class="none") == 7
+    ask(client(stack, "/spread/v1"))          # a route with the debug header reads its answers
+    assert metric(stack, "sluice_ext_proc_message_seconds_count", phase="ResponseHeaders") == read_before + 1

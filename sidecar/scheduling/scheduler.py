@@ -220,6 +220,10 @@ class Scheduler:
         self.signals.on_complete(decision.cluster, latency_s, ok, now, completion_tokens, ttfb_s)
         self._emit(self._breaker(decision.cluster).record(ok, latency_s, now, probe=decision.probe))
 
+    def breakers_closed(self, candidates: Sequence[CandidateSpec]) -> bool:
+        """Every candidate's breaker closed: no probe due, no recovery to watch."""
+        return all(self._breaker(c.cluster).state is BreakerState.CLOSED for c in candidates)
+
     def on_abandon(self, decision: Decision) -> None:
         """The client went away before any answer: frees the in-flight slot, judges nothing."""
         if decision.cluster is not None:
