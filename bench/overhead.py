@@ -7,13 +7,18 @@ Four set-ups in one run, each with wrk at concurrency 1, 16 and 64, a ~2 KB chat
   sluice     Envoy + Sluice's routing path (parse the chat body, score and pick a cluster, set the
              cluster and timeout headers); the cache is off here (wrk repeats one body, which
              would be all exact hits: `make bench-cache` measures those)
+The two sidecars run side by side and take turns at each concurrency (`--rounds` turns each,
+the median kept): on a shared 2-core machine a minute's drift moves req/s by 20-30%, which
+measuring one set-up after the other put into the ratio.
 Prints a table and writes reports/overhead.json with req/s, p50/p90/p99 and the sidecar's RSS.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import pathlib
+import statistics
 import tempfile
 
 from bench import report, wrk
@@ -53,9 +58,26 @@ def measure(url: str, body: bytes, seconds: float) -> list[dict]:
     return [{"concurrency": c, **wrk.run(url, body, c, seconds)} for c in CONCURRENCY]
 
 
+def measure_in_turns(urls: dict[str, str], body: bytes, seconds: float, rounds: int) -> dict[str, list[dict]]:
+    """Each set-up in turn, `rounds` times per concurrency; per point the run of median req/s."""
+    for url in urls.values():
+        wrk.run(url, body, 16, 1)
+    results: dict[str, list[dict]] = {name: [] for name in urls}
+    for c in CONCURRENCY:
+        runs: dict[str, list[dict]] = {name: [] for name in urls}
+        for _ in range(rounds):
+            for name, url in urls.items():
+                runs[name].append({"concurrency": c, **wrk.run(url, body, c, seconds)})
+        for name, points in runs.items():
+            median = sorted(points, key=lambda r: r["rps"])[len(points) // 2]
+            results[name].append({**median, "rps_runs": [r["rps"] for r in points]})   # in turn order
+    return results
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--seconds", type=float, default=5.0, help="wrk duration per point")
+    parser.add_argument("--seconds", type=float, default=4.0, help="wrk duration per point")
+    parser.add_argument("--rounds", type=int, default=3, help="turns of each sidecar per concurrency")
     args = parser.parse_args()
     body = chat_body()
     results: dict[str, list[dict]] = {}
@@ -70,28 +92,34 @@ def main() -> int:
             results["envoy"] = measure(f"{stack.base_url}/chat/completions", body, args.seconds)
         # One candidate, so both sidecars send everything to the same upstream process.
         routes = [chat_route("bench", "/", [{"cluster": "upstream_a", "weight": 1}])]
-        for name, extra in (("noop", ["--noop"]), ("sluice", [])):
-            with Stack(work / name, upstream_args=upstream_args, sidecar_args=extra,
-                       envoy_vars=NO_RATE_LIMIT, routes=routes,
-                       sidecar_env={"SLUICE_CACHE": "false"}) as stack:
-                pid = stack.procs["sidecar"].pid
-                start_rss = report.rss_mb(pid)
-                results[name] = measure(f"{stack.base_url}/chat/completions", body, args.seconds)
-                rss[name] = {"start_mb": start_rss, "after_load_mb": report.rss_mb(pid)}
+        with contextlib.ExitStack() as running:
+            stacks = {name: running.enter_context(Stack(
+                work / name, upstream_args=upstream_args, sidecar_args=extra, envoy_vars=NO_RATE_LIMIT,
+                routes=routes, sidecar_env={"SLUICE_CACHE": "false"}))
+                for name, extra in (("noop", ["--noop"]), ("sluice", []))}
+            pids = {name: stack.procs["sidecar"].pid for name, stack in stacks.items()}
+            start_rss = {name: report.rss_mb(pid) for name, pid in pids.items()}
+            results.update(measure_in_turns({name: f"{stack.base_url}/chat/completions"
+                                             for name, stack in stacks.items()}, body, args.seconds, args.rounds))
+            rss = {name: {"start_mb": start_rss[name], "after_load_mb": report.rss_mb(pid)}
+                   for name, pid in pids.items()}
 
     rows = [{"setup": name, "concurrency": r["concurrency"], "req/s": r["rps"], "p50 ms": r["p50_ms"],
              "p90 ms": r["p90_ms"], "p99 ms": r["p99_ms"], "errors": r["errors"]}
             for name, points in results.items() for r in points]
-    print(f"body {len(body)} bytes, {args.seconds:.0f} s per point, wrk 1 thread")
+    print(f"body {len(body)} bytes, {args.seconds:.0f} s per point, wrk 1 thread; "
+          f"noop and sluice: median of {args.rounds} turns")
     print(report.table(rows, ["setup", "concurrency", "req/s", "p50 ms", "p90 ms", "p99 ms", "errors"]))
-    ratios = {str(c): results["sluice"][i]["rps"] / results["noop"][i]["rps"]
+    # Per turn (the two sidecars measured back to back), then the median turn.
+    ratios = {str(c): statistics.median(s / n for s, n in zip(results["sluice"][i]["rps_runs"],
+                                                                results["noop"][i]["rps_runs"]))
               for i, c in enumerate(CONCURRENCY)}
     added_p50 = results["sluice"][0]["p50_ms"] - results["envoy"][0]["p50_ms"]
     print("\nsluice/noop throughput: " + ", ".join(f"c={c}: {r:.2f}" for c, r in ratios.items()))
     print(f"p50 added by the sidecar at concurrency 1: {added_p50:.2f} ms")
     print("sidecar RSS MiB: " + ", ".join(f"{n}: start {v['start_mb']:.0f}, after load {v['after_load_mb']:.0f}"
                                         for n, v in rss.items()))
-    path = report.write("overhead", {"body_bytes": len(body), "seconds_per_point": args.seconds,
+    path = report.write("overhead", {"body_bytes": len(body), "seconds_per_point": args.seconds, "rounds": args.rounds,
                                      "results": results, "sluice_over_noop_rps": ratios,
                                      "sidecar_added_p50_ms_c1": added_p50, "sidecar_rss": rss})
     print(f"wrote {path}")
