@@ -18,7 +18,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import numpy as np
 
@@ -63,6 +63,13 @@ def cache_policy(route: RouteSettings) -> CachePolicy:
         tenant_header=c.tenant_header.lower(),
         time_sensitive_words=TIME_SENSITIVE_WORDS + tuple(c.time_sensitive_words),
         dedup=get("dedup", d.dedup), max_dedup_wait_s=get("max_dedup_wait_s", d.max_dedup_wait_s))
+
+
+class CacheRequest(NamedTuple):
+    bypass: object                   # sidecar.cache.policy.Bypass, or None to serve and store
+    scope: object                    # sidecar.cache.scope.CacheScope; None: not cacheable
+    prompt: str
+    key: str | None                  # exact key within the scope
 
 
 @dataclass(frozen=True)
@@ -124,13 +131,24 @@ class CachingDirector:
     # --- decision -----------------------------------------------------------------------
 
     def decide_now(self, ctx: RequestContext) -> Plan | None:
-        """On a route without the cache, the routing director's plan when it needs no waiting;
-        None where a cache lookup may wait (Redis, the embedder): then the server awaits decide."""
+        """Without waiting: the routing director's plan on a route without the cache, and an
+        exact hit from a store that holds its entries in this process. None where a lookup may
+        wait (Redis, the embedder, an in-flight twin): then the server awaits decide."""
         settings = self._route_cache(ctx)
-        if settings is not None and settings.policy.enabled:
+        if settings is None or not settings.policy.enabled:
+            plan = self._inner.decide_now(ctx)
+            return None if plan is None else self._passed_on(ctx, "bypass", None, plan)
+        get_exact_now = getattr(self._rt.store, "get_exact_now", None)
+        if get_exact_now is None:
             return None
-        plan = self._inner.decide_now(ctx)
-        return None if plan is None else self._passed_on(ctx, "bypass", None, plan)
+        request = self._cache_request(ctx, settings.policy)
+        if request.scope is None or request.bypass is not None:
+            return None
+        entry = get_exact_now(request.scope.key, request.key)
+        if entry is None:
+            return None
+        ctx.cache_scope = request.scope.key
+        return self._serve(ctx, CachedAnswer.from_bytes(entry.answer), "exact", None, entry.stored_at)
 
     def reads_response(self, ctx: RequestContext) -> bool:
         """The cache reads every answer of its routes (to store it); other routes as routing says."""
@@ -143,13 +161,10 @@ class CachingDirector:
             return await self._upstream(ctx, "bypass", None)
         policy = settings.policy
         chat = ctx.chat
-        bypass = cache_decision(chat, ctx.headers, policy)
-        scope = scope_for(chat, ctx.headers, policy, self._rt.secret, route=ctx.route_name)
+        bypass, scope, prompt, key = self._cache_request(ctx, policy)
         if scope is None or (bypass is not None and not bypass.may_store):
             metrics.CACHE_LOOKUPS.labels(ctx.route_name, "bypass").inc()
             return await self._upstream(ctx, "bypass", None)
-        prompt = prompt_text(chat)
-        key = exact_key(scope, prompt)
         ctx.cache_scope = scope.key
         vector = None
         lead: Lead | None = None
@@ -175,6 +190,19 @@ class CachingDirector:
         finally:
             if lead is not None:       # cancelled (client left) or failed before the capture owned it
                 lead.abandon()
+
+    def _cache_request(self, ctx: RequestContext, policy: CachePolicy) -> CacheRequest:
+        """The request's bypass verdict, scope and exact key; worked out once per request
+        (decide_now, then decide when it could not answer)."""
+        request = ctx.cache_request
+        if request is None:
+            chat = ctx.chat
+            bypass = cache_decision(chat, ctx.headers, policy)
+            scope = scope_for(chat, ctx.headers, policy, self._rt.secret, route=ctx.route_name)
+            prompt = prompt_text(chat)
+            key = None if scope is None else exact_key(scope, prompt)
+            request = ctx.cache_request = CacheRequest(bypass, scope, prompt, key)
+        return request
 
     def _route_cache(self, ctx: RequestContext) -> RouteCache | None:
         route = ctx.route

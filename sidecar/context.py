@@ -46,6 +46,7 @@ class RequestContext:
     response_headers_at: float | None = None
     cache_status: str | None = None    # exact|semantic|coalesced|miss|bypass
     cache_scope: str | None = None     # the cache scope key (a hash; for admin purges)
+    cache_request: object = None       # sidecar.caching.CacheRequest, once worked out
     capture: object = None             # sidecar.caching.Capture of a cache miss
     response_complete: bool = False
     response_read: bool = True         # False: Envoy sends no response headers (feedback sampling)

@@ -1,0 +1,80 @@
+"""The caching director without a server: which requests it answers at once (decide_now)."""
+import asyncio
+import json
+import random
+import time
+
+from sidecar.cache.capture import capture_json
+from sidecar.cache.inflight import InFlight
+from sidecar.cache.memory_store import MemoryStore
+from sidecar.caching import CacheRuntime, CachingDirector
+from sidecar.chat import parse_chat_request
+from sidecar.context import Outcome, RequestContext
+from sidecar.route_settings import parse_route_settings
+from sidecar.routing import RoutingDirector
+from sidecar.scheduling import Scheduler
+
+ROUTE = parse_route_settings({"name": "chat", "candidates": [{"cluster": "a"}],
+                              "cache": {"semantic": False}})
+ANSWER = json.dumps({"id": "x", "object": "chat.completion", "created": 1, "model": "m", "choices": [
+    {"index": 0, "message": {"role": "assistant", "content": "Use the link."}, "finish_reason": "stop"}],
+    "usage": {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}}).encode()
+
+
+class AwaitOnlyStore(MemoryStore):
+    """A store like Redis: entries only through an await."""
+    get_exact_now = None
+
+    async def get_exact(self, scope, exact_key):
+        return MemoryStore.get_exact_now(self, scope, exact_key)
+
+
+def director(store=None):
+    routing = RoutingDirector(Scheduler(rng=random.Random(0)), scrape_interval_s=None)
+    return CachingDirector(routing, CacheRuntime(store=MemoryStore() if store is None else store, inflight=InFlight(), secret=b"a test secret of 32 bytes, fixed"))
+
+
+def request(prompt="How do I reset my password?", **headers):
+    body = json.dumps({"model": "m", "messages": [{"role": "user", "content": prompt}]}).encode()
+    ctx = RequestContext(headers={"authorization": "Bearer k1", **headers}, route=ROUTE, route_name="chat")
+    ctx.body, ctx.chat = body, parse_chat_request(body)
+    return ctx
+
+
+def store_answer(d, prompt="How do I reset my password?"):
+    ctx = request(prompt)
+    worked_out = d._cache_request(ctx, d._route_cache(ctx).policy)
+    answer = capture_json(ANSWER, time.time(), prompt_text=worked_out.prompt).to_bytes()
+    asyncio.run(d._rt.store.put(worked_out.scope.key, worked_out.key, worked_out.prompt, None, answer, 60))
+
+
+def test_an_exact_hit_from_an_in_process_store_is_answered_at_once():
+    d = director()
+    store_answer(d)
+    ctx = request()
+    plan = d.decide_now(ctx)
+    assert plan is not None and plan.reply is not None and plan.reply.status == 200
+    assert json.loads(plan.reply.body)["choices"][0]["message"]["content"] == "Use the link."
+    assert (ctx.outcome, ctx.cache_status) == (Outcome.ANSWERED, "exact")
+    assert ctx.cache_scope == ctx.cache_request.scope.key
+
+
+def test_a_miss_waits_for_decide_which_reuses_the_work_done():
+    d = director()
+    ctx = request()
+    assert d.decide_now(ctx) is None
+    worked_out = ctx.cache_request
+    plan = asyncio.run(d.decide(ctx))
+    assert ctx.cache_request is worked_out and ctx.cache_status == "miss" and plan.cluster == "a"
+
+
+def test_bypassed_requests_and_await_only_stores_are_not_answered_at_once():
+    d = director()
+    store_answer(d)
+    assert d.decide_now(request(**{"cache-control": "no-store"})) is None
+    assert d.decide_now(request(**{"cache-control": "no-cache"})) is None     # may store, never serve
+    slow = director(AwaitOnlyStore())
+    store_answer(slow)
+    ctx = request()
+    assert slow.decide_now(ctx) is None
+    assert asyncio.run(slow.decide(ctx)).reply is not None and ctx.cache_status == "exact"
