@@ -4,10 +4,13 @@ decode(): ProcessingRequest -> event; encode(): reply -> ProcessingResponse.
 """
 from __future__ import annotations
 
+import functools
+
 from envoy.config.core.v3 import base_pb2
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2 as mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.type.v3 import http_status_pb2
+from google.protobuf import struct_pb2
 
 from sidecar.events import (BodyMode, Continue, Event, ImmediateReply, ModeOverride, Phase, Reply,
                             RequestBody, RequestHeaders, ResponseBody, ResponseHeaders)
@@ -81,6 +84,7 @@ CONFIGURED_MODE = mode_pb2.ProcessingMode(
     response_trailer_mode=mode_pb2.ProcessingMode.SKIP)
 
 
+@functools.lru_cache(maxsize=None)     # few overrides exist; callers copy, never change it
 def _mode(override: ModeOverride) -> mode_pb2.ProcessingMode:
     mode = mode_pb2.ProcessingMode()
     mode.CopyFrom(CONFIGURED_MODE)
@@ -114,16 +118,40 @@ def extend_message_timeout(seconds: float) -> pb.ProcessingResponse:
     return response
 
 
+def _metadata(items: tuple) -> struct_pb2.Struct:
+    """Dynamic metadata in the "sluice" namespace (built anew: callers copy it into a reply)."""
+    metadata = struct_pb2.Struct()
+    metadata.update({METADATA_NAMESPACE: dict(items)})
+    return metadata
+
+
+# Marks an answer as the sidecar's: Envoy's local-reply mappers (envoy.yaml.tmpl) rewrite
+# Envoy's own 429s into OpenAI's shape and must leave the sidecar's (already so) alone.
+_SIDECAR_REPLY_METADATA = _metadata(((SIDECAR_REPLY_KEY, True),))
+# Replies whose metadata takes few values (the cluster, the cache status) reuse one Struct.
+_shared_metadata = functools.lru_cache(maxsize=256)(_metadata)
+
+
 def encode(reply: Reply) -> pb.ProcessingResponse:
     if isinstance(reply, ImmediateReply):
         response = pb.ProcessingResponse(immediate_response=pb.ImmediateResponse(
             status=http_status_pb2.HttpStatus(code=reply.status),
             headers=pb.HeaderMutation(set_headers=_header_options(reply.headers)),
             body=reply.body))
-        # Marks the answer as the sidecar's: Envoy's local-reply mappers (envoy.yaml.tmpl) rewrite
-        # Envoy's own 429s into OpenAI's shape and must leave the sidecar's (already so) alone.
-        response.dynamic_metadata.update({METADATA_NAMESPACE: {SIDECAR_REPLY_KEY: True}})
+        response.dynamic_metadata.CopyFrom(_SIDECAR_REPLY_METADATA)
         return response
+    if not (reply.set_headers or reply.remove_headers or reply.dynamic_metadata) and reply.body is None:
+        return _plain(reply.phase, reply.mode, reply.clear_route_cache)
+    return _encode_continue(reply)
+
+
+@functools.lru_cache(maxsize=None)     # phases x the few overrides; gRPC only reads the message
+def _plain(phase: Phase, mode: ModeOverride | None, clear_route_cache: bool) -> pb.ProcessingResponse:
+    """A reply that changes nothing but, at most, the mode and the route: the same every time."""
+    return _encode_continue(Continue(phase, mode=mode, clear_route_cache=clear_route_cache))
+
+
+def _encode_continue(reply: Continue) -> pb.ProcessingResponse:
     response = pb.ProcessingResponse()
     if reply.phase is Phase.REQUEST_HEADERS:
         response.request_headers.response.CopyFrom(_common(reply))
@@ -137,6 +165,8 @@ def encode(reply: Reply) -> pb.ProcessingResponse:
         response.mode_override.CopyFrom(_mode(reply.mode))
     if reply.dynamic_metadata:
         # Envoy accepts it for namespaces in metadata_options.receiving_namespaces (the template
-        # lists "sluice"); access logs and rate-limit filters read it from there.
-        response.dynamic_metadata.update({METADATA_NAMESPACE: dict(reply.dynamic_metadata)})
+        # lists "sluice"); access logs and rate-limit filters read it from there. Token counts
+        # vary too much to share a Struct; the response headers' values do not.
+        shared = all(isinstance(value, str) for _, value in reply.dynamic_metadata)
+        response.dynamic_metadata.CopyFrom((_shared_metadata if shared else _metadata)(reply.dynamic_metadata))
     return response
