@@ -48,7 +48,7 @@ RUN bash scripts/system-deps.sh && make test-fast
 
 # ---- runtime virtualenv: drop the test-only tools `.[dev]` brought --------------------------
 FROM build AS venv
-RUN .venv/bin/pip uninstall -y -q kubernetes-validate pytest pytest-asyncio openai \
+RUN .venv/bin/pip uninstall -y -q kubernetes-validate pytest pytest-asyncio openai onnx onnx-ir \
  && .venv/bin/pip check
 
 # ---- runtime --------------------------------------------------------------------------------

@@ -4,11 +4,12 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 GEN     := sidecar/gen/.stamp
+MODEL   := build/models/all-MiniLM-L6-v2-int8-matmulnbits.onnx
 PROTOS  := $(wildcard proto/sluice/v1/*.proto)
 
 .PHONY: all run test test-fast proto bench bench-overhead bench-embed bench-decode bench-route bench-overload bench-cache bench-index bench-instructions model-fp16 gpu-check docs lint system-deps clean
 
-all: $(STAMP) $(GEN)
+all: $(STAMP) $(GEN) $(MODEL)
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -22,6 +23,10 @@ $(GEN): $(PROTOS) scripts/build_proto.py $(STAMP)
 	touch $@
 
 proto: $(GEN)
+
+# The served CPU embedding model: the packaged int8 weights with int8 arithmetic (the script says why).
+$(MODEL): scripts/build_model.py $(STAMP)
+	$(BIN)/python scripts/build_model.py --out $@
 
 system-deps:
 	bash scripts/system-deps.sh

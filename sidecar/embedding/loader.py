@@ -42,7 +42,7 @@ def load(settings: EmbeddingSettings, metrics: EmbedMetrics | None = None) -> Lo
     provider = session.get_providers()[0]
     batch_limit = None
     if provider == CUDA and not settings.model_path:
-        log.warning("the packaged int8 embedding model is running on a GPU, where int8 is no "
+        log.warning("the default int8 embedding model is running on a GPU, where int8 is no "
                     "gain: make the fp16 model with scripts/export_fp16.py and set "
                     "SLUICE_EMBED_MODEL_PATH and SLUICE_EMBED_MODEL_SHA256")
     if provider == CUDA:

