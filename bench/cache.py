@@ -1,7 +1,7 @@
 """`make bench-cache` (= `python -m bench.cache`): what the answer cache buys and what it costs.
 
-One run, about 3.5 minutes on the 2-core box; real Envoy + the Sluice sidecar + demo upstreams
-(devtools.stack), then the same with a no-op sidecar:
+One run, about 4.5 minutes on the 2-core box; real Envoy + the Sluice sidecar + demo upstreams
+(devtools.stack), and beside it the same with a no-op sidecar:
 
 1. Quality on a replayed stream. PAIRS labelled pairs from ../shared/data/paraphrase/dev.jsonl
    (beside the repo, or $SLUICE_PARAPHRASE), a third from each source. Every pair is asked
@@ -21,7 +21,9 @@ One run, about 3.5 minutes on the 2-core box; real Envoy + the Sluice sidecar + 
 3. Throughput with wrk at concurrency 16 and 64: exact hits on one cached body against
    Envoy + a no-op sidecar passing the same body to a fast upstream (ttft 0, one token),
    for two bodies: bench.overhead's ~2 KB one and a short question (the per-request cost of
-   an exact hit grows with the prompt's length). Semantic hits (rotating the paraphrase
+   an exact hit grows with the prompt's length). The two stacks run side by side and take
+   turns (`--turns` each per point, the median kept; the ratio is the median of the turns'
+   ratios), so a minute's drift on a shared machine does not land in the comparison. Semantic hits (rotating the paraphrase
    bodies; each request embeds its text once) against the embedder's own texts/s on the
    same texts at the same concurrency (EmbeddingService in this process, as many closed-loop
    callers as wrk had connections, with the stack idle). The embedder's rate depends on
@@ -414,7 +416,13 @@ def routes() -> list[dict]:
     return [no_cache, chat_route("cached", "/", candidates)]
 
 
-def run_cache_stack(work: pathlib.Path, args, pairs, stream, ttft_texts, exact_bodies) -> dict:
+def median_turn(concurrency: int, turns: list[dict]) -> dict:
+    """The turn of median req/s, with every turn's req/s in the order they ran."""
+    median = sorted(turns, key=lambda t: t["rps"])[len(turns) // 2]
+    return {"concurrency": concurrency, **median, "rps_turns": [t["rps"] for t in turns]}
+
+
+def run_cache_stack(work: pathlib.Path, args, pairs, stream, ttft_texts, exact_bodies, noop_url: str) -> dict:
     out: dict = {}
     stack = Stack(work / "cache", routes=routes(), envoy_vars=overhead.NO_RATE_LIMIT,
                   upstream_args={"a": REPLAY_UPSTREAM, "b": REFERENCE_UPSTREAM},
@@ -424,11 +432,11 @@ def run_cache_stack(work: pathlib.Path, args, pairs, stream, ttft_texts, exact_b
         out["rss_start_mb"] = report.rss_mb(pid)
         url = f"{stack.base_url}/chat/completions"
 
-        log(f"[1/5] reference answers for {len({i['text'] for i in stream})} prompts (upstream b, directly)")
+        log(f"[1/4] reference answers for {len({i['text'] for i in stream})} prompts (upstream b, directly)")
         texts = sorted({p[r] for p in pairs for r in ("a", "b")})
         truth = asyncio.run(reference_answers(stack.upstream_port("b"), texts))
 
-        log(f"[1/5] replaying {len(stream)} requests through Envoy, one at a time")
+        log(f"[1/4] replaying {len(stream)} requests through Envoy, one at a time")
         warm_up(url)
         before = upstream_requests(stack, "a")
         started = time.perf_counter()
@@ -443,28 +451,35 @@ def run_cache_stack(work: pathlib.Path, args, pairs, stream, ttft_texts, exact_b
         out["semantic_texts"] = len(semantic_texts)
         semantic_bodies = [encode(chat(t)) for t in semantic_texts]
 
-        log("[2/5] wrk: exact hits (two bodies) and semantic hits at concurrency 1, 16, 64")
-        out["wrk_exact"], out["exact_body_check"] = {}, {}
+        log(f"[2/4] wrk: exact hits (two bodies), in turns with the no-op sidecar, and semantic hits "
+            f"at concurrency {', '.join(map(str, CONCURRENCY))}")
+        out["wrk_exact"], out["wrk_noop"], out["exact_body_check"] = {}, {}, {}
         for name, body in exact_bodies.items():
             tiers = [httpx.post(url, content=body, headers=HEADERS, timeout=30).headers.get("x-sluice-cache")
                      for _ in range(2)]                                 # the first stores it
             out["exact_body_check"][name] = tiers
             wrk.run(url, body, 16, 1)                                   # warm-up
-            out["wrk_exact"][name] = []
+            wrk.run(noop_url, body, 16, 1)
+            out["wrk_exact"][name], out["wrk_noop"][name] = [], []
             for c in CONCURRENCY:
-                m0 = metric_sum(sidecar_metrics(stack), "sluice_cache_requests_total", result="exact")
-                point = wrk.run(url, body, c, duration(args, c))
-                point["exact_in_metrics"] = metric_sum(sidecar_metrics(stack), "sluice_cache_requests_total",
-                                                       result="exact") - m0
-                out["wrk_exact"][name].append({"concurrency": c, **point})
+                exact_turns, noop_turns = [], []
+                for _ in range(args.turns):
+                    m0 = metric_sum(sidecar_metrics(stack), "sluice_cache_requests_total", result="exact")
+                    point = wrk.run(url, body, c, duration(args, c))
+                    point["exact_in_metrics"] = metric_sum(sidecar_metrics(stack), "sluice_cache_requests_total",
+                                                           result="exact") - m0
+                    exact_turns.append(point)
+                    noop_turns.append(wrk.run(noop_url, body, c, duration(args, c)))
+                out["wrk_exact"][name].append(median_turn(c, exact_turns))
+                out["wrk_noop"][name].append(median_turn(c, noop_turns))
         out["wrk_semantic"] = [{"concurrency": c, **wrk_rotate(url, semantic_bodies, c, duration(args, c))}
                                for c in CONCURRENCY] if semantic_bodies else []
 
         clients = [c for c in CONCURRENCY if c > 1]
-        log(f"[3/5] the embedder alone in this process: {clients} clients, {args.embed_seconds:g} s each")
+        log(f"[3/4] the embedder alone in this process: {clients} clients, {args.embed_seconds:g} s each")
         out["embedder"] = asyncio.run(embedder_rates(semantic_texts or texts, clients, args.embed_seconds))
 
-        log(f"[4/5] streamed misses: {len(ttft_texts)} fresh prompts on the cached and the cache-off route")
+        log(f"[4/4] streamed misses: {len(ttft_texts)} fresh prompts on the cached and the cache-off route")
         httpx.post(f"http://127.0.0.1:{stack.upstream_port('a')}/admin/config", json=STREAM_CONFIG,
                    timeout=5).raise_for_status()
         out["ttft"] = ttft_phase(stack, ttft_texts)
@@ -474,17 +489,12 @@ def run_cache_stack(work: pathlib.Path, args, pairs, stream, ttft_texts, exact_b
     return out
 
 
-def run_noop_stack(work: pathlib.Path, args, exact_bodies: dict[str, bytes]) -> dict[str, list[dict]]:
+def noop_stack(work: pathlib.Path) -> Stack:
+    """Envoy + the no-op sidecar passing requests to a fast upstream (ttft 0, one token)."""
     fast = {"a": overhead.FAST_UPSTREAM, "b": overhead.FAST_UPSTREAM}
     routes = [chat_route("bench", "/", [{"cluster": "upstream_a", "weight": 1}])]
-    with Stack(work / "noop", upstream_args=fast, sidecar_args=["--noop"],
-               envoy_vars=overhead.NO_RATE_LIMIT, routes=routes) as stack:
-        url = f"{stack.base_url}/chat/completions"
-        results = {}
-        for name, body in exact_bodies.items():
-            wrk.run(url, body, 16, 1)
-            results[name] = [{"concurrency": c, **wrk.run(url, body, c, duration(args, c))} for c in CONCURRENCY]
-        return results
+    return Stack(work / "noop", upstream_args=fast, sidecar_args=["--noop"],
+                 envoy_vars=overhead.NO_RATE_LIMIT, routes=routes)
 
 
 def duration(args, concurrency: int) -> float:
@@ -497,9 +507,10 @@ def main() -> int:
     parser.add_argument("--extra", type=int, default=EXTRA, help="Zipf-drawn repeats")
     parser.add_argument("--zipf", type=float, default=ZIPF_S)
     parser.add_argument("--seed", type=int, default=SEED)
-    parser.add_argument("--seconds", type=float, default=5.0, help="wrk duration at concurrency 16/64")
+    parser.add_argument("--seconds", type=float, default=4.0, help="wrk duration at concurrency 16/64")
     parser.add_argument("--seconds-c1", type=float, default=3.0, help="wrk duration at concurrency 1")
     parser.add_argument("--embed-seconds", type=float, default=3.0)
+    parser.add_argument("--turns", type=int, default=3, help="turns of exact hits and the no-op per point")
     args = parser.parse_args()
     began = time.perf_counter()
     load_at_start = os.getloadavg()
@@ -519,9 +530,10 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory() as tmp:
         work = pathlib.Path(tmp)
-        cache = run_cache_stack(work, args, pairs, stream, ttft_texts, exact_bodies)
-        log("[5/5] no-op sidecar baseline (fast upstream), the same bodies")
-        noop = run_noop_stack(work, args, exact_bodies)
+        with noop_stack(work) as baseline:
+            cache = run_cache_stack(work, args, pairs, stream, ttft_texts, exact_bodies,
+                                    f"{baseline.base_url}/chat/completions")
+        noop = cache["wrk_noop"]
 
     print()
     print(f"1. quality: {len(pairs)} pairs ({path.name}), {len(stream)} requests (each pair's a then b, "
@@ -530,7 +542,8 @@ def main() -> int:
     print("\n2. latency through Envoy at concurrency 1 (replay: httpx client, upstream ttft 50 ms; "
           "wrk: 1 connection)")
     latency_out = print_latency(stream, cache, noop)
-    print(f"\n3. throughput, wrk 1 thread, {args.seconds:g} s per point; exact bodies "
+    print(f"\n3. throughput, wrk 1 thread, {args.seconds:g} s per point (exact hits and the no-op: median "
+          f"of {args.turns} turns each); exact bodies "
           + ", ".join(f"{k} = {len(v)} bytes" for k, v in exact_bodies.items())
           + f"; {cache['semantic_texts']} rotating paraphrase bodies")
     throughput_out = print_throughput(cache, noop)
@@ -638,8 +651,10 @@ def print_throughput(cache: dict, noop: dict) -> dict:
     print(report.table(rows, ["workload", "concurrency", "req/s", "p50 ms", "p99 ms", "errors", "tiers seen"]))
     embed_rates = {c: e["texts_per_s"] for c, e in cache["embedder"].items()}
     reference = embed_report_reference()
-    exact_over_noop = {body: {str(p["concurrency"]): p["rps"] / n["rps"]
-                              for p, n in zip(points, noop[body]) if p["concurrency"] > 1}
+    # Per turn (the two measured back to back), then the median turn.
+    exact_over_noop = {body: {str(p["concurrency"]): statistics.median(
+                                  e / n for e, n in zip(p["rps_turns"], q["rps_turns"]))
+                              for p, q in zip(points, noop[body]) if p["concurrency"] > 1}
                        for body, points in cache["wrk_exact"].items()}
     semantic_over_embed = {str(p["concurrency"]): p["rps"] / embed_rates[str(p["concurrency"])]
                            for p in cache["wrk_semantic"] if p["concurrency"] > 1}
@@ -712,7 +727,7 @@ def _diff(a: float | None, b: float | None) -> float | None:
 
 def _point(p: dict) -> dict:
     keep = ("concurrency", "requests", "seconds", "rps", "p50_ms", "p90_ms", "p99_ms", "errors", "tiers",
-            "exact_in_metrics")
+            "exact_in_metrics", "rps_turns")
     return {k: p[k] for k in keep if k in p}
 
 
