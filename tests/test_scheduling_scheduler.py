@@ -163,6 +163,17 @@ def test_half_open_primary_takes_probes_then_closes_and_every_transition_is_emit
     ]
 
 
+def test_a_probe_without_a_verdict_passes_its_turn_to_the_next_request():
+    s = scheduler()
+    trip(s, "a", now=0.0)
+    probe = s.pick([A, FALLBACK], now=5.0)
+    assert probe.probe                                   # the next one is not due yet (probe_share 0.5)
+    s.on_abandon(probe)                                  # its client left, or its answer was not read
+    again = s.pick([A, FALLBACK], now=5.1)
+    assert (again.cluster, again.probe) == ("a", True)
+    assert s.breaker_states(5.1)["a"] is BreakerState.HALF_OPEN
+
+
 def test_breaker_states_move_with_time_for_export():
     transitions = []
     s = scheduler(transitions=transitions.append)

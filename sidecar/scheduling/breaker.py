@@ -95,6 +95,12 @@ class CircuitBreaker:
     def start_probe(self) -> None:
         self._since_probe = 0
 
+    def void_probe(self) -> None:
+        """A probe ended without a verdict (its client left, or its answer was not read): the
+        next request that could go here probes at once."""
+        if self.state is HALF_OPEN:
+            self._since_probe = self.config.probe_interval
+
     def record(self, ok: bool, latency_s: float | None, now: float, probe: bool = False) -> BreakerTransition | None:
         """A request to this cluster ended. While half-open only probes count."""
         if self.state is CLOSED:

@@ -225,9 +225,12 @@ class Scheduler:
         return all(self._breaker(c.cluster).state is BreakerState.CLOSED for c in candidates)
 
     def on_abandon(self, decision: Decision) -> None:
-        """The client went away before any answer: frees the in-flight slot, judges nothing."""
+        """No answer seen (the client went away, or the answer was not read): frees the
+        in-flight slot, judges nothing; a probe's turn passes to the next request."""
         if decision.cluster is not None:
             self.signals.on_abandon(decision.cluster)
+            if decision.probe:
+                self._breaker(decision.cluster).void_probe()
 
     def set_breaker_config(self, cluster: str, config: BreakerConfig) -> None:
         """Route settings name a breaker for their clusters; a changed config restarts it closed."""
