@@ -463,13 +463,16 @@ def run_cache_stack(work: pathlib.Path, args, pairs, stream, ttft_texts, exact_b
             out["wrk_exact"][name], out["wrk_noop"][name] = [], []
             for c in CONCURRENCY:
                 exact_turns, noop_turns = [], []
-                for _ in range(args.turns):
+                for turn in range(args.turns):
+                    if turn % 2:                                        # neither always first
+                        noop_turns.append(wrk.run(noop_url, body, c, duration(args, c)))
                     m0 = metric_sum(sidecar_metrics(stack), "sluice_cache_requests_total", result="exact")
                     point = wrk.run(url, body, c, duration(args, c))
                     point["exact_in_metrics"] = metric_sum(sidecar_metrics(stack), "sluice_cache_requests_total",
                                                            result="exact") - m0
                     exact_turns.append(point)
-                    noop_turns.append(wrk.run(noop_url, body, c, duration(args, c)))
+                    if not turn % 2:
+                        noop_turns.append(wrk.run(noop_url, body, c, duration(args, c)))
                 out["wrk_exact"][name].append(median_turn(c, exact_turns))
                 out["wrk_noop"][name].append(median_turn(c, noop_turns))
         out["wrk_semantic"] = [{"concurrency": c, **wrk_rotate(url, semantic_bodies, c, duration(args, c))}

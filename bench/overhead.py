@@ -65,8 +65,9 @@ def measure_in_turns(urls: dict[str, str], body: bytes, seconds: float, rounds: 
     results: dict[str, list[dict]] = {name: [] for name in urls}
     for c in CONCURRENCY:
         runs: dict[str, list[dict]] = {name: [] for name in urls}
-        for _ in range(rounds):
-            for name, url in urls.items():
+        for turn in range(rounds):
+            order = list(urls.items())
+            for name, url in (order if turn % 2 == 0 else reversed(order)):   # neither always first
                 runs[name].append({"concurrency": c, **wrk.run(url, body, c, seconds)})
         for name, points in runs.items():
             median = sorted(points, key=lambda r: r["rps"])[len(points) // 2]

@@ -90,7 +90,7 @@ class AccessLog:
             "time": self._time(), "logger": "sluice.access", "message": "request",
             "request_id": ctx.request_id, "route": ctx.route_name, "cluster": ctx.cluster,
             "outcome": ctx.outcome.value if ctx.outcome is not None else None,
-            "cache": ctx.cache_status, "status": ctx.status,
+            "cache": ctx.cache_status, "status": ctx.status, "response_read": ctx.response_read,
             "ttfb_ms": _ms(ttfb), "duration_ms": _ms(now - ctx.started),
             "model": chat.model if chat is not None else None,
             "stream": chat.stream if chat is not None else None,

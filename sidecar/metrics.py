@@ -32,15 +32,17 @@ def message_timer(event_type: type):
 _REQUEST_COUNTERS: dict = {}
 
 
-def count_request(route: str, cluster: str, outcome: str, status: int | None) -> None:
+def count_request(route: str, cluster: str, outcome: str, status: int | None, read: bool = True) -> None:
     """sluice_requests_total += 1, with the label child cached (labels() is ~1.5 µs a call);
-    the labels' values are few (routes x clusters x outcomes x status classes)."""
-    key = (route, cluster, outcome, status)
+    the labels' values are few (routes x clusters x outcomes x status classes). read=False: the
+    answer was not read (feedback sampling), so its status is not known here."""
+    key = (route, cluster, outcome, status, read)
     counter = _REQUEST_COUNTERS.get(key)
     if counter is None:
         if len(_REQUEST_COUNTERS) > 10_000:    # bounded all the same: a churn of route names
             _REQUEST_COUNTERS.clear()
-        counter = _REQUEST_COUNTERS[key] = REQUESTS.labels(route, cluster, outcome, status_class(status))
+        label = status_class(status) if read or status is not None else "unread"
+        counter = _REQUEST_COUNTERS[key] = REQUESTS.labels(route, cluster, outcome, label)
     counter.inc()
 
 

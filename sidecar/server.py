@@ -104,7 +104,7 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):
             except Exception:       # a bug there must not cost the request its metrics and log line
                 log.exception("director.on_finish failed")
             if ctx.outcome is not None:
-                metrics.count_request(ctx.route_name, ctx.cluster or "", ctx.outcome.value, ctx.status)
+                metrics.count_request(ctx.route_name, ctx.cluster or "", ctx.outcome.value, ctx.status, ctx.response_read)
             self._record(ctx, trace)
 
     def _decide_now(self, ctx, trace: RequestTrace | None):

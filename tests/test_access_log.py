@@ -76,7 +76,7 @@ def test_entry_has_the_request_facts():
     entry = AccessLog(clock=lambda: 100.25, wall_clock=lambda: 0.5).entry(routed_context("hi", stream=True), "ab" * 16)
     assert {k: v for k, v in entry.items() if k != "time"} == {
         "logger": "sluice.access", "message": "request", "request_id": "req-1", "route": "chat",
-        "cluster": "upstream_a", "outcome": "routed", "cache": "miss", "status": 200,
+        "cluster": "upstream_a", "outcome": "routed", "cache": "miss", "status": 200, "response_read": True,
         "ttfb_ms": 42.5, "duration_ms": 250.0, "model": "demo-model", "stream": True, "trace_id": "ab" * 16}
     assert entry["time"].endswith(",500")
 

@@ -159,9 +159,33 @@ def test_unread_answers_still_carry_the_sidecars_headers_and_end_in_flight(stack
     assert raw.headers["x-sluice-cluster"] == "upstream_" + raw.headers["x-upstream-name"]
     assert chunks[-1].choices[0].finish_reason == "stop"
     assert wait_for_metric(stack, "sluice_open_streams", 0) == 0
+    deadline, lines = time.monotonic() + 5, []
+    while len(lines) < 7 and time.monotonic() < deadline:     # the request log is flushed each second
+        time.sleep(0.1)
+        lines = [json.loads(line) for line in (stack.workdir / "sidecar.log").read_text().splitlines()
+                 if '"logger":"sluice.access"' in line and '"route":"unread"' in line]
+    assert len(lines) == 7 and all(e["status"] is None and e["response_read"] is False for e in lines)
     for cluster in ("upstream_a", "upstream_b"):
         assert wait_for_metric(stack, "sluice_scheduler_in_flight", 0, cluster=cluster) == 0
     assert metric(stack, "sluice_ext_proc_message_seconds_count", phase="ResponseHeaders") == read_before
-    assert metric(stack, "sluice_requests_total", route="unread", status_class="none") == 7
+    assert metric(stack, "sluice_requests_total", route="unread", status_class="unread") == 7
     ask(client(stack, "/spread/v1"))          # a route with the debug header reads its answers
     assert metric(stack, "sluice_ext_proc_message_seconds_count", phase="ResponseHeaders") == read_before + 1
+
+
+def test_an_unread_answer_counts_in_flight_until_it_ends(stack):
+    """The ext_proc stream of a request whose response headers are skipped stays open until the
+    request ends (Envoy 1.40 with a BUFFERED body): the cluster's in-flight count covers the answer."""
+    for name in ("a", "b"):
+        configure(stack, name, tokens=20, tokens_per_s=20)          # ~1 s of streaming
+    try:
+        stream = client(stack, "/unread/v1").chat.completions.create(
+            model="demo-model", messages=[{"role": "user", "content": "tell me more"}], stream=True)
+        chunks = iter(stream)
+        next(chunks)                                                # the answer has started
+        assert metric(stack, "sluice_scheduler_in_flight") == 1
+        assert sum(1 for _ in chunks) > 5
+        assert wait_for_metric(stack, "sluice_scheduler_in_flight", 0) == 0
+    finally:
+        for name in ("a", "b"):
+            configure(stack, name, tokens=4, tokens_per_s=1000)

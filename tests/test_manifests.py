@@ -449,6 +449,10 @@ def test_istio_envoy_filter_matches_the_reference():
     assert cluster["health_checks"][0]["grpc_health_check"]["service_name"] == EXT_PROC
     mutations = patches["NETWORK_FILTER"]["typed_config"]["early_header_mutation_extensions"][0]
     assert {"remove_on_match": {"key_matcher": {"prefix": "x-sluice-"}}} in mutations["typed_config"]["mutations"]
+    # Unread answers' headers come from the sidecar's metadata, as in the reference.
+    reference_route_config = reference_config()["static_resources"]["listeners"][0]["filter_chains"][0][
+        "filters"][0]["typed_config"]["route_config"]
+    assert patches["ROUTE_CONFIGURATION"]["response_headers_to_add"] == reference_route_config["response_headers_to_add"]
 
 
 def test_istio_envoy_filter_points_at_its_service():
@@ -471,7 +475,7 @@ def test_istio_patches_are_valid_envoy_config(tmp_path):
     patches = istio_patches()
     hcm = {"@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
            "stat_prefix": "istio_gateway",
-           "route_config": {"virtual_hosts": [{"name": "all", "domains": ["*"], "routes": [
+           "route_config": {**patches["ROUTE_CONFIGURATION"], "virtual_hosts": [{"name": "all", "domains": ["*"], "routes": [
                {"match": {"prefix": "/"}, "route": {"cluster": "model"}}]}]},
            "http_filters": [patches["HTTP_FILTER"], {
                "name": "envoy.filters.http.router",
