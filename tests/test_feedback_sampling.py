@@ -134,3 +134,18 @@ def test_cache_routes_read_every_answer_and_the_others_follow_routing():
                                      "candidates": [{"cluster": "a"}]})
     assert reads(caching, cached, 10) == 10
     assert reads(caching, uncached, 10) == 0
+
+
+def test_response_headers_that_come_anyway_are_handled_as_read():
+    """An Envoy without allow_mode_override ignores the skip: the answer is then read as usual."""
+    from sidecar.events import ResponseHeaders
+    settings = route(feedback={"read_all_per_s": 0, "then_one_in": 1000})
+    d = director()
+    processor = RequestProcessor(d.reads_response)
+    processor.handle(headers_event(settings))
+    decide = processor.handle(RequestBody(BODY, True))
+    processor.apply(asyncio.run(d.decide(decide.context)))
+    reply = processor.handle(ResponseHeaders({":status": "200"}, False))
+    cluster = processor.context.cluster
+    assert reply.phase is Phase.RESPONSE_HEADERS and ("x-sluice-cluster", cluster) in reply.set_headers
+    assert processor.context.status == 200
