@@ -29,6 +29,7 @@ from sidecar.cache.equivalence import EquivalenceSettings, same_question
 from sidecar.cache.inflight import Answered, Follow, Lead, Near, Promoted
 from sidecar.cache.policy import TIME_SENSITIVE_WORDS, CachePolicy, cache_decision
 from sidecar.cache.replay import completion_id, hit_headers, json_body, sse_body
+from sidecar.cache.request_memo import RequestMemo
 from sidecar.cache.scope import exact_key, prompt_text, scope_for
 from sidecar.context import Outcome, RequestContext
 from sidecar.events import BodyMode, ImmediateReply, Plan
@@ -42,6 +43,8 @@ CACHE_HEADER = "x-sluice-cache"
 class RouteCache:
     policy: CachePolicy
     semantic: bool          # the semantic tier (and near-duplicate dedup) on this route
+    # Verdicts on requests seen (mutable; one memo per route settings object).
+    requests: RequestMemo = field(default_factory=RequestMemo, compare=False)
 
 
 def route_cache(route: RouteSettings) -> RouteCache:
@@ -141,7 +144,7 @@ class CachingDirector:
         get_exact_now = getattr(self._rt.store, "get_exact_now", None)
         if get_exact_now is None:
             return None
-        request = self._cache_request(ctx, settings.policy)
+        request = self._cache_request(ctx, settings)
         if request.scope is None or request.bypass is not None:
             return None
         entry = get_exact_now(request.scope.key, request.key)
@@ -161,7 +164,7 @@ class CachingDirector:
             return await self._upstream(ctx, "bypass", None)
         policy = settings.policy
         chat = ctx.chat
-        bypass, scope, prompt, key = self._cache_request(ctx, policy)
+        bypass, scope, prompt, key = self._cache_request(ctx, settings)
         if scope is None or (bypass is not None and not bypass.may_store):
             metrics.CACHE_LOOKUPS.labels(ctx.route_name, "bypass").inc()
             return await self._upstream(ctx, "bypass", None)
@@ -191,17 +194,22 @@ class CachingDirector:
             if lead is not None:       # cancelled (client left) or failed before the capture owned it
                 lead.abandon()
 
-    def _cache_request(self, ctx: RequestContext, policy: CachePolicy) -> CacheRequest:
-        """The request's bypass verdict, scope and exact key; worked out once per request
-        (decide_now, then decide when it could not answer)."""
+    def _cache_request(self, ctx: RequestContext, settings: RouteCache) -> CacheRequest:
+        """The request's bypass verdict, scope and exact key: worked out once per request
+        (decide_now, then decide when it could not answer), and once for byte-identical repeats
+        (sidecar/cache/request_memo.py)."""
         request = ctx.cache_request
         if request is None:
-            chat = ctx.chat
-            bypass = cache_decision(chat, ctx.headers, policy)
-            scope = scope_for(chat, ctx.headers, policy, self._rt.secret, route=ctx.route_name)
-            prompt = prompt_text(chat)
-            key = None if scope is None else exact_key(scope, prompt)
-            request = ctx.cache_request = CacheRequest(bypass, scope, prompt, key)
+            policy = settings.policy
+
+            def work_out() -> CacheRequest:
+                chat = ctx.chat
+                bypass = cache_decision(chat, ctx.headers, policy)
+                scope = scope_for(chat, ctx.headers, policy, self._rt.secret, route=ctx.route_name)
+                prompt = prompt_text(chat)
+                return CacheRequest(bypass, scope, prompt, None if scope is None else exact_key(scope, prompt))
+            request = ctx.cache_request = settings.requests.get(
+                ctx.route_name, ctx.body, ctx.headers, policy.tenant_header or "authorization", work_out)
         return request
 
     def _route_cache(self, ctx: RequestContext) -> RouteCache | None:

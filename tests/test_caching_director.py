@@ -43,7 +43,7 @@ def request(prompt="How do I reset my password?", **headers):
 
 def store_answer(d, prompt="How do I reset my password?"):
     ctx = request(prompt)
-    worked_out = d._cache_request(ctx, d._route_cache(ctx).policy)
+    worked_out = d._cache_request(ctx, d._route_cache(ctx))
     answer = capture_json(ANSWER, time.time(), prompt_text=worked_out.prompt).to_bytes()
     asyncio.run(d._rt.store.put(worked_out.scope.key, worked_out.key, worked_out.prompt, None, answer, 60))
 
@@ -78,3 +78,17 @@ def test_bypassed_requests_and_await_only_stores_are_not_answered_at_once():
     ctx = request()
     assert slow.decide_now(ctx) is None
     assert asyncio.run(slow.decide(ctx)).reply is not None and ctx.cache_status == "exact"
+
+
+def test_a_repeat_reuses_the_verdict_and_another_caller_gets_its_own_scope():
+    d = director()
+    first, again = request(), request()
+    d.decide_now(first)
+    d.decide_now(again)
+    assert again.cache_request is first.cache_request
+    other = request(authorization="Bearer k2")
+    d.decide_now(other)
+    assert other.cache_request.scope.key != first.cache_request.scope.key
+    no_cache = request(**{"cache-control": "no-cache"})
+    d.decide_now(no_cache)
+    assert no_cache.cache_request.bypass is not None and first.cache_request.bypass is None

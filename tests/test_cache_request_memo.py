@@ -1,0 +1,55 @@
+"""The cache's verdict on a request, remembered for byte-identical repeats."""
+import pytest
+
+from sidecar.cache.request_memo import RequestMemo, request_digest
+
+HEADERS = {"authorization": "Bearer k1", "cache-control": "max-age=60"}
+
+
+def remembered(memo, body=b"{}", headers=HEADERS, route="chat", credential="authorization"):
+    calls = []
+    result = memo.get(route, body, headers, credential, lambda: calls.append(1) or object())
+    return result, bool(calls)
+
+
+def test_a_repeat_reuses_the_result_and_any_input_that_counts_makes_a_new_one():
+    memo = RequestMemo()
+    first, worked = remembered(memo)
+    assert worked
+    again, worked = remembered(memo, headers=dict(HEADERS, **{"x-request-id": "other"}))
+    assert again is first and not worked                 # other headers do not count
+    for changed in ({"body": b'{"a":1}'}, {"route": "other"},
+                    {"headers": dict(HEADERS, authorization="Bearer k2")},
+                    {"headers": dict(HEADERS, **{"cache-control": "no-cache"})},
+                    {"headers": dict(HEADERS, pragma="no-cache")}):
+        result, worked = remembered(memo, **changed)
+        assert worked and result is not first, changed
+
+
+def test_the_credential_header_is_the_routes_tenant_header_when_it_has_one():
+    memo = RequestMemo()
+    a, _ = remembered(memo, headers={"x-tenant": "a", "authorization": "Bearer same"}, credential="x-tenant")
+    b, worked = remembered(memo, headers={"x-tenant": "b", "authorization": "Bearer same"}, credential="x-tenant")
+    assert worked and a is not b
+
+
+def test_inputs_do_not_run_together():
+    assert request_digest("ab", b"", {"authorization": "c"}, "authorization") != \
+        request_digest("a", b"", {"authorization": "bc"}, "authorization")
+
+
+def test_no_credential_is_kept_and_the_memo_is_bounded():
+    memo = RequestMemo(max_entries=3, max_body_bytes=100)
+    for i in range(5):
+        remembered(memo, body=b'{"i":%d}' % i)
+    assert len(memo) == 3
+    assert all(len(key) == 16 for key in memo._results)           # digests, not the headers
+    remembered(memo, body=b"x" * 101)
+    assert len(memo) == 3                                         # large bodies are not remembered
+    _, worked = remembered(memo, body=b'{"i":0}')                  # the oldest went first
+    assert worked
+
+
+@pytest.mark.parametrize("body", [b"", b"\xff\xfe"])
+def test_any_bytes_are_fine(body):
+    assert remembered(RequestMemo(), body=body)[1]
