@@ -16,6 +16,7 @@ import asyncio
 import dataclasses
 import logging
 import os
+import random
 import time
 from dataclasses import dataclass, field
 from typing import Callable, NamedTuple
@@ -279,14 +280,14 @@ class CachingDirector:
                stored_at: float) -> Plan:
         now = self._clock()
         chat = ctx.chat
-        ident = completion_id(os.urandom(12))
+        ident = completion_id(random.randbytes(12))      # unique, not secret: no syscall needed
         if chat.stream:
             body = sse_body(answer, chat.model, now, ident, chat.include_usage)
         else:
             body = json_body(answer, chat.model, now, ident)
         ctx.outcome, ctx.cache_status = Outcome.ANSWERED, tier
-        metrics.CACHE_LOOKUPS.labels(ctx.route_name, tier).inc()
-        metrics.CACHE_SAVED_TOKENS.labels(ctx.route_name).inc(answer.prompt_tokens + answer.completion_tokens)
+        metrics.child(metrics.CACHE_LOOKUPS, ctx.route_name, tier).inc()
+        metrics.child(metrics.CACHE_SAVED_TOKENS, ctx.route_name).inc(answer.prompt_tokens + answer.completion_tokens)
         headers = hit_headers(tier, similarity, now - stored_at, stream=chat.stream) + _debug(ctx)
         return Plan(reply=ImmediateReply(200, body, headers))
 
@@ -303,7 +304,7 @@ class CachingDirector:
         """The routing director's plan for a request the cache did not answer."""
         ctx.cache_status = status
         if status == "miss":
-            metrics.CACHE_LOOKUPS.labels(ctx.route_name, "miss").inc()
+            metrics.child(metrics.CACHE_LOOKUPS, ctx.route_name, "miss").inc()
         if plan.reply is not None:                      # refused (e.g. 503): nothing to capture
             if capture is not None:
                 capture.abandon()
