@@ -264,7 +264,9 @@ def main() -> int:
     stack = Stack(pathlib.Path(args.workdir), ports=Ports.defaults(),
                   upstream_args={"a": ["--ttft-ms", "80", "--tokens-per-s", "60", "--tokens", "40"],
                                  "b": ["--ttft-ms", "40", "--tokens-per-s", "120", "--tokens", "40"]})
+    # Both explicitly: a shell starts a background job with SIGINT ignored, which Python keeps.
     signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, _interrupt)
     try:
         stack.start()
         p = stack.ports
