@@ -2,8 +2,9 @@
 
 Per request: pick (filters, scores, picker; fallback when primaries are down), set the cluster
 header and a per-request upstream timeout, rewrite the model for a fallback, answer 503 fast
-when nothing is available. Response headers give time to first byte; the end of the stream
-gives total latency and success, which drive the signals and the circuit breakers.
+when nothing is available. Response headers give time to first byte and success, the end of
+the stream total latency; they drive the signals and the circuit breakers. A busy route reads
+a sample of the answers (reads_response, sidecar/scheduling/sampling.py).
 """
 from __future__ import annotations
 
