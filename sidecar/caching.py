@@ -206,8 +206,12 @@ class CachingDirector:
             def work_out() -> CacheRequest:
                 chat = ctx.chat
                 bypass = cache_decision(chat, ctx.headers, policy)
-                scope = scope_for(chat, ctx.headers, policy, self._rt.secret, route=ctx.route_name)
                 prompt = prompt_text(chat)
+                if bypass is not None and not bypass.may_store:
+                    # Neither served nor stored: no scope (one would raise for a prompt
+                    # without user text, which cache_decision bypasses as not_text).
+                    return CacheRequest(bypass, None, prompt, None)
+                scope = scope_for(chat, ctx.headers, policy, self._rt.secret, route=ctx.route_name)
                 return CacheRequest(bypass, scope, prompt, None if scope is None else exact_key(scope, prompt))
             request = ctx.cache_request = settings.requests.get(
                 ctx.route_name, ctx.body, ctx.headers, policy.tenant_header or "authorization", work_out)

@@ -92,3 +92,14 @@ def test_a_repeat_reuses_the_verdict_and_another_caller_gets_its_own_scope():
     no_cache = request(**{"cache-control": "no-cache"})
     d.decide_now(no_cache)
     assert no_cache.cache_request.bypass is not None and first.cache_request.bypass is None
+
+
+def test_a_prompt_without_user_text_is_bypassed_not_an_error():
+    d = director()
+    ctx = request()
+    body = json.dumps({"model": "m", "messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}]}]}).encode()
+    ctx.body, ctx.chat = body, parse_chat_request(body)
+    assert d.decide_now(ctx) is None
+    plan = asyncio.run(d.decide(ctx))
+    assert ctx.cache_status == "bypass" and ctx.cache_request.bypass.reason == "not_text" and plan.cluster == "a"
