@@ -31,7 +31,7 @@ from sidecar.cache.inflight import Answered, Follow, Lead, Near, Promoted
 from sidecar.cache.policy import TIME_SENSITIVE_WORDS, CachePolicy, cache_decision
 from sidecar.cache.replay import completion_id, hit_headers, json_body, sse_body
 from sidecar.cache.request_memo import RequestMemo
-from sidecar.cache.scope import exact_key, prompt_text, scope_for
+from sidecar.cache.scope import credential_header, exact_key, prompt_text, scope_for
 from sidecar.context import Outcome, RequestContext
 from sidecar.events import BodyMode, ImmediateReply, Plan
 from sidecar.route_settings import PerSettings, RouteSettings
@@ -129,6 +129,8 @@ class CachingDirector:
         self._inner = inner
         self._rt = runtime
         self._clock = clock
+        # Stores that hold their entries in this process answer exact hits without awaiting.
+        self._get_exact_now = getattr(runtime.store, "get_exact_now", None)
         self._route_cache_of = PerSettings()
         self._tasks: set[asyncio.Task] = set()
 
@@ -142,13 +144,12 @@ class CachingDirector:
         if settings is None or not settings.policy.enabled:
             plan = self._inner.decide_now(ctx)
             return None if plan is None else self._passed_on(ctx, "bypass", None, plan)
-        get_exact_now = getattr(self._rt.store, "get_exact_now", None)
-        if get_exact_now is None:
+        if self._get_exact_now is None:
             return None
         request = self._cache_request(ctx, settings)
         if request.scope is None or request.bypass is not None:
             return None
-        entry = get_exact_now(request.scope.key, request.key)
+        entry = self._get_exact_now(request.scope.key, request.key)
         if entry is None:
             return None
         ctx.cache_scope = request.scope.key
@@ -167,7 +168,7 @@ class CachingDirector:
         chat = ctx.chat
         bypass, scope, prompt, key = self._cache_request(ctx, settings)
         if scope is None or (bypass is not None and not bypass.may_store):
-            metrics.CACHE_LOOKUPS.labels(ctx.route_name, "bypass").inc()
+            metrics.child(metrics.CACHE_LOOKUPS, ctx.route_name, "bypass").inc()
             return await self._upstream(ctx, "bypass", None)
         ctx.cache_scope = scope.key
         vector = None
@@ -186,7 +187,7 @@ class CachingDirector:
                     if answered is not None:
                         return self._serve(ctx, answered, "coalesced", None, self._clock())
             else:
-                metrics.CACHE_LOOKUPS.labels(ctx.route_name, bypass.reason).inc()
+                metrics.child(metrics.CACHE_LOOKUPS, ctx.route_name, bypass.reason).inc()
                 vector = await self._embed(prompt) if settings.semantic else None
             capture = Capture(scope.key, key, prompt, vector, policy.ttl_s, chat.stream, lead)
             lead = None   # owned by the capture from here on
@@ -214,7 +215,7 @@ class CachingDirector:
                 scope = scope_for(chat, ctx.headers, policy, self._rt.secret, route=ctx.route_name)
                 return CacheRequest(bypass, scope, prompt, None if scope is None else exact_key(scope, prompt))
             request = ctx.cache_request = settings.requests.get(
-                ctx.route_name, ctx.body, ctx.headers, policy.tenant_header or "authorization", work_out)
+                ctx.route_name, ctx.body, ctx.headers, credential_header(policy.tenant_header), work_out)
         return request
 
     def _route_cache(self, ctx: RequestContext) -> RouteCache | None:
@@ -238,7 +239,7 @@ class CachingDirector:
             with tracing.span("sluice.embed"):
                 return await self._rt.embedder.embed(prompt)
         except Exception as exc:   # EmbeddingUnavailable and anything else: skip the semantic tier
-            metrics.CACHE_EMBED_SKIPPED.labels(type(exc).__name__).inc()
+            metrics.child(metrics.CACHE_EMBED_SKIPPED, type(exc).__name__).inc()
             return None
 
     async def lookup(self, scope: str, key: str, prompt: str, settings: RouteCache) -> Lookup:
@@ -258,7 +259,7 @@ class CachingDirector:
             return Lookup("exact", "exact", neighbour.entry, 1.0, vector)
         checks = dataclasses.replace(self._rt.equivalence, threshold=policy.semantic_threshold)
         verdict = same_question(neighbour.entry.prompt, prompt, neighbour.similarity, checks)
-        metrics.CACHE_SEMANTIC_VERDICTS.labels(verdict.reason).inc()
+        metrics.child(metrics.CACHE_SEMANTIC_VERDICTS, verdict.reason).inc()
         return Lookup("semantic" if verdict.hit else None, verdict.reason, neighbour.entry,
                       neighbour.similarity, vector)
 
@@ -366,10 +367,10 @@ class CachingDirector:
             capture.scope, capture.key, capture.prompt, capture.vector, payload, capture.ttl_s))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-        metrics.CACHE_STORED.labels(ctx.route_name).inc()
+        metrics.child(metrics.CACHE_STORED, ctx.route_name).inc()
 
     def _refuse(self, ctx: RequestContext, capture: Capture, refusal: Refusal) -> None:
-        metrics.CACHE_NOT_STORED.labels(ctx.route_name, refusal.reason).inc()
+        metrics.child(metrics.CACHE_NOT_STORED, ctx.route_name, refusal.reason).inc()
         capture.abandon()
 
     def on_finish(self, ctx: RequestContext) -> None:

@@ -153,7 +153,7 @@ class RoutingDirector:
             body = rewrite_model(ctx.body, decision.model_rewrite)
         response_headers = [(CLUSTER_HEADER, decision.cluster), *debug]
         if decision.degraded:
-            metrics.DEGRADED.labels(ctx.route_name).inc()
+            metrics.child(metrics.DEGRADED, ctx.route_name).inc()
             response_headers.append(("x-sluice-degraded", "1"))
         response_body = None
         if ctx.token_estimate is not None:   # a token budget: read the answer's real usage
@@ -165,7 +165,7 @@ class RoutingDirector:
 
     def _unavailable(self, ctx: RequestContext, decision: Decision, debug: tuple) -> Plan:
         ctx.outcome = Outcome.REFUSED
-        metrics.UNAVAILABLE.labels(ctx.route_name).inc()
+        metrics.child(metrics.UNAVAILABLE, ctx.route_name).inc()
         retry = str(max(1, math.ceil(decision.retry_after_s or 1)))
         return Plan(reply=error_reply(
             503, "no upstream cluster is available for this route; retry later",
@@ -190,7 +190,7 @@ class RoutingDirector:
             result = await self.admission.admit(ctx, settings, ranked or [decision.cluster])
         if isinstance(result, Refusal):
             ctx.outcome = Outcome.REFUSED
-            metrics.ADMISSION_REFUSED.labels(ctx.route_name, result.reason).inc()
+            metrics.child(metrics.ADMISSION_REFUSED, ctx.route_name, result.reason).inc()
             retry = str(max(1, math.ceil(result.retry_after_s or 1)))
             limited = result.status == 429
             return Plan(reply=error_reply(
@@ -254,4 +254,4 @@ class RoutingDirector:
     def _on_transition(t: BreakerTransition) -> None:
         log.warning("circuit breaker of %s: %s -> %s (%s: %s)", t.cluster, t.previous.value,
                     t.state.value, t.trigger, t.detail)
-        metrics.BREAKER_TRANSITIONS.labels(t.cluster, t.state.value).inc()
+        metrics.child(metrics.BREAKER_TRANSITIONS, t.cluster, t.state.value).inc()

@@ -119,13 +119,18 @@ _CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_asci
 
 # ---------------------------------------------------------------- tenant
 
+def credential_header(tenant_header: str = "") -> str:
+    """The header naming the caller: the route's tenant header, else Authorization."""
+    return tenant_header or "authorization"
+
+
 def credential(headers: Mapping[str, str], tenant_header: str = "") -> tuple[str, str] | None:
     """(source, value) of the caller's identity as sent, or None when there is none.
 
     source is "header:<name>" for the route's tenant header, "authorization" otherwise.
     Header names are lower-case (as the codec gives them); blank values count as absent.
     """
-    name = tenant_header or "authorization"
+    name = credential_header(tenant_header)
     value = (headers.get(name) or "").strip()
     if not value:
         return None
