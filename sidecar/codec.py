@@ -167,6 +167,8 @@ def _encode_continue(reply: Continue) -> pb.ProcessingResponse:
         # Envoy accepts it for namespaces in metadata_options.receiving_namespaces (the template
         # lists "sluice"); access logs and rate-limit filters read it from there. Token counts
         # vary too much to share a Struct; the response headers' values do not.
-        shared = all(isinstance(value, str) for _, value in reply.dynamic_metadata)
-        response.dynamic_metadata.CopyFrom((_shared_metadata if shared else _metadata)(reply.dynamic_metadata))
+        if all(isinstance(value, str) for _, value in reply.dynamic_metadata):
+            response.dynamic_metadata.CopyFrom(_shared_metadata(reply.dynamic_metadata))
+        else:
+            response.dynamic_metadata.update({METADATA_NAMESPACE: dict(reply.dynamic_metadata)})
     return response

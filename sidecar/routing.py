@@ -80,7 +80,7 @@ class RoutingDirector:
         route = ctx.route
         if not (isinstance(route, RouteSettings) and route.candidates):
             return True
-        plan = self._route_plan(route, ctx.route_name)
+        plan = self._plan_of.get(route, self._build_plan, ctx.route_name)
         if not isinstance(plan, RoutePlan) or plan.debug_header or self._admission_settings(ctx) is not None:
             return True
         return not self.scheduler.breakers_closed(plan.candidates) or plan.feedback.read(self._clock())
@@ -99,6 +99,8 @@ class RoutingDirector:
         return route
 
     def _route_plan(self, route: RouteSettings, route_name: str) -> RoutePlan | RouteSettingsError:
+        """The route's plan, its clusters' load sources kept polled (a poller drops a target
+        that fails; the next request adds it back). Once per decision, not per lookup."""
         plan = self._plan_of.get(route, self._build_plan, route_name)
         if isinstance(plan, RoutePlan) and self._scraper is not None:
             for cluster, url in plan.metrics_urls:
@@ -118,19 +120,21 @@ class RoutingDirector:
             self.scheduler.set_breaker_config(spec.cluster, plan.breaker)
         return plan
 
+    def _pick(self, plan: RoutePlan, candidates, now: float) -> tuple[Decision, tuple]:
+        """The scheduler's decision and, when the route asks, its debug header."""
+        with tracing.span("sluice.schedule"):
+            decision = self.scheduler.pick(candidates, now, plan.policy)
+        return decision, (("x-sluice-debug", decision.debug_header()),) if plan.debug_header else ()
+
     def _schedule(self, ctx: RequestContext, plan: RoutePlan) -> Plan:
         now = self._clock()
-        with tracing.span("sluice.schedule"):
-            decision = self.scheduler.pick(plan.candidates, now, plan.policy)
-        debug = (("x-sluice-debug", decision.debug_header()),) if plan.debug_header else ()
+        decision, debug = self._pick(plan, plan.candidates, now)
         if not decision.available:
             return self._unavailable(ctx, decision, debug)
         return self._routed(ctx, plan, decision, now, debug)
 
     async def _schedule_admitted(self, ctx: RequestContext, plan: RoutePlan, admission: RouteAdmission) -> Plan:
-        with tracing.span("sluice.schedule"):
-            decision = self.scheduler.pick(plan.unbounded_candidates, self._clock(), plan.policy)
-        debug = (("x-sluice-debug", decision.debug_header()),) if plan.debug_header else ()
+        decision, debug = self._pick(plan, plan.unbounded_candidates, self._clock())
         if not decision.available:
             return self._unavailable(ctx, decision, debug)
         decision = await self._admit(ctx, plan, decision, admission)

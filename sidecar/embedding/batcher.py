@@ -130,7 +130,7 @@ class Batcher:
             del self._drainers[number]
 
     async def _wait_for_fuller_batch(self) -> None:
-        if self._max_wait_s <= 0 or not self._queue or len(self._queue) >= self._max_batch:
+        if self._max_wait_s <= 0 or len(self._queue) >= self._max_batch:    # the queue is not empty
             return
         left = self._queue[0].since + self._max_wait_s - self._clock()
         if left <= 0:

@@ -86,10 +86,6 @@ class OutcomeWindow:
         self._prune(now)
         return self._total, self._failed
 
-    def error_rate(self, now: float) -> float | None:
-        total, failed = self.counts(now)
-        return failed / total if total else None
-
     def clear(self) -> None:
         self._buckets.clear()
         self._total = self._failed = 0
