@@ -52,7 +52,7 @@ import time
 
 import httpx
 
-from bench import overhead, report, wrk
+from bench import overhead, report, turns, wrk
 from devtools.envoy_config import chat_route
 from devtools.stack import Stack
 from sidecar.cache.policy import time_sensitive_word
@@ -416,12 +416,6 @@ def routes() -> list[dict]:
     return [no_cache, chat_route("cached", "/", candidates)]
 
 
-def median_turn(concurrency: int, turns: list[dict]) -> dict:
-    """The turn of median req/s, with every turn's req/s in the order they ran."""
-    median = sorted(turns, key=lambda t: t["rps"])[len(turns) // 2]
-    return {"concurrency": concurrency, **median, "rps_turns": [t["rps"] for t in turns]}
-
-
 def run_cache_stack(work: pathlib.Path, args, pairs, stream, ttft_texts, exact_bodies, noop_url: str) -> dict:
     out: dict = {}
     stack = Stack(work / "cache", routes=routes(), envoy_vars=overhead.NO_RATE_LIMIT,
@@ -460,21 +454,17 @@ def run_cache_stack(work: pathlib.Path, args, pairs, stream, ttft_texts, exact_b
             out["exact_body_check"][name] = tiers
             wrk.run(url, body, 16, 1)                                   # warm-up
             wrk.run(noop_url, body, 16, 1)
-            out["wrk_exact"][name], out["wrk_noop"][name] = [], []
-            for c in CONCURRENCY:
-                exact_turns, noop_turns = [], []
-                for turn in range(args.turns):
-                    if turn % 2:                                        # neither always first
-                        noop_turns.append(wrk.run(noop_url, body, c, duration(args, c)))
-                    m0 = metric_sum(sidecar_metrics(stack), "sluice_cache_requests_total", result="exact")
-                    point = wrk.run(url, body, c, duration(args, c))
-                    point["exact_in_metrics"] = metric_sum(sidecar_metrics(stack), "sluice_cache_requests_total",
-                                                           result="exact") - m0
-                    exact_turns.append(point)
-                    if not turn % 2:
-                        noop_turns.append(wrk.run(noop_url, body, c, duration(args, c)))
-                out["wrk_exact"][name].append(median_turn(c, exact_turns))
-                out["wrk_noop"][name].append(median_turn(c, noop_turns))
+
+            def exact_run(c: int, body=body) -> dict:
+                m0 = metric_sum(sidecar_metrics(stack), "sluice_cache_requests_total", result="exact")
+                point = wrk.run(url, body, c, duration(args, c))
+                point["exact_in_metrics"] = metric_sum(sidecar_metrics(stack), "sluice_cache_requests_total",
+                                                       result="exact") - m0
+                return point
+            runs = turns.in_turns({"exact": exact_run,
+                                   "noop": lambda c, body=body: wrk.run(noop_url, body, c, duration(args, c))},
+                                  CONCURRENCY, args.turns)
+            out["wrk_exact"][name], out["wrk_noop"][name] = runs["exact"], runs["noop"]
         out["wrk_semantic"] = [{"concurrency": c, **wrk_rotate(url, semantic_bodies, c, duration(args, c))}
                                for c in CONCURRENCY] if semantic_bodies else []
 
@@ -654,9 +644,7 @@ def print_throughput(cache: dict, noop: dict) -> dict:
     print(report.table(rows, ["workload", "concurrency", "req/s", "p50 ms", "p99 ms", "errors", "tiers seen"]))
     embed_rates = {c: e["texts_per_s"] for c, e in cache["embedder"].items()}
     reference = embed_report_reference()
-    # Per turn (the two measured back to back), then the median turn.
-    exact_over_noop = {body: {str(p["concurrency"]): statistics.median(
-                                  e / n for e, n in zip(p["rps_turns"], q["rps_turns"]))
+    exact_over_noop = {body: {str(p["concurrency"]): turns.ratio(p, q)
                               for p, q in zip(points, noop[body]) if p["concurrency"] > 1}
                        for body, points in cache["wrk_exact"].items()}
     semantic_over_embed = {str(p["concurrency"]): p["rps"] / embed_rates[str(p["concurrency"])]

@@ -18,10 +18,9 @@ import argparse
 import contextlib
 import json
 import pathlib
-import statistics
 import tempfile
 
-from bench import report, wrk
+from bench import report, turns, wrk
 from devtools import envoy_config
 from devtools.envoy_config import chat_route
 from devtools.stack import Stack
@@ -58,23 +57,6 @@ def measure(url: str, body: bytes, seconds: float) -> list[dict]:
     return [{"concurrency": c, **wrk.run(url, body, c, seconds)} for c in CONCURRENCY]
 
 
-def measure_in_turns(urls: dict[str, str], body: bytes, seconds: float, rounds: int) -> dict[str, list[dict]]:
-    """Each set-up in turn, `rounds` times per concurrency; per point the run of median req/s."""
-    for url in urls.values():
-        wrk.run(url, body, 16, 1)
-    results: dict[str, list[dict]] = {name: [] for name in urls}
-    for c in CONCURRENCY:
-        runs: dict[str, list[dict]] = {name: [] for name in urls}
-        for turn in range(rounds):
-            order = list(urls.items())
-            for name, url in (order if turn % 2 == 0 else reversed(order)):   # neither always first
-                runs[name].append({"concurrency": c, **wrk.run(url, body, c, seconds)})
-        for name, points in runs.items():
-            median = sorted(points, key=lambda r: r["rps"])[len(points) // 2]
-            results[name].append({**median, "rps_runs": [r["rps"] for r in points]})   # in turn order
-    return results
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--seconds", type=float, default=4.0, help="wrk duration per point")
@@ -100,8 +82,12 @@ def main() -> int:
                 for name, extra in (("noop", ["--noop"]), ("sluice", []))}
             pids = {name: stack.procs["sidecar"].pid for name, stack in stacks.items()}
             start_rss = {name: report.rss_mb(pid) for name, pid in pids.items()}
-            results.update(measure_in_turns({name: f"{stack.base_url}/chat/completions"
-                                             for name, stack in stacks.items()}, body, args.seconds, args.rounds))
+            urls = {name: f"{stack.base_url}/chat/completions" for name, stack in stacks.items()}
+            for url in urls.values():
+                wrk.run(url, body, 16, 1)       # warm-up
+            results.update(turns.in_turns(
+                {name: lambda c, url=url: wrk.run(url, body, c, args.seconds) for name, url in urls.items()},
+                CONCURRENCY, args.rounds))
             rss = {name: {"start_mb": start_rss[name], "after_load_mb": report.rss_mb(pid)}
                    for name, pid in pids.items()}
 
@@ -111,10 +97,7 @@ def main() -> int:
     print(f"body {len(body)} bytes, {args.seconds:.0f} s per point, wrk 1 thread; "
           f"noop and sluice: median of {args.rounds} turns")
     print(report.table(rows, ["setup", "concurrency", "req/s", "p50 ms", "p90 ms", "p99 ms", "errors"]))
-    # Per turn (the two sidecars measured back to back), then the median turn.
-    ratios = {str(c): statistics.median(s / n for s, n in zip(results["sluice"][i]["rps_runs"],
-                                                                results["noop"][i]["rps_runs"]))
-              for i, c in enumerate(CONCURRENCY)}
+    ratios = {str(c): turns.ratio(results["sluice"][i], results["noop"][i]) for i, c in enumerate(CONCURRENCY)}
     added_p50 = results["sluice"][0]["p50_ms"] - results["envoy"][0]["p50_ms"]
     print("\nsluice/noop throughput: " + ", ".join(f"c={c}: {r:.2f}" for c, r in ratios.items()))
     print(f"p50 added by the sidecar at concurrency 1: {added_p50:.2f} ms")
