@@ -58,6 +58,11 @@ class RequestProcessor:
         self._body = bytearray()
         self._plan = Plan()
 
+    @property
+    def finished(self) -> bool:
+        """Envoy will send nothing more for this request."""
+        return self.state is State.DONE
+
     def handle(self, event: Event) -> Reply | Decide:
         handler = TRANSITIONS.get((self.state, type(event)))
         if handler is None:

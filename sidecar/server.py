@@ -93,6 +93,11 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):
                 response = codec.encode(reply)
                 metrics.message_timer(type(event)).observe(time.perf_counter() - started)
                 yield response
+                if processor.finished:
+                    # An immediate reply or the answer's last byte: Envoy sends nothing more,
+                    # so end the stream now instead of waiting for its half-close (a wake-up
+                    # and a read fewer; Envoy takes a server's OK as a clean end).
+                    return
         except ProtocolError as exc:
             metrics.PROTOCOL_ERRORS.inc()
             log.error("ext_proc protocol error: %s", exc)

@@ -1,0 +1,71 @@
+"""The ext_proc servicer ends a stream as soon as Envoy will send nothing more for its request."""
+import asyncio
+
+import pytest
+from envoy.config.core.v3 import base_pb2
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+
+from sidecar.events import BodyMode, ImmediateReply, Plan
+from sidecar.noop import NoopProcessor
+from sidecar.server import ExternalProcessor
+from tests.ext_proc_stream import FakeDirector, chat_body, chat_messages
+
+
+async def replies_until_stream_ends(servicer, messages, then_wait: asyncio.Event) -> list[str]:
+    """The reply kinds; after `messages` the request iterator waits on `then_wait`, as Envoy's
+    stream does until it half-closes."""
+    async def requests():
+        for message in messages:
+            yield message
+        await then_wait.wait()
+
+    kinds = []
+    async for response in servicer.Process(requests(), None):
+        kinds.append(response.WhichOneof("response"))
+    return kinds
+
+
+def _response_body_end() -> pb.ProcessingRequest:
+    return pb.ProcessingRequest(response_body=pb.HttpBody(body=b"{}", end_of_stream=True))
+
+
+def _response_headers_200() -> pb.ProcessingRequest:
+    return pb.ProcessingRequest(response_headers=pb.HttpHeaders(headers=base_pb2.HeaderMap(
+        headers=[base_pb2.HeaderValue(key=":status", raw_value=b"200")])))
+
+
+async def test_an_immediate_reply_ends_the_stream_without_waiting_for_envoy():
+    reply = ImmediateReply(200, b"{}", (("content-type", "application/json"),))
+    servicer = ExternalProcessor(FakeDirector(plan=Plan(reply=reply)))
+    kinds = await asyncio.wait_for(replies_until_stream_ends(
+        servicer, chat_messages(chat_body("hi"))[:2], asyncio.Event()), timeout=5)
+    assert kinds == ["request_headers", "immediate_response"]
+
+
+async def test_a_bad_request_ends_the_stream_with_its_400():
+    servicer = ExternalProcessor(FakeDirector())
+    messages = chat_messages(b"{not json")[:2]
+    kinds = await asyncio.wait_for(replies_until_stream_ends(servicer, messages, asyncio.Event()), timeout=5)
+    assert kinds == ["request_headers", "immediate_response"]
+
+
+async def test_the_answers_last_chunk_ends_the_stream():
+    servicer = ExternalProcessor(FakeDirector(plan=Plan(cluster="upstream_a", response_body=BodyMode.BUFFERED)))
+    messages = chat_messages(chat_body("hi"))[:2] + [_response_headers_200(), _response_body_end()]
+    kinds = await asyncio.wait_for(replies_until_stream_ends(servicer, messages, asyncio.Event()), timeout=5)
+    assert kinds == ["request_headers", "request_body", "response_headers", "response_body"]
+
+
+@pytest.mark.parametrize("new_processor", [None, NoopProcessor])
+async def test_a_request_still_streaming_its_answer_keeps_the_stream_open(new_processor):
+    """Envoy ends the stream when the answer has streamed to the client; until then the
+    request is in flight (the scheduler's load), so the sidecar must not end it first."""
+    servicer = (ExternalProcessor(FakeDirector()) if new_processor is None
+                else ExternalProcessor(FakeDirector(), new_processor))
+    envoy_ends = asyncio.Event()
+    messages = chat_messages(chat_body("hi"))[:2] + [_response_headers_200()]
+    task = asyncio.create_task(replies_until_stream_ends(servicer, messages, envoy_ends))
+    await asyncio.sleep(0.05)
+    assert not task.done()
+    envoy_ends.set()
+    assert await asyncio.wait_for(task, timeout=5) == ["request_headers", "request_body", "response_headers"]
