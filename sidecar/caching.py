@@ -24,7 +24,7 @@ from typing import Callable, NamedTuple
 import numpy as np
 
 from sidecar import metrics, tracing
-from sidecar.cache.answer import CachedAnswer
+from sidecar.cache.answer import CachedAnswer, decode_answer
 from sidecar.cache.capture import Refusal, SseCapture, capture_json, response_refusal
 from sidecar.cache.equivalence import EquivalenceSettings, same_question
 from sidecar.cache.inflight import Answered, Follow, Lead, Near, Promoted
@@ -153,7 +153,7 @@ class CachingDirector:
         if entry is None:
             return None
         ctx.cache_scope = request.scope.key
-        return self._serve(ctx, CachedAnswer.from_bytes(entry.answer), "exact", None, entry.stored_at)
+        return self._serve(ctx, decode_answer(entry.answer), "exact", None, entry.stored_at)
 
     def reads_response(self, ctx: RequestContext) -> bool:
         """The cache reads every answer of its routes (to store it); other routes as routing says."""
@@ -178,7 +178,7 @@ class CachingDirector:
                 with tracing.span("sluice.cache"):
                     found = await self.lookup(scope.key, key, prompt, settings)
                 if found.tier is not None:
-                    return self._serve(ctx, CachedAnswer.from_bytes(found.entry.answer), found.tier,
+                    return self._serve(ctx, decode_answer(found.entry.answer), found.tier,
                                        found.similarity if found.tier == "semantic" else None,
                                        found.entry.stored_at)
                 vector = found.vector
@@ -276,7 +276,7 @@ class CachingDirector:
         metrics.CACHE_FOLLOWERS.inc()
         outcome = await ticket.wait(policy.max_dedup_wait_s)
         if isinstance(outcome, Answered):
-            return None, CachedAnswer.from_bytes(outcome.payload)
+            return None, decode_answer(outcome.payload)
         if isinstance(outcome, Promoted):
             return outcome.lead, None
         return None, None                       # timed out: go upstream alone

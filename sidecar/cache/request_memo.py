@@ -15,6 +15,8 @@ from __future__ import annotations
 import hashlib
 from typing import Callable, Generic, Mapping, TypeVar
 
+from sidecar.memo import BoundedMemo
+
 MAX_ENTRIES = 1024
 MAX_BODY_BYTES = 16 * 1024
 
@@ -36,8 +38,8 @@ def request_digest(route_name: str, body: bytes, headers: Mapping[str, str], cre
 
 class RequestMemo(Generic[T]):
     def __init__(self, max_entries: int = MAX_ENTRIES, max_body_bytes: int = MAX_BODY_BYTES) -> None:
-        self._results: dict[bytes, T] = {}
-        self._max_entries, self._max_body_bytes = max_entries, max_body_bytes
+        self._results: BoundedMemo[T] = BoundedMemo(max_entries)
+        self._max_body_bytes = max_body_bytes
 
     def get(self, route_name: str, body: bytes, headers: Mapping[str, str], credential_header: str,
             work_out: Callable[[], T]) -> T:
@@ -45,14 +47,7 @@ class RequestMemo(Generic[T]):
         small enough; the oldest result goes when full)."""
         if len(body) > self._max_body_bytes:
             return work_out()
-        digest = request_digest(route_name, body, headers, credential_header)
-        result = self._results.get(digest)
-        if result is None:
-            result = work_out()
-            if len(self._results) >= self._max_entries:
-                del self._results[next(iter(self._results))]
-            self._results[digest] = result
-        return result
+        return self._results.get(request_digest(route_name, body, headers, credential_header), work_out)
 
     def __len__(self) -> int:
         return len(self._results)

@@ -1,0 +1,69 @@
+"""Bounded memos: the generic one, and its uses on the request path (parsing, stored answers)."""
+import json
+
+import pytest
+
+from sidecar.cache.answer import DECODED_MAX_BYTES, CachedAnswer, decode_answer
+from sidecar.chat import PARSE_MEMO_MAX_BODY, BadRequest, parse_chat_request
+from sidecar.memo import BoundedMemo
+
+
+def test_a_key_is_worked_out_once_and_the_oldest_goes_when_full():
+    memo, calls = BoundedMemo(2), []
+
+    def get(key):
+        return memo.get(key, lambda: calls.append(key) or f"result {key}")
+
+    assert [get("a"), get("a"), get("b")] == ["result a", "result a", "result b"]
+    get("c")                                   # full: "a" goes
+    assert list(memo) == ["b", "c"] and len(memo) == 2
+    get("a")
+    assert calls == ["a", "b", "c", "a"]
+
+
+def test_a_failure_is_raised_every_time_and_not_remembered():
+    memo = BoundedMemo(4)
+
+    def fail():
+        raise ValueError("bad")
+
+    for _ in range(2):
+        with pytest.raises(ValueError):
+            memo.get("k", fail)
+    assert len(memo) == 0
+
+
+def test_a_memo_needs_room():
+    with pytest.raises(ValueError):
+        BoundedMemo(0)
+
+
+def chat(prompt: str) -> bytes:
+    return json.dumps({"model": "m", "messages": [{"role": "user", "content": prompt}]}).encode()
+
+
+def test_identical_small_bodies_share_one_parse_and_large_ones_are_parsed_each_time():
+    body = chat("How do I reset my password?")
+    assert parse_chat_request(body) is parse_chat_request(bytes(body))
+    assert parse_chat_request(body) is not parse_chat_request(chat("How do I reset my PIN?"))
+    large = chat("x" * PARSE_MEMO_MAX_BODY)
+    first, again = parse_chat_request(large), parse_chat_request(large)
+    assert first == again and first is not again
+
+
+@pytest.mark.parametrize("body", [b"{not json", b'{"model": "m", "messages": []}', b""])
+def test_a_bad_body_is_refused_every_time(body):
+    for _ in range(2):
+        with pytest.raises(BadRequest):
+            parse_chat_request(body)
+
+
+def test_a_stored_answer_is_decoded_once_and_a_corrupt_one_refused_every_time():
+    data = CachedAnswer("Use the link.", "stop", "m", 5, 3, 1.0).to_bytes()
+    assert decode_answer(data) is decode_answer(bytes(data))
+    assert decode_answer(data).content == "Use the link."
+    big = CachedAnswer("x" * DECODED_MAX_BYTES, "stop", "m", 5, 3, 1.0).to_bytes()
+    assert decode_answer(big) == decode_answer(big) and decode_answer(big) is not decode_answer(big)
+    for _ in range(2):
+        with pytest.raises(ValueError):
+            decode_answer(b'{"v": 1, "content": 3}')
