@@ -70,14 +70,7 @@ def run_content_states(encoder, texts: Sequence[str]) -> list[np.ndarray]:
     Blocking, and not for a thread that shares the encoder: offline use only.  A text
     with nothing to embed raises NothingToEmbed, as Encoder.tokenize does.
     """
-    from sidecar.embedding.tensors import pad_batch
-
-    session, tokenizer = encoder.session, encoder.tokenizer
     ids = [encoder.tokenize(text) for text in texts]
-    input_ids, mask = pad_batch(ids, tokenizer.token_to_id("[PAD]") or 0)
-    feeds = {"input_ids": input_ids, "attention_mask": mask}
-    if any(i.name == "token_type_ids" for i in session.get_inputs()):
-        feeds["token_type_ids"] = np.zeros_like(input_ids)
-    hidden = session.run([session.get_outputs()[0].name], feeds)[0]
-    return [content_states(row_ids, hidden[row, :len(row_ids)], tokenizer.id_to_token)
+    hidden, _ = encoder.hidden_states(ids)
+    return [content_states(row_ids, hidden[row, :len(row_ids)], encoder.tokenizer.id_to_token)
             for row, row_ids in enumerate(ids)]

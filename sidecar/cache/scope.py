@@ -59,12 +59,12 @@ from __future__ import annotations
 import functools
 import hashlib
 import hmac
-import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from sidecar.canonical import canonical_digest
 from sidecar.chat import ChatRequest
 from sidecar.embedding.errors import NothingToEmbed
 from sidecar.embedding.normalize import normalize_text
@@ -104,17 +104,9 @@ class CacheScope:
 
     @functools.cached_property      # read several times a request
     def key(self) -> str:
-        return _digest({"v": KEY_VERSION, "tenant": self.tenant, "model": self.model,
+        return canonical_digest({"v": KEY_VERSION, "tenant": self.tenant, "model": self.model,
                         "route": self.route, "context": self.context_key,
                         "params": self.params_key})
-
-
-def _digest(value: Any) -> str:
-    """SHA-256 hex of canonical JSON (sorted keys, no spaces, ASCII escapes)."""
-    return hashlib.sha256(_CANONICAL.encode(value).encode("ascii")).hexdigest()
-
-
-_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=True)   # one for all
 
 
 # ---------------------------------------------------------------- tenant
@@ -171,7 +163,7 @@ def context_key(chat: ChatRequest) -> str:
     if parts is None:
         raise NothingToEmbed("no user message text")
     messages_key = parts.context_key
-    return _digest({"v": KEY_VERSION, "messages": messages_key, "tools": list(chat.tools),
+    return canonical_digest({"v": KEY_VERSION, "messages": messages_key, "tools": list(chat.tools),
                     "tool_choice": chat.tool_choice,
                     **{name: chat.sampling.get(name) for name in _CONTEXT_SAMPLING}})
 
@@ -212,7 +204,7 @@ def params_key(chat: ChatRequest) -> str:
     params["temperature"] = temperature_bucket(sampling.get("temperature"))
     params["max_tokens"] = chat.max_tokens
     params["n"] = sampling.get("n", 1)
-    return _digest({"v": KEY_VERSION, **params})
+    return canonical_digest({"v": KEY_VERSION, **params})
 
 
 def scope_for(chat: ChatRequest, headers: Mapping[str, str], policy: CachePolicy,

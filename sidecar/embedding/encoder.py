@@ -45,6 +45,11 @@ class Encoder:
 
     def run(self, token_ids: Sequence[Sequence[int]]) -> np.ndarray:
         """One model run over already tokenized texts: [len(token_ids), dim] float32."""
+        return mean_pool_normalize(*self.hidden_states(token_ids))
+
+    def hidden_states(self, token_ids: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
+        """One model run over already tokenized texts, before pooling: the last hidden states
+        [len(token_ids), longest, dim] and the attention mask [len(token_ids), longest]."""
         input_ids, mask = pad_batch(token_ids, self._pad_id)
         feeds = {"input_ids": input_ids, "attention_mask": mask}
         if self._wants_token_types:
@@ -52,7 +57,7 @@ class Encoder:
         started = time.perf_counter()
         hidden = self.session.run([self._output], feeds)[0]
         self.metrics.model_run(len(token_ids), time.perf_counter() - started)
-        return mean_pool_normalize(hidden, mask)
+        return hidden, mask
 
     def encode_iter(self, texts: Sequence[str]) -> Iterator[tuple[list[int], list[Result]]]:
         """(indices into texts, their results) per model run, as each run finishes.

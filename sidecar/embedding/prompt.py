@@ -24,12 +24,11 @@ function; it never raises anything but NothingToEmbed (a ValueError) for odd inp
 """
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from sidecar.canonical import canonical_digest
 from sidecar.embedding.errors import NothingToEmbed
 
 KEY_VERSION = 1
@@ -58,16 +57,12 @@ def split_prompt(messages: Sequence[Any]) -> PromptParts:
     return PromptParts(text=text, context_key=context_key(context))
 
 
-_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=True, default=repr)
-
-
 def context_key(value: Any) -> str:
-    """SHA-256 hex of the canonical JSON of a JSON-like value."""
+    """SHA-256 hex of the canonical JSON of a JSON-like value (sidecar.canonical)."""
     try:
-        canonical = _CANONICAL.encode(value)
+        return canonical_digest(value)
     except (TypeError, ValueError) as exc:  # not JSON-like: mixed key types, a cycle
         raise NothingToEmbed(f"messages are not JSON-like: {exc}") from None
-    return hashlib.sha256(canonical.encode("ascii")).hexdigest()
 
 
 def _last_user_turn(messages: Sequence[Any]) -> int | None:
