@@ -1,9 +1,8 @@
 """One canonical JSON for every digest Sluice keys on (cache scopes, prompt context keys).
 
 Sorted keys, no spaces, ASCII escapes: one spelling per value, so equal values give equal
-digests on every replica and version. Values that are not JSON (they cannot come from a parsed
-body) are written by repr; a value JSON cannot hold (mixed key types, a cycle) raises
-TypeError or ValueError.
+digests on every replica and version. A value JSON cannot hold (an object of another type, mixed
+key types, a cycle) raises TypeError or ValueError: never a digest that could equal another's.
 """
 from __future__ import annotations
 
@@ -11,7 +10,7 @@ import hashlib
 import json
 from typing import Any
 
-_ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=True, default=repr)
+_ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=True)
 
 
 def canonical_digest(value: Any) -> str:

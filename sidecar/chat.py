@@ -9,7 +9,8 @@ import functools
 import json
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from types import MappingProxyType
+from typing import Any, Mapping
 
 from sidecar.memo import BoundedMemo
 
@@ -39,7 +40,7 @@ class ChatRequest:
     stream: bool = False
     include_usage: bool = False
     user: str | None = None
-    sampling: dict[str, Any] = field(default_factory=dict)
+    sampling: Mapping[str, Any] = field(default_factory=dict)   # read-only when parsed
     tools: tuple[dict, ...] = ()
     tool_choice: Any = None
 
@@ -82,16 +83,21 @@ _DECODER = json.JSONDecoder(parse_constant=_reject_constant)
 
 # Byte-identical bodies (a popular question, the same app's template, retries) are parsed
 # once: a 2 KB body costs ~25 µs to decode and check, a large part of an exact cache hit's
-# own work. Results are frozen and shared; bounded to PARSE_MEMO_ENTRIES bodies of at most
-# PARSE_MEMO_MAX_BODY bytes (about 2 MB of bodies).
+# own work. Only light bodies are remembered: at most PARSE_MEMO_MAX_BODY bytes and
+# PARSE_MEMO_MAX_CONTAINERS JSON objects and arrays (a small body of many empty objects parses
+# into ~30 times its size), so the memo holds at most a few MB.
 PARSE_MEMO_ENTRIES = 256
 PARSE_MEMO_MAX_BODY = 8 * 1024
+PARSE_MEMO_MAX_CONTAINERS = 32
 _parsed: BoundedMemo[ChatRequest] = BoundedMemo(PARSE_MEMO_ENTRIES)
 
 
-def parse_chat_request(body: bytes) -> ChatRequest:
-    """The chat request in `body`; BadRequest when it is not a usable one."""
-    if type(body) is bytes and len(body) <= PARSE_MEMO_MAX_BODY:
+def parse_chat_request(body: bytes, remember: bool = True) -> ChatRequest:
+    """The chat request in `body`; BadRequest when it is not a usable one. The result may be
+    shared with other requests of the same body: never change it (or its dicts). remember=False
+    (a client's Cache-Control: no-store) keeps no trace of the body."""
+    if (remember and type(body) is bytes and len(body) <= PARSE_MEMO_MAX_BODY
+            and body.count(b"{") + body.count(b"[") <= PARSE_MEMO_MAX_CONTAINERS):
         return _parsed.get(body, lambda: _parse(body))
     return _parse(body)
 
@@ -148,7 +154,7 @@ def _parse(body: bytes) -> ChatRequest:
     return ChatRequest(
         model=model, messages=tuple(messages), stream=stream,
         include_usage=bool(stream_options.get("include_usage", False)), user=user,
-        sampling=sampling, tools=tuple(tools), tool_choice=data.get("tool_choice"),
+        sampling=MappingProxyType(sampling), tools=tuple(tools), tool_choice=data.get("tool_choice"),
     )
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Callable, Generic, Hashable, TypeVar
 
 T = TypeVar("T")
+_MISSING = object()
 
 
 class BoundedMemo(Generic[T]):
@@ -20,8 +21,8 @@ class BoundedMemo(Generic[T]):
     def get(self, key: Hashable, work_out: Callable[[], T]) -> T:
         """The remembered result for `key`, else work_out()'s, remembered. An exception from
         work_out is raised and nothing is remembered."""
-        result = self._results.get(key)
-        if result is None:
+        result = self._results.get(key, _MISSING)
+        if result is _MISSING:
             result = work_out()
             if len(self._results) >= self._max_entries:
                 del self._results[next(iter(self._results))]

@@ -10,6 +10,7 @@ _PHASES = {RequestHeaders: Phase.REQUEST_HEADERS, RequestBody: Phase.REQUEST_BOD
 
 class NoopProcessor:
     finished = False       # a plain pass-through: the stream ends when Envoy ends it
+
     def __init__(self, reads_response=None) -> None:     # reads every answer, like Sluice's default
         self.context = RequestContext(route_name="noop")
 

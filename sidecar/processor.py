@@ -104,7 +104,9 @@ class RequestProcessor:
         # Buffered mode sends the body in one message: no copy then.
         self.context.body = bytes(self._body) + event.body if self._body else event.body
         try:
-            self.context.chat = parse_chat_request(self.context.body)
+            # A client that says no-store gets no copy of its body kept (sidecar/chat.py).
+            no_store = "no-store" in (self.context.headers.get("cache-control") or "").lower()
+            self.context.chat = parse_chat_request(self.context.body, remember=not no_store)
         except BadRequest as exc:
             return self._reject(exc)
         self.state = State.AWAIT_PLAN

@@ -53,3 +53,11 @@ def test_no_credential_is_kept_and_the_memo_is_bounded():
 @pytest.mark.parametrize("body", [b"", b"\xff\xfe"])
 def test_any_bytes_are_fine(body):
     assert remembered(RequestMemo(), body=body)[1]
+
+
+def test_a_no_store_request_is_not_remembered():
+    memo = RequestMemo()
+    for _ in range(2):
+        _, worked = remembered(memo, headers={"authorization": "Bearer k1", "cache-control": "no-store"})
+        assert worked
+    assert len(memo) == 0

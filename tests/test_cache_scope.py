@@ -234,3 +234,31 @@ def test_time_words_prefilter_never_hides_a_match():
         text = " ".join(rng.choice(filler) for _ in range(rng.randint(0, 10)))
         match = _time_words(TIME_SENSITIVE_WORDS).pattern.search(normalize_text(text))
         assert time_sensitive_word(text) == (match.group(0) if match else None), repr(text)
+
+
+def test_digests_are_pinned_across_versions():
+    """Replicas share entries through Redis by these keys: a change must be a deliberate
+    KEY_VERSION bump, never a side effect (values computed by the code before one canonical
+    JSON encoder served both the scope and the context key)."""
+    import json as _json
+
+    from sidecar.chat import parse_chat_request
+    body = _json.dumps({"model": "m", "messages": [
+        {"role": "system", "content": "You are terse. ünï ✓"},
+        {"role": "user", "content": [{"type": "text", "text": "What is the capital of France?"}]}],
+        "temperature": 0.2, "stop": ["\n", "END"], "max_tokens": 64, "seed": 7,
+        "response_format": {"type": "json_object"},
+        "tools": [{"type": "function", "function": {"name": "f", "parameters": {
+            "b": 1, "a": [1e300, -0.0, 12345678901234567890]}}}]}).encode()
+    request = parse_chat_request(body)
+    key = scope_for(request, AUTH_A, CachePolicy(allow_tools=True), SECRET, route="chat")
+    assert context_key(request) == "7d4a7b4576174eff8bb0f75cbac4d5de262cca11ceafd1b0d848a68b817a6df4"
+    assert params_key(request) == "fa3a2e5a744131a9fc2b6d66cea9b1cf120023e83b33581f51cfccd47282e15d"
+    assert key.key == "29cdb64d23facd899e0a1ea96d5baa81c6487f35c017f286ed4b1b1a6067746b"
+    assert exact_key(key, "What is the capital of France?") == \
+        "6f9809aae47024b20003a3617fb3597c8a5273dd9ccf8651b65dfa2486370662"
+
+
+def test_a_value_json_cannot_hold_is_refused_not_digested():
+    with pytest.raises(TypeError):
+        params_key(chat(logit_bias={"1": {1, 2}}))

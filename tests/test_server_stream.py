@@ -11,6 +11,13 @@ from sidecar.server import ExternalProcessor
 from tests.ext_proc_stream import FakeDirector, chat_body, chat_messages
 
 
+class FinishCounting(FakeDirector):
+    finished = 0
+
+    def on_finish(self, ctx) -> None:
+        self.finished += 1
+
+
 async def replies_until_stream_ends(servicer, messages, then_wait: asyncio.Event) -> list[str]:
     """The reply kinds; after `messages` the request iterator waits on `then_wait`, as Envoy's
     stream does until it half-closes."""
@@ -36,10 +43,11 @@ def _response_headers_200() -> pb.ProcessingRequest:
 
 async def test_an_immediate_reply_ends_the_stream_without_waiting_for_envoy():
     reply = ImmediateReply(200, b"{}", (("content-type", "application/json"),))
-    servicer = ExternalProcessor(FakeDirector(plan=Plan(reply=reply)))
+    director = FinishCounting(plan=Plan(reply=reply))
     kinds = await asyncio.wait_for(replies_until_stream_ends(
-        servicer, chat_messages(chat_body("hi"))[:2], asyncio.Event()), timeout=5)
+        ExternalProcessor(director), chat_messages(chat_body("hi"))[:2], asyncio.Event()), timeout=5)
     assert kinds == ["request_headers", "immediate_response"]
+    assert director.finished == 1       # the request's bookkeeping ran, Envoy still silent
 
 
 async def test_a_bad_request_ends_the_stream_with_its_400():
@@ -50,22 +58,26 @@ async def test_a_bad_request_ends_the_stream_with_its_400():
 
 
 async def test_the_answers_last_chunk_ends_the_stream():
-    servicer = ExternalProcessor(FakeDirector(plan=Plan(cluster="upstream_a", response_body=BodyMode.BUFFERED)))
+    director = FinishCounting(plan=Plan(cluster="upstream_a", response_body=BodyMode.BUFFERED))
     messages = chat_messages(chat_body("hi"))[:2] + [_response_headers_200(), _response_body_end()]
-    kinds = await asyncio.wait_for(replies_until_stream_ends(servicer, messages, asyncio.Event()), timeout=5)
+    kinds = await asyncio.wait_for(replies_until_stream_ends(
+        ExternalProcessor(director), messages, asyncio.Event()), timeout=5)
     assert kinds == ["request_headers", "request_body", "response_headers", "response_body"]
+    assert director.finished == 1
 
 
 @pytest.mark.parametrize("new_processor", [None, NoopProcessor])
 async def test_a_request_still_streaming_its_answer_keeps_the_stream_open(new_processor):
     """Envoy ends the stream when the answer has streamed to the client; until then the
     request is in flight (the scheduler's load), so the sidecar must not end it first."""
-    servicer = (ExternalProcessor(FakeDirector()) if new_processor is None
-                else ExternalProcessor(FakeDirector(), new_processor))
+    director = FinishCounting()
+    servicer = (ExternalProcessor(director) if new_processor is None
+                else ExternalProcessor(director, new_processor))
     envoy_ends = asyncio.Event()
     messages = chat_messages(chat_body("hi"))[:2] + [_response_headers_200()]
     task = asyncio.create_task(replies_until_stream_ends(servicer, messages, envoy_ends))
     await asyncio.sleep(0.05)
-    assert not task.done()
+    assert not task.done() and director.finished == 0      # still in flight
     envoy_ends.set()
     assert await asyncio.wait_for(task, timeout=5) == ["request_headers", "request_body", "response_headers"]
+    assert director.finished == 1

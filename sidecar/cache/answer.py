@@ -17,7 +17,7 @@ from sidecar.memo import BoundedMemo
 
 FINISH_REASONS = ("stop", "length")
 # Answers served again and again are decoded once (~15 µs each): at most this many of at most
-# DECODED_MAX_BYTES each (about 2 MB).
+# DECODED_MAX_BYTES each (about 4 MB with the decoded text).
 DECODED_ENTRIES = 256
 DECODED_MAX_BYTES = 8 * 1024
 FORMAT_VERSION = 1
