@@ -17,7 +17,7 @@ VENDORED_TOKENIZER = Path(__file__).resolve().parent.parent / "models" / "tokeni
 # the default when present (but with SLUICE_EMBED_PROVIDER=cuda), else the packaged model itself
 # (same weights, fp32 arithmetic). On a GPU the fp16 model is the one to use (export_fp16.py).
 BUILT_MODEL = Path(__file__).resolve().parents[2] / "build" / "models" / "all-MiniLM-L6-v2-int8-matmulnbits.onnx"
-BUILT_MODEL_SHA256 = "db04d7226eaa8676404dafc867a6a971c224f6c5d2d027af691e6ef6f3bba024"
+BUILT_MODEL_SHA256 = "9315ab58a272881ab93ec7d18e7bbeb3b66a46a5e0da4b949512ddf1901a88d2"
 
 
 @dataclass(frozen=True)

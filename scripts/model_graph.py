@@ -1,0 +1,121 @@
+"""Graph rewrites of the packaged all-MiniLM-L6-v2, before quantisation (scripts/build_model.py).
+
+The source model is sha256-pinned, so its names are known: layer N's attention is
+`inner.encoder.layer.N.attention.*`. Both rewrites give the same vectors up to float rounding
+(cosine 0.9999 to the unrewritten graph), alone or in a batch (tests/test_embedding.py):
+
+1. `fuse_attention`: each layer's attention (reshapes, transposes, the two scalings, the mask's
+   Where, softmax, the NaN guard, two MatMuls: ~20 nodes) becomes one
+   com.microsoft.MultiHeadAttention over the projected Q, K and V, with the attention mask as its
+   key padding mask. onnxruntime's own fusions do not match this export's pattern. Rows of
+   padding tokens come out different (the export zeroes them, MultiHeadAttention does not), and
+   mean pooling leaves them out.
+2. `merge_qkv`: a layer's three projections become one MatMul over their weights side by side,
+   then a Split, so quantisation makes one MatMulNBits of them instead of three.
+
+On the 2-core machine the two took a 10-token text from 2.46 to 2.15 ms and a 42-token one from
+8.5 to 7.3 ms (p50, 2 threads); graph nodes 255 -> 135.
+"""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+LAYERS = 6
+HEADS = 12
+_PREFIX = "inner.encoder.layer.{layer}.attention."
+_MASK = "sluice_key_padding_mask"
+
+
+def _is_weight(name: str) -> bool:
+    return name.startswith("inner.")
+
+
+def _add_of_bias(graph: onnx.GraphProto, bias: str) -> onnx.NodeProto:
+    return next(n for n in graph.node if n.op_type == "Add" and bias in n.input)
+
+
+def _data_input(node: onnx.NodeProto) -> str:
+    """The input of an Add or MatMul that is not one of the model's named weights."""
+    return next(name for name in node.input if not _is_weight(name))
+
+
+def fuse_attention(model: onnx.ModelProto) -> onnx.ModelProto:
+    graph = model.graph
+    producer = {output: node for node in graph.node for output in node.output}
+    fused = [helper.make_node("Cast", ["attention_mask"], [_MASK], to=TensorProto.INT32,
+                              name="sluice_mask_int32")]
+    for layer in range(LAYERS):
+        prefix = _PREFIX.format(layer=layer)
+        q, k, v = (_add_of_bias(graph, f"{prefix}self.{x}.bias").output[0] for x in ("query", "key", "value"))
+        projection = producer[_data_input(_add_of_bias(graph, f"{prefix}output.dense.bias"))]
+        if projection.op_type != "MatMul":
+            raise ValueError(f"layer {layer}: expected the output projection's MatMul, got {projection.op_type}")
+        context = f"sluice_attention_{layer}"
+        fused.append(helper.make_node("MultiHeadAttention", [q, k, v, "", _MASK], [context],
+                                      domain="com.microsoft", num_heads=HEADS, name=f"sluice_mha_{layer}"))
+        projection.input[0] = context
+    graph.node.extend(fused)
+    _drop_dead_nodes(graph)
+    _sort_topologically(graph)
+    if not any(opset.domain == "com.microsoft" for opset in model.opset_import):
+        model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    return model
+
+
+def merge_qkv(model: onnx.ModelProto) -> onnx.ModelProto:
+    graph = model.graph
+    producer = {output: node for node in graph.node for output in node.output}
+    weights = {tensor.name: tensor for tensor in graph.initializer}
+    for layer in range(LAYERS):
+        prefix = _PREFIX.format(layer=layer)
+        adds = [_add_of_bias(graph, f"{prefix}self.{x}.bias") for x in ("query", "key", "value")]
+        matmuls = [producer[_data_input(add)] for add in adds]
+        if any(m.op_type != "MatMul" for m in matmuls) or len({m.input[0] for m in matmuls}) != 1:
+            raise ValueError(f"layer {layer}: Q, K and V are not three MatMuls of one input")
+        arrays = [numpy_helper.to_array(weights[m.input[1]]) for m in matmuls]
+        merged = numpy_helper.from_array(np.concatenate(arrays, axis=1), f"sluice_qkv_weight_{layer}")
+        sizes = numpy_helper.from_array(np.array([a.shape[1] for a in arrays], dtype=np.int64),
+                                        f"sluice_qkv_sizes_{layer}")
+        graph.initializer.extend([merged, sizes])
+        first = matmuls[0]
+        first.input[1], first.output[0] = merged.name, f"sluice_qkv_{layer}"
+        split = helper.make_node("Split", [first.output[0], sizes.name],
+                                 [f"sluice_{x}_{layer}" for x in "qkv"], axis=-1, name=f"sluice_split_{layer}")
+        for add, new in zip(adds, split.output):
+            add.input[list(add.input).index(_data_input(add))] = new
+        for matmul in matmuls[1:]:
+            graph.node.remove(matmul)
+        graph.node.insert(list(graph.node).index(first) + 1, split)
+    used = {name for node in graph.node for name in node.input}
+    for tensor in [t for t in graph.initializer if t.name not in used]:
+        graph.initializer.remove(tensor)
+    return model
+
+
+def _drop_dead_nodes(graph: onnx.GraphProto) -> None:
+    outputs = {output.name for output in graph.output}
+    while True:
+        used = {name for node in graph.node for name in node.input} | outputs
+        dead = [node for node in graph.node if not any(output in used for output in node.output)]
+        if not dead:
+            return
+        for node in dead:
+            graph.node.remove(node)
+
+
+def _sort_topologically(graph: onnx.GraphProto) -> None:
+    """Keeps the existing order where it is valid (the same input gives the same bytes)."""
+    available = {i.name for i in graph.input} | {t.name for t in graph.initializer} | {""}
+    pending, ordered = list(graph.node), []
+    while pending:
+        ready = [node for node in pending if all(name in available for name in node.input)]
+        if not ready:
+            raise ValueError(f"graph has a cycle or a missing input near {pending[0].name}")
+        for node in ready:
+            ordered.append(node)
+            available.update(node.output)
+            pending.remove(node)
+    del graph.node[:]
+    graph.node.extend(ordered)
