@@ -17,7 +17,7 @@ VENDORED_TOKENIZER = Path(__file__).resolve().parent.parent / "models" / "tokeni
 # the default when present (but with SLUICE_EMBED_PROVIDER=cuda), else the packaged model itself
 # (same weights, fp32 arithmetic). On a GPU the fp16 model is the one to use (export_fp16.py).
 BUILT_MODEL = Path(__file__).resolve().parents[2] / "build" / "models" / "all-MiniLM-L6-v2-int8-matmulnbits.onnx"
-BUILT_MODEL_SHA256 = "9315ab58a272881ab93ec7d18e7bbeb3b66a46a5e0da4b949512ddf1901a88d2"
+BUILT_MODEL_SHA256 = "e3afd88985f2f1241e314fc1d47f0bed84d93f6af8395044806bc3455c804de7"
 
 
 @dataclass(frozen=True)
