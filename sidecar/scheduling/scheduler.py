@@ -137,7 +137,9 @@ class Scheduler:
     def _only_candidate(self, spec: CandidateSpec, now: float) -> Decision | None:
         """A route's single candidate, healthy and not saturated: nothing to score, so its
         windowed signals are not read (the filters need only its in-flight count); None when
-        it must go the general way (breaker not closed, filtered out)."""
+        it must go the general way (breaker not closed, filtered out). Kept apart on purpose:
+        the general way with an in-flight-only snapshot per endpoint measured 15-20% slower
+        per pick, one cluster or two (each frozen snapshot costs ~1.5 µs to build)."""
         breaker = self._breaker(spec.cluster)
         self._emit(breaker.poll(now))
         if breaker.state is not BreakerState.CLOSED:
