@@ -36,7 +36,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from scripts.model_graph import fuse_attention, fuse_gelu, merge_qkv  # noqa: E402
+from scripts.model_graph import rewrite  # noqa: E402
 from sidecar.embedding.model_files import BUILT_MODEL, BUILT_MODEL_SHA256, file_sha256  # noqa: E402
 
 BITS, BLOCK_SIZE, ACCURACY_LEVEL = 8, 32, 4
@@ -67,8 +67,7 @@ def build(out: Path) -> str:
         config = DefaultWeightOnlyQuantConfig(block_size=BLOCK_SIZE, is_symmetric=True,
                                               accuracy_level=ACCURACY_LEVEL, bits=BITS)
         try:
-            rewritten = fuse_gelu(merge_qkv(fuse_attention(onnx.load(str(folded)))))
-            quantizer = MatMulNBitsQuantizer(rewritten, algo_config=config)
+            quantizer = MatMulNBitsQuantizer(rewrite(onnx.load(str(folded))), algo_config=config)
             quantizer.process()
             quantizer.model.save_model_to_file(str(partial), use_external_data_format=False)
         except Exception as exc:   # another onnxruntime folds or fuses differently: same fallback

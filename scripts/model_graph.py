@@ -1,8 +1,10 @@
 """Graph rewrites of the packaged all-MiniLM-L6-v2, before quantisation (scripts/build_model.py).
 
 The source model is sha256-pinned, so its names are known: layer N's attention is
-`inner.encoder.layer.N.attention.*`. Both rewrites give the same vectors up to float rounding
+`inner.encoder.layer.N.attention.*`. The rewrites give the same vectors up to float rounding
 (cosine 0.9999 to the unrewritten graph), alone or in a batch (tests/test_embedding.py):
+
+`rewrite` runs them in turn:
 
 1. `fuse_attention`: each layer's attention (reshapes, transposes, the two scalings, the mask's
    Where, softmax, the NaN guard, two MatMuls: ~20 nodes) becomes one
@@ -72,9 +74,7 @@ def fuse_attention(model: onnx.ModelProto) -> onnx.ModelProto:
         fused.append(helper.make_node("MultiHeadAttention", [q, k, v, "", _MASK], [context],
                                       domain="com.microsoft", num_heads=HEADS, name=f"sluice_mha_{layer}"))
         projection.input[0] = context
-    graph.node.extend(fused)
-    _drop_dead_nodes(graph)
-    _sort_topologically(graph)
+    graph.node.extend(fused)     # the old attention nodes are dead now: `rewrite` drops them
     if not any(opset.domain == "com.microsoft" for opset in model.opset_import):
         model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
     return model
@@ -96,7 +96,7 @@ def merge_qkv(model: onnx.ModelProto) -> onnx.ModelProto:
                                         f"sluice_qkv_sizes_{layer}")
         graph.initializer.extend([merged, sizes])
         # The merged MatMul takes the place of the earliest of the three (their input is ready
-        # there, and every Add comes later): the graph stays in order without a sort.
+        # there, and every Add comes later).
         position = {id(node): index for index, node in enumerate(graph.node)}
         first = min(matmuls, key=lambda node: position[id(node)])
         first.input[1], first.output[0] = merged.name, f"sluice_qkv_{layer}"
@@ -108,48 +108,26 @@ def merge_qkv(model: onnx.ModelProto) -> onnx.ModelProto:
             if matmul is not first:
                 graph.node.remove(matmul)
         graph.node.insert(list(graph.node).index(first) + 1, split)
-    used = {name for node in graph.node for name in node.input}
-    for tensor in [t for t in graph.initializer if t.name not in used]:
-        graph.initializer.remove(tensor)
     return model
 
 
-def fuse_gelu(model: onnx.ModelProto) -> onnx.ModelProto:
+def fuse_gelu(model) -> None:
+    """model: onnxruntime.transformers' OnnxModel, changed in place."""
     from onnxruntime.transformers.fusion_gelu import FusionGelu
-    from onnxruntime.transformers.onnx_model import OnnxModel
 
     logging.getLogger("fusion_base").setLevel(logging.WARNING)     # a line per fusion otherwise
-    wrapped = OnnxModel(model)
-    FusionGelu(wrapped).apply()
-    wrapped.prune_graph()
-    if sum(node.op_type == "Gelu" for node in wrapped.model.graph.node) != LAYERS:
+    FusionGelu(model).apply()
+    if sum(node.op_type == "Gelu" for node in model.model.graph.node) != LAYERS:
         raise ValueError("expected one GELU per layer to fuse")
+
+
+def rewrite(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The three rewrites, then one clean-up by onnxruntime.transformers: nodes and
+    initializers nothing uses any more dropped, the rest in topological order."""
+    from onnxruntime.transformers.onnx_model import OnnxModel
+
+    wrapped = OnnxModel(merge_qkv(fuse_attention(model)))
+    fuse_gelu(wrapped)
+    wrapped.prune_graph()
+    wrapped.topological_sort()
     return wrapped.model
-
-
-def _drop_dead_nodes(graph: onnx.GraphProto) -> None:
-    outputs = {output.name for output in graph.output}
-    while True:
-        used = {name for node in graph.node for name in node.input} | outputs
-        dead = [node for node in graph.node if not any(output in used for output in node.output)]
-        if not dead:
-            return
-        for node in dead:
-            graph.node.remove(node)
-
-
-def _sort_topologically(graph: onnx.GraphProto) -> None:
-    """A valid order, built pass by pass from the nodes ready in graph order: the same input
-    always gives the same order (and the same bytes)."""
-    available = {i.name for i in graph.input} | {t.name for t in graph.initializer} | {""}
-    pending, ordered = list(graph.node), []
-    while pending:
-        ready = [node for node in pending if all(name in available for name in node.input)]
-        if not ready:
-            raise ValueError(f"graph has a cycle or a missing input near {pending[0].name}")
-        for node in ready:
-            ordered.append(node)
-            available.update(node.output)
-            pending.remove(node)
-    del graph.node[:]
-    graph.node.extend(ordered)

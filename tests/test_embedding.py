@@ -236,7 +236,7 @@ def test_a_source_graph_the_rewrite_does_not_know_installs_nothing(tmp_path, mon
     def unknown_graph(model):
         raise ValueError("no Add of inner.encoder.layer.0.attention.self.query.bias")
 
-    monkeypatch.setattr(build_model, "fuse_attention", unknown_graph)
+    monkeypatch.setattr(build_model, "rewrite", unknown_graph)
     out = tmp_path / "model.onnx"
     out.write_bytes(b"an older build")
     assert build_model.build(out) == ""
