@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sidecar.embedding.errors import ModelLoadError
-from sidecar.embedding.runtime import CUDA
+from sidecar.embedding.runtime import CPU, choose_providers
 from sidecar.embedding.settings import EmbeddingSettings
 
 VENDORED_TOKENIZER = Path(__file__).resolve().parent.parent / "models" / "tokenizer.json"
@@ -47,13 +47,11 @@ def resolve_files(settings: EmbeddingSettings) -> ModelFiles:
 
 
 def _runs_on_cpu(provider: str) -> bool:
-    """The model will run on onnxruntime's CPU provider (as runtime.choose_providers picks)."""
-    if provider == "cpu":
-        return True
+    """The model will run on onnxruntime's CPU provider (the choice open_session makes)."""
     if provider == "cuda":
         return False
     import onnxruntime as ort
-    return CUDA not in ort.get_available_providers()
+    return choose_providers(provider, ort.get_available_providers())[0] == CPU
 
 
 def _built_model_is_current() -> bool:
