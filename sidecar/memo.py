@@ -5,10 +5,16 @@ again soon after it is dropped, and a hit costs one dict lookup.
 """
 from __future__ import annotations
 
-from typing import Callable, Generic, Hashable, TypeVar
+from typing import Callable, Generic, Hashable, Mapping, TypeVar
 
 T = TypeVar("T")
 _MISSING = object()
+
+
+def may_keep(headers: Mapping[str, str]) -> bool:
+    """False for a client that said Cache-Control: no-store: no memo keeps anything of its
+    request. Any mention counts (a stricter reading than the cache policy's parse)."""
+    return "no-store" not in (headers.get("cache-control") or "").lower()
 
 
 class BoundedMemo(Generic[T]):

@@ -12,6 +12,7 @@ from typing import Callable
 
 from sidecar.chat import BadRequest, parse_chat_request
 from sidecar.context import Outcome, RequestContext
+from sidecar.memo import may_keep
 from sidecar.events import (BodyMode, Continue, Decide, Event, ModeOverride, Phase, Plan,
                             ProtocolError, Reply, RequestBody, RequestHeaders, ResponseBody,
                             ResponseHeaders)
@@ -104,9 +105,7 @@ class RequestProcessor:
         # Buffered mode sends the body in one message: no copy then.
         self.context.body = bytes(self._body) + event.body if self._body else event.body
         try:
-            # A client that says no-store gets no copy of its body kept (sidecar/chat.py).
-            no_store = "no-store" in (self.context.headers.get("cache-control") or "").lower()
-            self.context.chat = parse_chat_request(self.context.body, remember=not no_store)
+            self.context.chat = parse_chat_request(self.context.body, remember=may_keep(self.context.headers))
         except BadRequest as exc:
             return self._reject(exc)
         self.state = State.AWAIT_PLAN

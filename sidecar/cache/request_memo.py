@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 from typing import Callable, Generic, Mapping, TypeVar
 
-from sidecar.memo import BoundedMemo
+from sidecar.memo import BoundedMemo, may_keep
 
 MAX_ENTRIES = 1024
 MAX_BODY_BYTES = 16 * 1024
@@ -45,7 +45,7 @@ class RequestMemo(Generic[T]):
             work_out: Callable[[], T]) -> T:
         """The remembered result for these inputs, else work_out()'s (remembered if the body is
         small enough; the oldest result goes when full)."""
-        if len(body) > self._max_body_bytes or "no-store" in (headers.get("cache-control") or "").lower():
+        if len(body) > self._max_body_bytes or not may_keep(headers):
             return work_out()
         return self._results.get(request_digest(route_name, body, headers, credential_header), work_out)
 
