@@ -77,19 +77,16 @@ class RoutingDirector:
         """Read this request's answer? Always where something needs it (admission's slots and
         token budgets, the debug header, a breaker that is not closed, a route that does not
         steer), else as the route's feedback sampler says. Asked at the request headers."""
-        route = ctx.route
-        if not (isinstance(route, RouteSettings) and route.candidates):
-            return True
-        plan = self._plan_of.get(route, self._build_plan, ctx.route_name)
+        plan = self._plan(ctx)
         if not isinstance(plan, RoutePlan) or plan.debug_header or self._admission_settings(ctx) is not None:
             return True
         return not self.scheduler.breakers_closed(plan.candidates) or plan.feedback.read(self._clock())
 
     def _resolve(self, ctx: RequestContext) -> RoutePlan | Plan:
         """The route's plan, or the (empty) Plan that keeps Envoy's default cluster."""
-        route = ctx.route
-        if isinstance(route, RouteSettings) and route.candidates:
-            route = self._route_plan(route, ctx.route_name)
+        route = self._plan(ctx)
+        if isinstance(route, RoutePlan):
+            self._keep_polled(route)
         if isinstance(route, RouteSettingsError):
             ctx.outcome = Outcome.INVALID_ROUTE
             return Plan()
@@ -98,17 +95,23 @@ class RoutingDirector:
             return Plan()
         return route
 
-    def _route_plan(self, route: RouteSettings, route_name: str) -> RoutePlan | RouteSettingsError:
-        """The route's plan, its clusters' load sources kept polled (a poller drops a target
-        that fails; the next request adds it back). Once per decision, not per lookup."""
-        plan = self._plan_of.get(route, self._build_plan, route_name)
-        if isinstance(plan, RoutePlan) and self._scraper is not None:
+    def _plan(self, ctx: RequestContext) -> RoutePlan | RouteSettingsError | None:
+        """The plan of a route that steers; its error when its settings are invalid; None for
+        a route without candidates (or without settings)."""
+        route = ctx.route
+        if isinstance(route, RouteSettings):
+            return self._plan_of.get(route, self._build_plan, ctx.route_name) if route.candidates else None
+        return route if isinstance(route, RouteSettingsError) else None
+
+    def _keep_polled(self, plan: RoutePlan) -> None:
+        """The plan's clusters' load sources stay polled (a poller drops a target that fails;
+        the next request adds it back). Once per decision, not per lookup."""
+        if self._scraper is not None:
             for cluster, url in plan.metrics_urls:
                 self._scraper.ensure(cluster, url)
-        if isinstance(plan, RoutePlan) and self._gpus is not None:
+        if self._gpus is not None:
             for cluster, index in plan.gpu_indices:
                 self._gpus.ensure(cluster, index)
-        return plan
 
     def _build_plan(self, route: RouteSettings, route_name: str) -> RoutePlan | RouteSettingsError:
         try:
