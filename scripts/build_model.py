@@ -37,7 +37,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from scripts.model_graph import rewrite  # noqa: E402
-from sidecar.embedding.model_files import BUILT_MODEL, BUILT_MODEL_SHA256, file_sha256  # noqa: E402
+from sidecar.embedding.model_files import (BUILT_MODEL, BUILT_MODEL_SHA256, file_sha256,  # noqa: E402
+                                            sha256_file)
 
 BITS, BLOCK_SIZE, ACCURACY_LEVEL = 8, 32, 4
 
@@ -57,7 +58,7 @@ def build(out: Path) -> str:
         raise SystemExit(f"{source}: sha256 differs from the package's pinned one")
     out.parent.mkdir(parents=True, exist_ok=True)
     partial = out.with_suffix(".partial")
-    out.with_name(out.name + ".sha256").unlink(missing_ok=True)
+    sha256_file(out).unlink(missing_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         folded = Path(tmp) / "folded.onnx"
         options = ort.SessionOptions()
@@ -71,24 +72,23 @@ def build(out: Path) -> str:
             quantizer.process()
             quantizer.model.save_model_to_file(str(partial), use_external_data_format=False)
         except Exception as exc:   # another onnxruntime folds or fuses differently: same fallback
-            out.unlink(missing_ok=True)
-            partial.unlink(missing_ok=True)
-            print(f"warning: the int8-arithmetic model could not be made ({type(exc).__name__}: {exc}; "
-                  "other onnx or onnxruntime versions?): not installed; Sluice serves the packaged "
-                  "model (same weights, fp32 arithmetic).", file=sys.stderr)
+            _not_installed(out, partial, f"could not be made ({type(exc).__name__}: {exc})")
             return ""
     sha256 = file_sha256(partial)
     if sha256 != BUILT_MODEL_SHA256:
-        # Not an error: the build goes on and the sidecar serves the packaged model.
-        partial.unlink()
-        out.unlink(missing_ok=True)
-        print(f"warning: the int8-arithmetic model came out with sha256 {sha256}, not the pinned "
-              f"{BUILT_MODEL_SHA256} (other onnx or onnxruntime versions?): not installed; Sluice "
-              "serves the packaged model (same weights, fp32 arithmetic).", file=sys.stderr)
+        _not_installed(out, partial, f"came out with sha256 {sha256}, not the pinned {BUILT_MODEL_SHA256}")
         return sha256
     partial.replace(out)
-    out.with_name(out.name + ".sha256").write_text(sha256 + "\n")
+    sha256_file(out).write_text(sha256 + "\n")
     return sha256
+
+
+def _not_installed(out: Path, partial: Path, why: str) -> None:
+    """Not an error: the build goes on and the sidecar serves the packaged model."""
+    out.unlink(missing_ok=True)
+    partial.unlink(missing_ok=True)
+    print(f"warning: the int8-arithmetic model {why} (other onnx or onnxruntime versions?): not "
+          "installed; Sluice serves the packaged model (same weights, fp32 arithmetic).", file=sys.stderr)
 
 
 def main() -> int:

@@ -115,7 +115,6 @@ def fuse_gelu(model) -> None:
     """model: onnxruntime.transformers' OnnxModel, changed in place."""
     from onnxruntime.transformers.fusion_gelu import FusionGelu
 
-    logging.getLogger("fusion_base").setLevel(logging.WARNING)     # a line per fusion otherwise
     FusionGelu(model).apply()
     if sum(node.op_type == "Gelu" for node in model.model.graph.node) != LAYERS:
         raise ValueError("expected one GELU per layer to fuse")
@@ -126,6 +125,8 @@ def rewrite(model: onnx.ModelProto) -> onnx.ModelProto:
     initializers nothing uses any more dropped, the rest in topological order."""
     from onnxruntime.transformers.onnx_model import OnnxModel
 
+    for name in ("fusion_base", "onnxruntime.transformers.onnx_model"):   # lines per step otherwise
+        logging.getLogger(name).setLevel(logging.WARNING)
     wrapped = OnnxModel(merge_qkv(fuse_attention(model)))
     fuse_gelu(wrapped)
     wrapped.prune_graph()

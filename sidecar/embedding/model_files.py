@@ -58,9 +58,14 @@ def _built_model_is_current() -> bool:
     """The built model is there and was built for the pinned sha256 (the build writes it beside
     the model): one left from another pin falls back to the packaged model, it does not fail."""
     try:
-        return BUILT_MODEL.with_name(BUILT_MODEL.name + ".sha256").read_text().strip() == BUILT_MODEL_SHA256
+        return sha256_file(BUILT_MODEL).read_text().strip() == BUILT_MODEL_SHA256
     except OSError:
         return False
+
+
+def sha256_file(model: Path) -> Path:
+    """Where the build writes the sha256 it built a model for: beside the model."""
+    return model.with_name(model.name + ".sha256")
 
 
 def file_sha256(path: Path) -> str:
