@@ -1,6 +1,7 @@
 """Drive sidecar.server.ExternalProcessor with Envoy's ext_proc messages, without a server."""
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 
@@ -24,20 +25,26 @@ def _header_map(headers: dict) -> base_pb2.HeaderMap:
     return base_pb2.HeaderMap(headers=[base_pb2.HeaderValue(key=k, raw_value=v.encode()) for k, v in headers.items()])
 
 
-def chat_messages(body: bytes, headers: dict | None = None, status: int = 200) -> list[pb.ProcessingRequest]:
-    """What Envoy sends for one chat request answered by the upstream with `status`."""
+def chat_messages(body: bytes, headers: dict | None = None, status: int = 200,
+                  answer_ends: bool = True) -> list[pb.ProcessingRequest]:
+    """What Envoy sends for one chat request answered by the upstream with `status`
+    (answer_ends=False: a body follows the response headers)."""
     return [
         pb.ProcessingRequest(request_headers=pb.HttpHeaders(headers=_header_map(headers or CHAT_HEADERS))),
         pb.ProcessingRequest(request_body=pb.HttpBody(body=body, end_of_stream=True)),
         pb.ProcessingRequest(response_headers=pb.HttpHeaders(
-            headers=_header_map({":status": str(status)}), end_of_stream=True)),
+            headers=_header_map({":status": str(status)}), end_of_stream=answer_ends)),
     ]
 
 
-async def run_stream(servicer, messages) -> list[pb.ProcessingResponse]:
+async def run_stream(servicer, messages, then_wait: asyncio.Event | None = None) -> list[pb.ProcessingResponse]:
+    """The servicer's replies; with then_wait, the stream stays open after `messages` until it
+    is set, as Envoy's does until it half-closes."""
     async def requests():
         for message in messages:
             yield message
+        if then_wait is not None:
+            await then_wait.wait()
 
     return [response async for response in servicer.Process(requests(), None)]
 

@@ -6,6 +6,7 @@ import pytest
 from sidecar.cache.answer import DECODED_MAX_BYTES, CachedAnswer, decode_answer
 from sidecar.chat import PARSE_MEMO_MAX_BODY, PARSE_MEMO_MAX_CONTAINERS, BadRequest, parse_chat_request
 from sidecar.memo import BoundedMemo
+from tests.ext_proc_stream import chat_body
 
 
 def test_a_key_is_worked_out_once_and_the_oldest_goes_when_full():
@@ -45,18 +46,14 @@ def test_a_memo_needs_room():
         BoundedMemo(0)
 
 
-def chat(prompt: str) -> bytes:
-    return json.dumps({"model": "m", "messages": [{"role": "user", "content": prompt}]}).encode()
-
-
 def test_identical_small_bodies_share_one_parse():
-    body = chat("How do I reset my password?")
+    body = chat_body("How do I reset my password?")
     assert parse_chat_request(body) is parse_chat_request(bytes(bytearray(body)))
-    assert parse_chat_request(body) is not parse_chat_request(chat("How do I reset my PIN?"))
+    assert parse_chat_request(body) is not parse_chat_request(chat_body("How do I reset my PIN?"))
 
 
 @pytest.mark.parametrize("body", [
-    chat("x" * PARSE_MEMO_MAX_BODY),                                       # large
+    chat_body("x" * PARSE_MEMO_MAX_BODY),                                       # large
     json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}],
                 "tools": [{}] * (PARSE_MEMO_MAX_CONTAINERS + 1)}).encode(),  # small but heavy once parsed
 ])
@@ -66,7 +63,7 @@ def test_large_or_heavy_bodies_are_parsed_each_time(body):
 
 
 def test_a_body_the_client_said_no_store_for_is_not_kept():
-    body = chat("A private question")
+    body = chat_body("A private question")
     first = parse_chat_request(body, remember=False)
     assert parse_chat_request(body) is not first        # nothing was remembered
 

@@ -2,13 +2,12 @@
 import asyncio
 
 import pytest
-from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
 from sidecar.events import BodyMode, ImmediateReply, Plan
 from sidecar.noop import NoopProcessor
 from sidecar.server import ExternalProcessor
-from tests.ext_proc_stream import FakeDirector, chat_body, chat_messages
+from tests.ext_proc_stream import FakeDirector, chat_body, chat_messages, run_stream
 
 
 class FinishCounting(FakeDirector):
@@ -19,26 +18,16 @@ class FinishCounting(FakeDirector):
 
 
 async def replies_until_stream_ends(servicer, messages, then_wait: asyncio.Event) -> list[str]:
-    """The reply kinds; after `messages` the request iterator waits on `then_wait`, as Envoy's
-    stream does until it half-closes."""
-    async def requests():
-        for message in messages:
-            yield message
-        await then_wait.wait()
-
-    kinds = []
-    async for response in servicer.Process(requests(), None):
-        kinds.append(response.WhichOneof("response"))
-    return kinds
+    return [response.WhichOneof("response") for response in await run_stream(servicer, messages, then_wait)]
 
 
 def _response_body_end() -> pb.ProcessingRequest:
     return pb.ProcessingRequest(response_body=pb.HttpBody(body=b"{}", end_of_stream=True))
 
 
-def _response_headers_200() -> pb.ProcessingRequest:
-    return pb.ProcessingRequest(response_headers=pb.HttpHeaders(headers=base_pb2.HeaderMap(
-        headers=[base_pb2.HeaderValue(key=":status", raw_value=b"200")])))
+def _answer_starts() -> list[pb.ProcessingRequest]:
+    """A chat request and the 200 response headers of an answer whose body follows."""
+    return chat_messages(chat_body("hi"), answer_ends=False)
 
 
 async def test_an_immediate_reply_ends_the_stream_without_waiting_for_envoy():
@@ -59,7 +48,7 @@ async def test_a_bad_request_ends_the_stream_with_its_400():
 
 async def test_the_answers_last_chunk_ends_the_stream():
     director = FinishCounting(plan=Plan(cluster="upstream_a", response_body=BodyMode.BUFFERED))
-    messages = chat_messages(chat_body("hi"))[:2] + [_response_headers_200(), _response_body_end()]
+    messages = _answer_starts() + [_response_body_end()]
     kinds = await asyncio.wait_for(replies_until_stream_ends(
         ExternalProcessor(director), messages, asyncio.Event()), timeout=5)
     assert kinds == ["request_headers", "request_body", "response_headers", "response_body"]
@@ -74,7 +63,7 @@ async def test_a_request_still_streaming_its_answer_keeps_the_stream_open(new_pr
     servicer = (ExternalProcessor(director) if new_processor is None
                 else ExternalProcessor(director, new_processor))
     envoy_ends = asyncio.Event()
-    messages = chat_messages(chat_body("hi"))[:2] + [_response_headers_200()]
+    messages = _answer_starts()
     task = asyncio.create_task(replies_until_stream_ends(servicer, messages, envoy_ends))
     await asyncio.sleep(0.05)
     assert not task.done() and director.finished == 0      # still in flight
