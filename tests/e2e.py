@@ -1,8 +1,11 @@
 """Helpers for end-to-end tests through a real Envoy, sidecar and demo upstreams."""
 from __future__ import annotations
 
+import json
 import re
+import time
 import urllib.request
+from typing import Callable
 
 import openai
 
@@ -62,3 +65,24 @@ def upstream_stats(stack: Stack, name: str) -> dict:
     import json
     port = getattr(stack.ports, f"upstream_{name}")
     return json.loads(http_get(f"http://127.0.0.1:{port}/admin/stats")[1])
+
+
+def access_lines(stack: Stack) -> list[dict]:
+    """The sidecar's request-log lines so far."""
+    lines = []
+    for line in (stack.workdir / "sidecar.log").read_text().splitlines():
+        if line.startswith('{"time":') and '"logger":"sluice.access"' in line:
+            lines.append(json.loads(line))
+    return lines
+
+
+def wait_for_access_lines(stack: Stack, keep: Callable[[dict], bool], count: int,
+                          timeout: float = 5.0) -> list[dict]:
+    """The request-log lines `keep` accepts, once there are `count` of them or at the timeout
+    (the log is flushed each second)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = [entry for entry in access_lines(stack) if keep(entry)]
+        if len(found) >= count or time.monotonic() > deadline:
+            return found
+        time.sleep(0.05)

@@ -16,7 +16,7 @@ from sidecar.cache.policy import CachePolicy
 from sidecar.cache.scope import scope_for
 from sidecar.chat import parse_chat_request
 from sidecar.tracing import parse_traceparent
-from tests.e2e import chat_route, metric, post, wait_for_metric
+from tests.e2e import chat_route, metric, post, wait_for_access_lines, wait_for_metric
 
 SECRET = "ops-test-cache-secret-0123456789"
 API_KEY = "Bearer sk-ops-e2e-do-not-log"
@@ -56,21 +56,9 @@ def new_trace() -> tuple[str, str]:
     return trace_id, f"00-{trace_id}-{uuid.uuid4().hex[:16]}-01"
 
 
-def access_lines(stack) -> list[dict]:
-    lines = []
-    for line in (stack.workdir / "sidecar.log").read_text().splitlines():
-        if line.startswith('{"time":') and '"logger":"sluice.access"' in line:
-            lines.append(json.loads(line))
-    return lines
-
-
 def access_line(stack, trace_id: str, timeout: float = 5.0) -> dict | None:
-    deadline = time.monotonic() + timeout
-    while True:
-        found = [e for e in access_lines(stack) if e["trace_id"] == trace_id]
-        if found or time.monotonic() > deadline:
-            return found[0] if found else None
-        time.sleep(0.05)
+    found = wait_for_access_lines(stack, lambda entry: entry["trace_id"] == trace_id, 1, timeout)
+    return found[0] if found else None
 
 
 def last_upstream_headers(stack, upstream: str) -> dict:

@@ -10,7 +10,7 @@ import pytest
 
 from devtools.envoy_config import chat_route
 from devtools.stack import http_get
-from tests.e2e import ask, client, metric, wait_for_metric
+from tests.e2e import ask, client, metric, wait_for_access_lines, wait_for_metric
 
 FAST_BREAKER = {"window_s": 5, "min_requests": 4, "max_error_ratio": 0.5, "cooldown_s": 1,
                 "close_after_successes": 2}
@@ -159,11 +159,7 @@ def test_unread_answers_still_carry_the_sidecars_headers_and_end_in_flight(stack
     assert raw.headers["x-sluice-cluster"] == "upstream_" + raw.headers["x-upstream-name"]
     assert chunks[-1].choices[0].finish_reason == "stop"
     assert wait_for_metric(stack, "sluice_open_streams", 0) == 0
-    deadline, lines = time.monotonic() + 5, []
-    while len(lines) < 7 and time.monotonic() < deadline:     # the request log is flushed each second
-        time.sleep(0.1)
-        lines = [json.loads(line) for line in (stack.workdir / "sidecar.log").read_text().splitlines()
-                 if '"logger":"sluice.access"' in line and '"route":"unread"' in line]
+    lines = wait_for_access_lines(stack, lambda entry: entry["route"] == "unread", 7)
     assert len(lines) == 7 and all(e["status"] is None and e["response_read"] is False for e in lines)
     for cluster in ("upstream_a", "upstream_b"):
         assert wait_for_metric(stack, "sluice_scheduler_in_flight", 0, cluster=cluster) == 0
