@@ -482,14 +482,6 @@ def run_cache_stack(work: pathlib.Path, args, pairs, stream, ttft_texts, exact_b
     return out
 
 
-def noop_stack(work: pathlib.Path) -> Stack:
-    """Envoy + the no-op sidecar passing requests to a fast upstream (ttft 0, one token)."""
-    fast = {"a": overhead.FAST_UPSTREAM, "b": overhead.FAST_UPSTREAM}
-    routes = [chat_route("bench", "/", [{"cluster": "upstream_a", "weight": 1}])]
-    return Stack(work / "noop", upstream_args=fast, sidecar_args=["--noop"],
-                 envoy_vars=overhead.NO_RATE_LIMIT, routes=routes)
-
-
 def duration(args, concurrency: int) -> float:
     return args.seconds if concurrency > 1 else args.seconds_c1
 
@@ -523,7 +515,7 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory() as tmp:
         work = pathlib.Path(tmp)
-        with noop_stack(work) as baseline:
+        with overhead.bench_stack(work / "noop", ["--noop"]) as baseline:
             cache = run_cache_stack(work, args, pairs, stream, ttft_texts, exact_bodies,
                                     f"{baseline.base_url}/chat/completions")
         noop = cache["wrk_noop"]

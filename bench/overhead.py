@@ -52,6 +52,14 @@ class NoExtProcStack(Stack):
         return envoy_config.write(config, path)
 
 
+def bench_stack(workdir: pathlib.Path, sidecar_args: list[str], sidecar_env: dict | None = None) -> Stack:
+    """Envoy + a sidecar with one candidate, so every request goes to the same fast upstream
+    process (ttft 0, one token): the set-up the no-op and Sluice are compared in."""
+    routes = [chat_route("bench", "/", [{"cluster": "upstream_a", "weight": 1}])]
+    return Stack(workdir, upstream_args={"a": FAST_UPSTREAM, "b": FAST_UPSTREAM}, sidecar_args=sidecar_args,
+                 envoy_vars=NO_RATE_LIMIT, routes=routes, sidecar_env=sidecar_env)
+
+
 def measure(url: str, body: bytes, seconds: float) -> list[dict]:
     wrk.run(url, body, 16, 1)   # warm-up: connections, caches, JIT-free but lazy imports
     return [{"concurrency": c, **wrk.run(url, body, c, seconds)} for c in CONCURRENCY]
@@ -73,13 +81,9 @@ def main() -> int:
             results["upstream"] = measure(
                 f"http://127.0.0.1:{stack.ports.upstream_a}/v1/chat/completions", body, args.seconds)
             results["envoy"] = measure(f"{stack.base_url}/chat/completions", body, args.seconds)
-        # One candidate, so both sidecars send everything to the same upstream process.
-        routes = [chat_route("bench", "/", [{"cluster": "upstream_a", "weight": 1}])]
         with contextlib.ExitStack() as running:
-            stacks = {name: running.enter_context(Stack(
-                work / name, upstream_args=upstream_args, sidecar_args=extra, envoy_vars=NO_RATE_LIMIT,
-                routes=routes, sidecar_env={"SLUICE_CACHE": "false"}))
-                for name, extra in (("noop", ["--noop"]), ("sluice", []))}
+            stacks = {name: running.enter_context(bench_stack(work / name, extra, {"SLUICE_CACHE": "false"}))
+                      for name, extra in (("noop", ["--noop"]), ("sluice", []))}
             pids = {name: stack.procs["sidecar"].pid for name, stack in stacks.items()}
             start_rss = {name: report.rss_mb(pid) for name, pid in pids.items()}
             urls = {name: f"{stack.base_url}/chat/completions" for name, stack in stacks.items()}
