@@ -1,7 +1,6 @@
 """Which answers the sidecar reads (Scheduling.feedback): the sampler, the routing director's
 choice per request, and what the processor tells Envoy when an answer is not read."""
 import asyncio
-import random
 
 import pytest
 
@@ -12,10 +11,9 @@ from sidecar.events import Continue, ModeOverride, Phase, RequestBody, RequestHe
 from sidecar.processor import RequestProcessor
 from sidecar.route_policy import build_route_plan
 from sidecar.route_settings import parse_route_settings
-from sidecar.routing import RoutingDirector
-from sidecar.scheduling import Decision, Scheduler
+from sidecar.scheduling import Decision
 from sidecar.scheduling.sampling import FeedbackSampler
-from tests.test_processor import BODY, CHAT
+from tests.test_processor import BODY, CHAT, new_director
 
 
 def route(**scheduling):
@@ -23,8 +21,8 @@ def route(**scheduling):
                                  "candidates": [{"cluster": "a"}, {"cluster": "b"}]})
 
 
-def director(now=100.0):
-    return RoutingDirector(Scheduler(rng=random.Random(0)), clock=lambda: now, scrape_interval_s=None)
+# Reads almost no answer of a busy route: what each test below changes shows through.
+RARELY = {"read_all_per_s": 0, "then_one_in": 1000}
 
 
 def headers_event(settings):
@@ -62,26 +60,26 @@ def reads(d, settings, n=200):
 
 
 def test_a_busy_route_reads_a_sample():
-    assert reads(director(), route(feedback={"read_all_per_s": 10, "then_one_in": 5})) == 10 + 190 // 5
+    assert reads(new_director(), route(feedback={"read_all_per_s": 10, "then_one_in": 5})) == 10 + 190 // 5
 
 
 def test_a_route_with_the_debug_header_reads_every_answer():
-    assert reads(director(), route(feedback={"read_all_per_s": 0, "then_one_in": 1000}, debug_header=True)) == 200
+    assert reads(new_director(), route(feedback=RARELY, debug_header=True)) == 200
 
 
 def test_admission_routes_read_every_answer():
     settings = parse_route_settings({"name": "chat", "admission": {"enabled": True},
-                                     "scheduling": {"feedback": {"read_all_per_s": 0, "then_one_in": 1000}},
+                                     "scheduling": {"feedback": RARELY},
                                      "candidates": [{"cluster": "a"}]})
-    d = director()
+    d = new_director()
     assert reads(d, settings, 10) == 0            # no admission in this sidecar: sampled
     d.admission = Admission(Gate(GateConfig()), None, b"secret")
     assert reads(d, settings, 10) == 10
 
 
 def test_a_breaker_that_is_not_closed_makes_every_answer_read():
-    d = director()
-    settings = route(feedback={"read_all_per_s": 0, "then_one_in": 1000},
+    d = new_director()
+    settings = route(feedback=RARELY,
                      breaker={"min_requests": 2, "window_s": 30})
     assert reads(d, settings, 10) == 0
     d.scheduler.set_breaker_config("a", build_route_plan(settings, "chat").breaker)
@@ -92,15 +90,15 @@ def test_a_breaker_that_is_not_closed_makes_every_answer_read():
 
 def test_routes_that_do_not_steer_read_every_answer():
     no_candidates = parse_route_settings({"name": "plain"})
-    assert reads(director(), no_candidates, 20) == 20
-    assert reads(director(), None, 20) == 20
+    assert reads(new_director(), no_candidates, 20) == 20
+    assert reads(new_director(), None, 20) == 20
 
 
 # --- the processor ----------------------------------------------------------------------------
 
 def test_an_unread_answer_skips_response_headers_and_its_headers_go_as_metadata():
-    settings = route(feedback={"read_all_per_s": 0, "then_one_in": 1000})
-    d = director()
+    settings = route(feedback=RARELY)
+    d = new_director()
     processor = RequestProcessor(d.reads_response)
     first = processor.handle(headers_event(settings))
     assert first == Continue(Phase.REQUEST_HEADERS, mode=ModeOverride(response_headers=False))
@@ -112,7 +110,7 @@ def test_an_unread_answer_skips_response_headers_and_its_headers_go_as_metadata(
 
 
 def test_a_read_answer_sends_no_metadata():
-    d = director()
+    d = new_director()
     processor = RequestProcessor(d.reads_response)
     assert processor.handle(headers_event(route())) == Continue(Phase.REQUEST_HEADERS)
     decide = processor.handle(RequestBody(BODY, True))
@@ -127,8 +125,8 @@ def test_cache_routes_read_every_answer_and_the_others_follow_routing():
     from sidecar.cache.inflight import InFlight
     from sidecar.cache.memory_store import MemoryStore
     from sidecar.caching import CacheRuntime, CachingDirector
-    caching = CachingDirector(director(), CacheRuntime(store=MemoryStore(), inflight=InFlight()))
-    sampled = {"feedback": {"read_all_per_s": 0, "then_one_in": 1000}}
+    caching = CachingDirector(new_director(), CacheRuntime(store=MemoryStore(), inflight=InFlight()))
+    sampled = {"feedback": RARELY}
     cached = route(**sampled)                                      # the cache is on by default
     uncached = parse_route_settings({"name": "chat", "scheduling": sampled, "cache": {"enabled": False},
                                      "candidates": [{"cluster": "a"}]})
@@ -139,8 +137,8 @@ def test_cache_routes_read_every_answer_and_the_others_follow_routing():
 def test_response_headers_that_come_anyway_are_handled_as_read():
     """An Envoy without allow_mode_override ignores the skip: the answer is then read as usual."""
     from sidecar.events import ResponseHeaders
-    settings = route(feedback={"read_all_per_s": 0, "then_one_in": 1000})
-    d = director()
+    settings = route(feedback=RARELY)
+    d = new_director()
     processor = RequestProcessor(d.reads_response)
     processor.handle(headers_event(settings))
     decide = processor.handle(RequestBody(BODY, True))
