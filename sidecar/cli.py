@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 import sys
 
@@ -21,6 +22,7 @@ def _serve(args: argparse.Namespace) -> int:
     from sidecar.app import App
     from sidecar.config import ConfigError
     from sidecar.embedding import ModelLoadError
+    from sidecar.event_loop import loop_factory
     from sidecar.noop import NoopProcessor
     from sidecar.reload import load_config
     from sidecar.routing import RoutingDirector
@@ -34,18 +36,21 @@ def _serve(args: argparse.Namespace) -> int:
 
     try:
         config = load()
+        new_loop, loop_name = loop_factory(config.event_loop)
     except ConfigError as exc:
         print(f"sluice: bad configuration: {exc}", file=sys.stderr)
         return EXIT_BAD_CONFIG
     logs.configure(config.log_level)
+    logging.getLogger("sluice.server").info("event loop: %s", loop_name)
     try:
         if config.metrics_listen:
             host, _, port = config.metrics_listen.rpartition(":")
             start_http_server(int(port), addr=host)
-        if args.noop:
-            asyncio.run(serve(config, App(RoutingDirector()), new_processor=NoopProcessor, load_config=load))
-        else:
-            asyncio.run(serve(config, load_config=load))
+        with asyncio.Runner(loop_factory=new_loop) as runner:
+            if args.noop:
+                runner.run(serve(config, App(RoutingDirector()), new_processor=NoopProcessor, load_config=load))
+            else:
+                runner.run(serve(config, load_config=load))
     except (OSError, ModelLoadError) as exc:
         print(f"sluice: cannot start: {exc}", file=sys.stderr)
         return EXIT_START_FAILED

@@ -36,6 +36,7 @@ class SidecarConfig:
     otlp_endpoint: str = ""      # OpenTelemetry spans over OTLP/gRPC, e.g. http://collector:4317; "" off
     trace_sample_ratio: float = 0.1  # share of the traces the sidecar starts that are sampled
     admin_remote: bool = False   # the Admin gRPC service also answers non-loopback peers
+    event_loop: str = "auto"     # auto: uvloop when installed; uvloop (required) or asyncio
 
     def __post_init__(self) -> None:
         for name in ("listen", "metrics_listen"):
@@ -59,6 +60,8 @@ class SidecarConfig:
             raise ConfigError("config_watch_s: must be >= 0")
         if self.otlp_endpoint and not self.otlp_endpoint.startswith(("http://", "https://")):
             raise ConfigError(f"otlp_endpoint: expected http://HOST:PORT or https://HOST:PORT, got {self.otlp_endpoint!r}")
+        if self.event_loop not in ("auto", "uvloop", "asyncio"):
+            raise ConfigError(f"event_loop: expected auto, uvloop or asyncio, got {self.event_loop!r}")
         if not 0.0 <= self.trace_sample_ratio <= 1.0:
             raise ConfigError(f"trace_sample_ratio: must be in [0, 1], got {self.trace_sample_ratio!r}")
 
