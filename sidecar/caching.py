@@ -137,17 +137,20 @@ class CachingDirector:
     # --- decision -----------------------------------------------------------------------
 
     def decide_now(self, ctx: RequestContext) -> Plan | None:
-        """Without waiting: the routing director's plan on a route without the cache, and an
+        """Without waiting: the routing director's plan on a route without the cache or for a
+        request the cache may neither serve nor store (no-store, tools, anonymous, ...), and an
         exact hit from a store that holds its entries in this process. None where a lookup may
         wait (Redis, the embedder, an in-flight twin): then the server awaits decide."""
         settings = self._route_cache(ctx)
         if settings is None or not settings.policy.enabled:
-            plan = self._inner.decide_now(ctx)
-            return None if plan is None else self._passed_on(ctx, "bypass", None, plan)
-        if self._get_exact_now is None:
-            return None
+            return self._bypass_now(ctx)
         request = self._cache_request(ctx, settings)
-        if request.scope is None or request.bypass is not None:
+        if request.scope is None or (request.bypass is not None and not request.bypass.may_store):
+            plan = self._bypass_now(ctx)            # neither served nor stored: routing alone
+            if plan is not None:
+                metrics.child(metrics.CACHE_LOOKUPS, ctx.route_name, "bypass").inc()
+            return plan
+        if self._get_exact_now is None or request.bypass is not None:
             return None
         entry = self._get_exact_now(request.scope.key, request.key)
         if entry is None:
@@ -195,6 +198,12 @@ class CachingDirector:
         finally:
             if lead is not None:       # cancelled (client left) or failed before the capture owned it
                 lead.abandon()
+
+    def _bypass_now(self, ctx: RequestContext) -> Plan | None:
+        """The routing director's plan, when it has one without waiting, for a request the
+        cache neither answers nor stores."""
+        plan = self._inner.decide_now(ctx)
+        return None if plan is None else self._passed_on(ctx, "bypass", None, plan)
 
     def _cache_request(self, ctx: RequestContext, settings: RouteCache) -> CacheRequest:
         """The request's bypass verdict, scope and exact key: worked out once per request

@@ -4,6 +4,8 @@ import json
 import random
 import time
 
+from prometheus_client import REGISTRY
+
 from sidecar.cache.capture import capture_json
 from sidecar.cache.inflight import InFlight
 from sidecar.cache.memory_store import MemoryStore
@@ -27,6 +29,10 @@ class AwaitOnlyStore(MemoryStore):
 
     async def get_exact(self, scope, exact_key):
         return MemoryStore.get_exact_now(self, scope, exact_key)
+
+
+def bypass_lookups() -> float:
+    return REGISTRY.get_sample_value("sluice_cache_requests_total", {"route": "chat", "result": "bypass"}) or 0.0
 
 
 def director(store=None):
@@ -71,7 +77,6 @@ def test_a_miss_waits_for_decide_which_reuses_the_work_done():
 def test_bypassed_requests_and_await_only_stores_are_not_answered_at_once():
     d = director()
     store_answer(d)
-    assert d.decide_now(request(**{"cache-control": "no-store"})) is None
     assert d.decide_now(request(**{"cache-control": "no-cache"})) is None     # may store, never serve
     slow = director(AwaitOnlyStore())
     store_answer(slow)
@@ -100,6 +105,31 @@ def test_a_prompt_without_user_text_is_bypassed_not_an_error():
     body = json.dumps({"model": "m", "messages": [{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}]}]}).encode()
     ctx.body, ctx.chat = body, parse_chat_request(body)
-    assert d.decide_now(ctx) is None
-    plan = asyncio.run(d.decide(ctx))
+    plan = d.decide_now(ctx)
     assert ctx.cache_status == "bypass" and ctx.cache_request.bypass.reason == "not_text" and plan.cluster == "a"
+
+
+def test_what_the_cache_may_neither_serve_nor_store_is_routed_at_once_like_decide_routes_it():
+    """No task for them: decide_now gives routing's plan, with the same headers and count."""
+    for store in (MemoryStore(), AwaitOnlyStore()):      # the store is not asked
+        d = director(store)
+        store_answer(d)
+        now, later = request(**{"cache-control": "no-store"}), request(**{"cache-control": "no-store"})
+        before = bypass_lookups()
+        plan = d.decide_now(now)
+        assert plan is not None and plan.reply is None and plan.cluster == "a"
+        assert bypass_lookups() == before + 1
+        awaited = asyncio.run(d.decide(later))
+        assert bypass_lookups() == before + 2
+        assert plan.response_headers == awaited.response_headers and ("x-sluice-cache", "bypass") in plan.response_headers
+        assert (now.cache_status, now.capture) == (later.cache_status, later.capture) == ("bypass", None)
+
+
+def test_a_bypass_waits_for_decide_when_routing_cannot_decide_at_once():
+    d = director()
+    d._inner.decide_now = lambda ctx: None                # e.g. an admission queue to wait in
+    before = bypass_lookups()
+    ctx = request(**{"cache-control": "no-store"})
+    assert d.decide_now(ctx) is None
+    assert bypass_lookups() == before                    # counted once, in decide
+    assert asyncio.run(d.decide(ctx)).cluster == "a" and ctx.cache_status == "bypass"
