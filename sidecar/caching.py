@@ -44,13 +44,15 @@ CACHE_HEADER = "x-sluice-cache"
 class RouteCache:
     policy: CachePolicy
     semantic: bool          # the semantic tier (and near-duplicate dedup) on this route
-    # Verdicts on requests seen (mutable; one memo per route settings object).
-    requests: RequestMemo = field(default_factory=RequestMemo, compare=False)
+    # Verdicts on requests seen (mutable; one memo per route: settings object and name).
+    requests: RequestMemo = field(compare=False)
 
 
 def route_cache(route: RouteSettings) -> RouteCache:
     c = route.cache
-    return RouteCache(cache_policy(route), c.semantic if c.HasField("semantic") else True)
+    policy = cache_policy(route)
+    return RouteCache(policy, c.semantic if c.HasField("semantic") else True,
+                      RequestMemo(credential_header(policy.tenant_header)))
 
 
 def cache_policy(route: RouteSettings) -> CachePolicy:
@@ -223,8 +225,7 @@ class CachingDirector:
                     return CacheRequest(bypass, None, prompt, None)
                 scope = scope_for(chat, ctx.headers, policy, self._rt.secret, route=ctx.route_name)
                 return CacheRequest(bypass, scope, prompt, None if scope is None else exact_key(scope, prompt))
-            request = ctx.cache_request = settings.requests.get(
-                ctx.route_name, ctx.body, ctx.headers, credential_header(policy.tenant_header), work_out)
+            request = ctx.cache_request = settings.requests.get(ctx.body, ctx.headers, work_out)
         return request
 
     def _route_cache(self, ctx: RequestContext) -> RouteCache | None:

@@ -6,19 +6,19 @@ from sidecar.cache.request_memo import RequestMemo, request_digest
 HEADERS = {"authorization": "Bearer k1", "cache-control": "max-age=60"}
 
 
-def remembered(memo, body=b"{}", headers=HEADERS, route="chat", credential="authorization"):
+def remembered(memo, body=b"{}", headers=HEADERS):
     calls = []
-    result = memo.get(route, body, headers, credential, lambda: calls.append(1) or object())
+    result = memo.get(body, headers, lambda: calls.append(1) or object())
     return result, bool(calls)
 
 
 def test_a_repeat_reuses_the_result_and_any_input_that_counts_makes_a_new_one():
-    memo = RequestMemo()
+    memo = RequestMemo("authorization")
     first, worked = remembered(memo)
     assert worked
     again, worked = remembered(memo, headers=dict(HEADERS, **{"x-request-id": "other"}))
     assert again is first and not worked                 # other headers do not count
-    for changed in ({"body": b'{"a":1}'}, {"route": "other"},
+    for changed in ({"body": b'{"a":1}'},
                     {"headers": dict(HEADERS, authorization="Bearer k2")},
                     {"headers": dict(HEADERS, **{"cache-control": "no-cache"})},
                     {"headers": dict(HEADERS, pragma="no-cache")}):
@@ -27,19 +27,19 @@ def test_a_repeat_reuses_the_result_and_any_input_that_counts_makes_a_new_one():
 
 
 def test_the_credential_header_is_the_routes_tenant_header_when_it_has_one():
-    memo = RequestMemo()
-    a, _ = remembered(memo, headers={"x-tenant": "a", "authorization": "Bearer same"}, credential="x-tenant")
-    b, worked = remembered(memo, headers={"x-tenant": "b", "authorization": "Bearer same"}, credential="x-tenant")
+    memo = RequestMemo("x-tenant")
+    a, _ = remembered(memo, headers={"x-tenant": "a", "authorization": "Bearer same"})
+    b, worked = remembered(memo, headers={"x-tenant": "b", "authorization": "Bearer same"})
     assert worked and a is not b
 
 
 def test_inputs_do_not_run_together():
-    assert request_digest("ab", b"", {"authorization": "c"}, "authorization") != \
-        request_digest("a", b"", {"authorization": "bc"}, "authorization")
+    assert request_digest(b"", {"authorization": "ab", "cache-control": "c"}, "authorization") != \
+        request_digest(b"", {"authorization": "a", "cache-control": "bc"}, "authorization")
 
 
 def test_no_credential_is_kept_and_the_memo_is_bounded():
-    memo = RequestMemo(max_entries=3, max_body_bytes=100)
+    memo = RequestMemo("authorization", max_entries=3, max_body_bytes=100)
     for i in range(5):
         remembered(memo, body=b'{"i":%d}' % i)
     assert len(memo) == 3
@@ -52,11 +52,11 @@ def test_no_credential_is_kept_and_the_memo_is_bounded():
 
 @pytest.mark.parametrize("body", [b"", b"\xff\xfe"])
 def test_any_bytes_are_fine(body):
-    assert remembered(RequestMemo(), body=body)[1]
+    assert remembered(RequestMemo("authorization"), body=body)[1]
 
 
 def test_a_no_store_request_is_not_remembered():
-    memo = RequestMemo()
+    memo = RequestMemo("authorization")
     for _ in range(2):
         _, worked = remembered(memo, headers={"authorization": "Bearer k1", "cache-control": "no-store"})
         assert worked

@@ -94,6 +94,10 @@ def test_a_repeat_reuses_the_verdict_and_another_caller_gets_its_own_scope():
     other = request(authorization="Bearer k2")
     d.decide_now(other)
     assert other.cache_request.scope.key != first.cache_request.scope.key
+    elsewhere = request()
+    elsewhere.route_name = "chat-eu"                     # the same settings on another route: its own memo
+    d.decide_now(elsewhere)
+    assert elsewhere.cache_request.scope.key != first.cache_request.scope.key
     no_cache = request(**{"cache-control": "no-cache"})
     d.decide_now(no_cache)
     assert no_cache.cache_request.bypass is not None and first.cache_request.bypass is None

@@ -6,9 +6,10 @@ exact hit's own cost: ~250 µs of the sidecar's ~1 ms on a 2 KB prompt through E
 a pass-through's whole ext_proc exchange. That work depends only on the route's settings, the
 body and three headers, so a repeat reuses it.
 
-The memo is keyed by a BLAKE2b digest of those inputs, so no credential is kept; it belongs to
-one route's settings (a reload starts a new one), holds at most MAX_ENTRIES results and skips
-bodies over MAX_BODY_BYTES, so it holds at most a few MB of prompts.
+One memo belongs to one route (its settings and name: a reload starts a new one), so only the
+body and three headers vary. It is keyed by a BLAKE2b digest of them, so no credential is kept,
+holds at most MAX_ENTRIES results and skips bodies over MAX_BODY_BYTES, so it holds at most a
+few MB of prompts.
 """
 from __future__ import annotations
 
@@ -23,11 +24,11 @@ MAX_BODY_BYTES = 16 * 1024
 T = TypeVar("T")
 
 
-def request_digest(route_name: str, body: bytes, headers: Mapping[str, str], credential_header: str) -> bytes:
-    """What the verdict depends on besides the route's settings: the route name (part of the
-    scope), the caller's credential, Cache-Control and Pragma, and the body."""
+def request_digest(body: bytes, headers: Mapping[str, str], credential_header: str) -> bytes:
+    """What the verdict depends on besides the route: the caller's credential, Cache-Control
+    and Pragma, and the body."""
     h = hashlib.blake2b(digest_size=16)
-    for part in (route_name, headers.get(credential_header) or "", headers.get("cache-control") or "",
+    for part in (headers.get(credential_header) or "", headers.get("cache-control") or "",
                  headers.get("pragma") or ""):
         encoded = part.encode("utf-8", "surrogatepass")
         h.update(len(encoded).to_bytes(4, "big"))      # length-prefixed: no two inputs run together
@@ -37,17 +38,19 @@ def request_digest(route_name: str, body: bytes, headers: Mapping[str, str], cre
 
 
 class RequestMemo(Generic[T]):
-    def __init__(self, max_entries: int = MAX_ENTRIES, max_body_bytes: int = MAX_BODY_BYTES) -> None:
+    def __init__(self, credential_header: str, max_entries: int = MAX_ENTRIES,
+                 max_body_bytes: int = MAX_BODY_BYTES) -> None:
+        """credential_header: the route's tenant header, else Authorization (scope.credential_header)."""
+        self._credential_header = credential_header
         self._results: BoundedMemo[T] = BoundedMemo(max_entries)
         self._max_body_bytes = max_body_bytes
 
-    def get(self, route_name: str, body: bytes, headers: Mapping[str, str], credential_header: str,
-            work_out: Callable[[], T]) -> T:
+    def get(self, body: bytes, headers: Mapping[str, str], work_out: Callable[[], T]) -> T:
         """The remembered result for these inputs, else work_out()'s (remembered if the body is
         small enough; the oldest result goes when full)."""
         if len(body) > self._max_body_bytes or not may_keep(headers):
             return work_out()
-        return self._results.get(request_digest(route_name, body, headers, credential_header), work_out)
+        return self._results.get(request_digest(body, headers, self._credential_header), work_out)
 
     def __len__(self) -> int:
         return len(self._results)
