@@ -28,6 +28,9 @@ One run, about 4.5 minutes on the 2-core box; real Envoy + the Sluice sidecar + 
    same texts at the same concurrency (EmbeddingService in this process, as many closed-loop
    callers as wrk had connections, with the stack idle). The embedder's rate depends on
    its callers (deeper queues make bigger groups), so each point is compared with its own.
+   Where a semantic hit's CPU time goes (the sidecar's event loop, its other threads, Envoy)
+   is printed beside the embedder's own CPU time per text: on a box whose cores the model
+   fills, their ratio bounds the hits' rate.
 4. TTFT of streamed cache misses: on a cacheable miss the sidecar asks Envoy for the
    response body (STREAMED for SSE), so it sits on the token path. Fresh prompts, upstream
    ttft 100 ms and 30 tokens, alternating between the cached route and a route with
@@ -387,8 +390,10 @@ async def _embedder_rate(service, texts: list[str], clients: int, seconds: float
         return done, time.perf_counter() - started
 
     await closed_loop(1.0)                            # warm-up
+    cpu_before = time.process_time()
     done, elapsed = await closed_loop(seconds)
     return {"clients": clients, "texts": done, "seconds": elapsed, "texts_per_s": done / elapsed,
+            "cpu_ms_per_text": 1000 * (time.process_time() - cpu_before) / max(1, done),
             "settings": dataclasses.asdict(service.settings)}
 
 
@@ -465,7 +470,8 @@ def run_cache_stack(work: pathlib.Path, args, pairs, stream, ttft_texts, exact_b
                                    "noop": lambda c, body=body: wrk.run(noop_url, body, c, duration(args, c))},
                                   CONCURRENCY, args.turns)
             out["wrk_exact"][name], out["wrk_noop"][name] = runs["exact"], runs["noop"]
-        out["wrk_semantic"] = [{"concurrency": c, **wrk_rotate(url, semantic_bodies, c, duration(args, c))}
+        pids = {"sidecar": pid, "envoy": stack.procs["envoy"].pid}
+        out["wrk_semantic"] = [semantic_point(url, semantic_bodies, c, duration(args, c), pids)
                                for c in CONCURRENCY] if semantic_bodies else []
 
         clients = [c for c in CONCURRENCY if c > 1]
@@ -480,6 +486,22 @@ def run_cache_stack(work: pathlib.Path, args, pairs, stream, ttft_texts, exact_b
         out["sidecar_cache_metrics"] = {
             t: metric_sum(sidecar_metrics(stack), "sluice_cache_requests_total", result=t) for t in TIERS}
     return out
+
+
+def semantic_point(url: str, bodies: list[bytes], concurrency: int, seconds: float, pids: dict) -> dict:
+    """wrk over the semantic bodies, and the CPU time each hit took: the sidecar's event loop
+    (its main thread), its other threads (the model's, gRPC's) and Envoy, in ms per request."""
+    def sample() -> dict:
+        return {"event_loop": report.cpu_seconds(pids["sidecar"], pids["sidecar"]),
+                "sidecar": report.cpu_seconds(pids["sidecar"]), "envoy": report.cpu_seconds(pids["envoy"])}
+    before = sample()
+    point = {"concurrency": concurrency, **wrk_rotate(url, bodies, concurrency, seconds)}
+    spent = {k: v - before[k] for k, v in sample().items()}
+    per = 1000 / max(1, point["requests"])
+    point["cpu_ms_per_request"] = {"sidecar_event_loop": spent["event_loop"] * per,
+                                   "sidecar_other_threads": (spent["sidecar"] - spent["event_loop"]) * per,
+                                   "envoy": spent["envoy"] * per}
+    return point
 
 
 def duration(args, concurrency: int) -> float:
@@ -648,6 +670,13 @@ def print_throughput(cache: dict, noop: dict) -> dict:
         print(f"exact hit / noop req/s, {body} body: " + ", ".join(f"c={c}: {r:.2f}" for c, r in ratios.items()))
     print("semantic hit req/s / embedder texts/s: "
           + (", ".join(f"c={c}: {r:.2f}" for c, r in semantic_over_embed.items()) or "no semantic hits"))
+    for p in cache["wrk_semantic"]:
+        c, cpu = str(p["concurrency"]), p["cpu_ms_per_request"]
+        if c in cache["embedder"]:
+            alone = cache["embedder"][c]["cpu_ms_per_text"]
+            print(f"CPU ms per semantic hit, c={c}: sidecar event loop {cpu['sidecar_event_loop']:.2f}, sidecar "
+                  f"other threads (model, gRPC) {cpu['sidecar_other_threads']:.2f}, Envoy {cpu['envoy']:.2f}; "
+                  f"embedder alone {alone:.2f} per text (this process, all threads)")
     return {"noop": {k: [_point(p) for p in v if p["concurrency"] > 1] for k, v in noop.items()},
             "exact": {k: [_point(p) for p in v if p["concurrency"] > 1] for k, v in cache["wrk_exact"].items()},
             "semantic": [_point(p) for p in cache["wrk_semantic"] if p["concurrency"] > 1],
@@ -710,7 +739,7 @@ def _diff(a: float | None, b: float | None) -> float | None:
 
 def _point(p: dict) -> dict:
     keep = ("concurrency", "requests", "seconds", "rps", "p50_ms", "p90_ms", "p99_ms", "errors", "tiers",
-            "exact_in_metrics", "rps_turns")
+            "exact_in_metrics", "rps_turns", "cpu_ms_per_request")
     return {k: p[k] for k in keep if k in p}
 
 

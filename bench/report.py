@@ -42,3 +42,17 @@ def rss_mb(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return float("nan")
+
+
+_TICK = None
+
+
+def cpu_seconds(pid: int, tid: int | None = None) -> float:
+    """User + system CPU time of a process (all its threads), or of one of its threads (Linux)."""
+    global _TICK
+    if _TICK is None:
+        import os
+        _TICK = os.sysconf("SC_CLK_TCK")
+    path = f"/proc/{pid}/stat" if tid is None else f"/proc/{pid}/task/{tid}/stat"
+    fields = pathlib.Path(path).read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _TICK
