@@ -10,6 +10,7 @@ import os
 from dataclasses import dataclass, fields
 
 ENV_PREFIX = "SLUICE_"
+EVENT_LOOPS = ("auto", "uvloop", "asyncio")   # sidecar/event_loop.py
 
 
 class ConfigError(ValueError):
@@ -60,8 +61,8 @@ class SidecarConfig:
             raise ConfigError("config_watch_s: must be >= 0")
         if self.otlp_endpoint and not self.otlp_endpoint.startswith(("http://", "https://")):
             raise ConfigError(f"otlp_endpoint: expected http://HOST:PORT or https://HOST:PORT, got {self.otlp_endpoint!r}")
-        if self.event_loop not in ("auto", "uvloop", "asyncio"):
-            raise ConfigError(f"event_loop: expected auto, uvloop or asyncio, got {self.event_loop!r}")
+        if self.event_loop not in EVENT_LOOPS:
+            raise ConfigError(f"event_loop: expected one of {', '.join(EVENT_LOOPS)}, got {self.event_loop!r}")
         if not 0.0 <= self.trace_sample_ratio <= 1.0:
             raise ConfigError(f"trace_sample_ratio: must be in [0, 1], got {self.trace_sample_ratio!r}")
 

@@ -13,12 +13,11 @@ from collections.abc import Callable
 
 from sidecar.config import ConfigError
 
-CHOICES = ("auto", "uvloop", "asyncio")
-
 
 def loop_factory(choice: str) -> tuple[Callable[[], asyncio.AbstractEventLoop] | None, str]:
     """(factory for asyncio.Runner, None for asyncio's default; the loop's name) for a
-    SLUICE_EVENT_LOOP value. ConfigError when uvloop is asked for and not installed."""
+    SLUICE_EVENT_LOOP value (config.EVENT_LOOPS). ConfigError when uvloop is asked for and
+    not installed."""
     if choice == "asyncio":
         return None, "asyncio"
     try:
