@@ -77,6 +77,11 @@ class CacheRequest(NamedTuple):
     prompt: str
     key: str | None                  # exact key within the scope
 
+    @property
+    def untouched(self) -> bool:
+        """Neither served from the cache nor stored in it: routing alone decides."""
+        return self.scope is None or (self.bypass is not None and not self.bypass.may_store)
+
 
 @dataclass(frozen=True)
 class Lookup:
@@ -147,10 +152,10 @@ class CachingDirector:
         if settings is None or not settings.policy.enabled:
             return self._bypass_now(ctx)
         request = self._cache_request(ctx, settings)
-        if request.scope is None or (request.bypass is not None and not request.bypass.may_store):
-            plan = self._bypass_now(ctx)            # neither served nor stored: routing alone
-            if plan is not None:
-                metrics.child(metrics.CACHE_LOOKUPS, ctx.route_name, "bypass").inc()
+        if request.untouched:
+            plan = self._bypass_now(ctx)
+            if plan is not None:                    # else decide routes and counts it
+                self._count_untouched(ctx)
             return plan
         if self._get_exact_now is None or request.bypass is not None:
             return None
@@ -171,10 +176,11 @@ class CachingDirector:
             return await self._upstream(ctx, "bypass", None)
         policy = settings.policy
         chat = ctx.chat
-        bypass, scope, prompt, key = self._cache_request(ctx, settings)
-        if scope is None or (bypass is not None and not bypass.may_store):
-            metrics.child(metrics.CACHE_LOOKUPS, ctx.route_name, "bypass").inc()
+        request = self._cache_request(ctx, settings)
+        if request.untouched:
+            self._count_untouched(ctx)
             return await self._upstream(ctx, "bypass", None)
+        bypass, scope, prompt, key = request
         ctx.cache_scope = scope.key
         vector = None
         lead: Lead | None = None
@@ -200,6 +206,10 @@ class CachingDirector:
         finally:
             if lead is not None:       # cancelled (client left) or failed before the capture owned it
                 lead.abandon()
+
+    @staticmethod
+    def _count_untouched(ctx: RequestContext) -> None:
+        metrics.child(metrics.CACHE_LOOKUPS, ctx.route_name, "bypass").inc()
 
     def _bypass_now(self, ctx: RequestContext) -> Plan | None:
         """The routing director's plan, when it has one without waiting, for a request the
@@ -232,6 +242,8 @@ class CachingDirector:
         route = ctx.route
         if not isinstance(route, RouteSettings):
             return None
+        # The route name is part of the key on purpose: each RouteCache holds a request memo
+        # whose verdicts carry the route's scope, so two routes must never share one.
         return self._route_cache_of.get(route, self._build_route_cache, ctx.route_name)
 
     @staticmethod

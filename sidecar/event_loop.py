@@ -1,23 +1,27 @@
 """Which asyncio event loop runs the sidecar: uvloop when it is installed, else asyncio's own.
 
-Why: a semantic hit wakes the loop more often than an exact one (the embedding worker hands
-its result back through the loop), and uvloop's wake-ups and callbacks are compiled. Through
-Envoy on the 2-core box it took 15-20% off the event loop's CPU per semantic hit and gave
-5-11% more semantic hits a second at 16-64 connections (bench.cache); exact hits and plain
-routing changed within the noise. `SLUICE_EVENT_LOOP=asyncio` is the way back.
+Why: most of the sidecar's own CPU per request is the event loop and gRPC's callbacks on it
+(wake-ups, futures, tasks), and uvloop's are compiled. Through Envoy on the 2-core box, two
+stacks side by side taking turns at 64 connections: the routing path 5-20% more req/s, exact
+hits 8%, a no-op pass-through 20%; in alternating runs, semantic hits 5-11% (the event loop's CPU
+per hit -15-20%).
+`SLUICE_EVENT_LOOP=asyncio` is the way back. uvloop counts timers in whole milliseconds, so a
+sub-millisecond SLUICE_EMBED_MAX_WAIT_MS is 0 there.
 """
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
 
-from sidecar.config import ConfigError
+from sidecar.config import EVENT_LOOPS, ConfigError
 
 
 def loop_factory(choice: str) -> tuple[Callable[[], asyncio.AbstractEventLoop] | None, str]:
     """(factory for asyncio.Runner, None for asyncio's default; the loop's name) for a
     SLUICE_EVENT_LOOP value (config.EVENT_LOOPS). ConfigError when uvloop is asked for and
     not installed."""
+    if choice not in EVENT_LOOPS:
+        raise ConfigError(f"event_loop: expected one of {', '.join(EVENT_LOOPS)}, got {choice!r}")
     if choice == "asyncio":
         return None, "asyncio"
     try:

@@ -115,9 +115,8 @@ def test_a_prompt_without_user_text_is_bypassed_not_an_error():
 
 def test_what_the_cache_may_neither_serve_nor_store_is_routed_at_once_like_decide_routes_it():
     """No task for them: decide_now gives routing's plan, with the same headers and count."""
-    for store in (MemoryStore(), AwaitOnlyStore()):      # the store is not asked
+    for store in (UnaskedStore(), UnaskedAwaitOnlyStore()):
         d = director(store)
-        store_answer(d)
         now, later = request(**{"cache-control": "no-store"}), request(**{"cache-control": "no-store"})
         before = bypass_lookups()
         plan = d.decide_now(now)
@@ -126,7 +125,41 @@ def test_what_the_cache_may_neither_serve_nor_store_is_routed_at_once_like_decid
         awaited = asyncio.run(d.decide(later))
         assert bypass_lookups() == before + 2
         assert plan.response_headers == awaited.response_headers and ("x-sluice-cache", "bypass") in plan.response_headers
-        assert (now.cache_status, now.capture) == (later.cache_status, later.capture) == ("bypass", None)
+        assert (now.cache_status, now.capture, now.cache_scope) == (later.cache_status, later.capture,
+                                                                    later.cache_scope) == ("bypass", None, None)
+
+
+class UnaskedStore(MemoryStore):
+    """Fails the test if a lookup reaches it."""
+    def get_exact_now(self, scope, exact_key):
+        raise AssertionError("the store was asked")
+
+    async def get_exact(self, scope, exact_key):
+        raise AssertionError("the store was asked")
+
+    async def nearest(self, scope, vector, min_similarity):
+        raise AssertionError("the store was asked")
+
+
+class UnaskedAwaitOnlyStore(UnaskedStore):
+    get_exact_now = None
+
+
+def test_the_memo_of_a_tenant_header_route_keys_on_that_header():
+    """Two tenants behind one API key (an Envoy-verified tenant header) never share a verdict."""
+    route = parse_route_settings({"name": "chat", "candidates": [{"cluster": "a"}],
+                                  "cache": {"semantic": False, "tenant_header": "X-Tenant"}})
+    d = director()
+
+    def tenant_request(tenant):
+        ctx = request(**{"x-tenant": tenant})
+        ctx.route = route
+        d.decide_now(ctx)
+        return ctx.cache_request
+
+    a, b, a_again = tenant_request("a"), tenant_request("b"), tenant_request("a")
+    assert a.scope.key != b.scope.key
+    assert a_again is a                                  # the memo keyed on the tenant header
 
 
 def test_a_bypass_waits_for_decide_when_routing_cannot_decide_at_once():

@@ -154,19 +154,6 @@ def test_admin_drain_stops_the_sidecar_gracefully(make_stack):
     assert status == 200 and "x-sluice-cluster" not in headers       # fail-open to the default
 
 
-def test_the_sidecar_runs_on_uvloop_and_on_asyncio_when_asked(stack, make_stack):
-    assert "event loop: uvloop" in (stack.workdir / "sidecar.log").read_text()
-    plain = make_stack(sidecar_env={"SLUICE_EVENT_LOOP": "asyncio", "SLUICE_SEMANTIC": "false"})
-    tiers = []
-    for _ in range(2):
-        status, headers, _ = post(plain, "/v1/chat/completions", body_for("which loop runs this?"),
-                                  {"authorization": API_KEY})
-        assert status == 200
-        tiers.append(headers["x-sluice-cache"])
-    assert tiers == ["miss", "exact"]
-    assert "event loop: asyncio" in (plain.workdir / "sidecar.log").read_text()
-
-
 # --- config reload ----------------------------------------------------------------------------
 
 def test_reload_under_load_keeps_requests_succeeding(stack, config_file):
@@ -250,3 +237,19 @@ def test_every_documented_metric_is_exported_by_a_running_sidecar(stack):
     documented = documented_sidecar_metrics()
     assert len(documented) >= 10
     assert documented <= exported, sorted(documented - exported)
+
+
+# --- event loop ---------------------------------------------------------------------------
+
+def test_the_sidecar_runs_on_uvloop_and_on_asyncio_when_asked(stack, make_stack):
+    """uvloop by default (every other e2e test runs on it); asyncio still serves every tier,
+    the semantic one included (the embedder hands its vectors back through the loop)."""
+    assert "event loop: uvloop" in (stack.workdir / "sidecar.log").read_text()
+    plain = make_stack(sidecar_env={"SLUICE_EVENT_LOOP": "asyncio", "SLUICE_CACHE_SECRET": SECRET})
+    tiers = []
+    for prompt in ("How do I reset my password?", "How do I reset my password?", "How can I reset my password?"):
+        status, headers, _ = post(plain, "/v1/chat/completions", body_for(prompt), {"authorization": API_KEY})
+        assert status == 200
+        tiers.append(headers["x-sluice-cache"])
+    assert tiers == ["miss", "exact", "semantic"]
+    assert "event loop: asyncio" in (plain.workdir / "sidecar.log").read_text()

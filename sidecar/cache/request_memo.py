@@ -6,8 +6,8 @@ exact hit's own cost: ~250 µs of the sidecar's ~1 ms on a 2 KB prompt through E
 a pass-through's whole ext_proc exchange. That work depends only on the route's settings, the
 body and three headers, so a repeat reuses it.
 
-One memo belongs to one route (its settings and name: a reload starts a new one), so only the
-body and three headers vary. It is keyed by a BLAKE2b digest of them, so no credential is kept,
+One memo belongs to one route (its settings object and name: route metadata that changes or is
+parsed again gets a new one), so only the body and three headers vary. It is keyed by a BLAKE2b digest of them, so no credential is kept,
 holds at most MAX_ENTRIES results and skips bodies over MAX_BODY_BYTES, so it holds at most a
 few MB of prompts.
 """
