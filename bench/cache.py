@@ -28,9 +28,10 @@ One run, about 4.5 minutes on the 2-core box; real Envoy + the Sluice sidecar + 
    same texts at the same concurrency (EmbeddingService in this process, as many closed-loop
    callers as wrk had connections, with the stack idle). The embedder's rate depends on
    its callers (deeper queues make bigger groups), so each point is compared with its own.
-   Where a semantic hit's CPU time goes (the sidecar's event loop, its other threads, Envoy)
-   is printed beside the embedder's own CPU time per text: on a box whose cores the model
-   fills, their ratio bounds the hits' rate.
+   The embedder runs on the sidecar's event loop (uvloop unless SLUICE_EVENT_LOOP says
+   otherwise). Where a semantic hit's CPU time goes (the sidecar's event loop, its other
+   threads, Envoy) is printed beside the embedder's own CPU time per text: on a box whose
+   cores the model fills, their ratio bounds the hits' rate.
 4. TTFT of streamed cache misses: on a cacheable miss the sidecar asks Envoy for the
    response body (STREAMED for SSE), so it sits on the token path. Fresh prompts, upstream
    ttft 100 ms and 30 tokens, alternating between the cached route and a route with
@@ -364,6 +365,16 @@ def ttft_phase(stack: Stack, texts: list[str]) -> dict:
 
 # ---------------------------------------------------------------- the embedder alone
 
+def embedder_rates_on_sidecar_loop(texts: list[str], clients: list[int], seconds: float) -> dict[str, dict]:
+    """embedder_rates on the event loop the sidecar runs on (SLUICE_EVENT_LOOP), so the two
+    rates compared differ only by what a hit adds."""
+    from sidecar.config import SidecarConfig
+    from sidecar.event_loop import loop_factory
+    new_loop, _ = loop_factory(SidecarConfig.from_env().event_loop)
+    with asyncio.Runner(loop_factory=new_loop) as runner:
+        return runner.run(embedder_rates(texts, clients, seconds))
+
+
 async def embedder_rates(texts: list[str], clients: list[int], seconds: float) -> dict[str, dict]:
     """The embedder's texts/s at each number of closed-loop callers (one loaded model)."""
     from sidecar.embedding import EmbeddingService, EmbeddingSettings
@@ -476,7 +487,7 @@ def run_cache_stack(work: pathlib.Path, args, pairs, stream, ttft_texts, exact_b
 
         clients = [c for c in CONCURRENCY if c > 1]
         log(f"[3/4] the embedder alone in this process: {clients} clients, {args.embed_seconds:g} s each")
-        out["embedder"] = asyncio.run(embedder_rates(semantic_texts or texts, clients, args.embed_seconds))
+        out["embedder"] = embedder_rates_on_sidecar_loop(semantic_texts or texts, clients, args.embed_seconds)
 
         log(f"[4/4] streamed misses: {len(ttft_texts)} fresh prompts on the cached and the cache-off route")
         httpx.post(f"http://127.0.0.1:{stack.upstream_port('a')}/admin/config", json=STREAM_CONFIG,
@@ -489,8 +500,9 @@ def run_cache_stack(work: pathlib.Path, args, pairs, stream, ttft_texts, exact_b
 
 
 def semantic_point(url: str, bodies: list[bytes], concurrency: int, seconds: float, pids: dict) -> dict:
-    """wrk over the semantic bodies, and the CPU time each hit took: the sidecar's event loop
-    (its main thread), its other threads (the model's, gRPC's) and Envoy, in ms per request."""
+    """wrk over the semantic bodies, and the CPU time each request took (they are semantic hits:
+    the tiers seen say so): the sidecar's event loop (its main thread), its other threads (the
+    model's, gRPC's) and Envoy, in ms per request."""
     def sample() -> dict:
         return {"event_loop": report.cpu_seconds(pids["sidecar"], pids["sidecar"]),
                 "sidecar": report.cpu_seconds(pids["sidecar"]), "envoy": report.cpu_seconds(pids["envoy"])}
@@ -674,7 +686,7 @@ def print_throughput(cache: dict, noop: dict) -> dict:
         c, cpu = str(p["concurrency"]), p["cpu_ms_per_request"]
         if c in cache["embedder"]:
             alone = cache["embedder"][c]["cpu_ms_per_text"]
-            print(f"CPU ms per semantic hit, c={c}: sidecar event loop {cpu['sidecar_event_loop']:.2f}, sidecar "
+            print(f"CPU ms per request of the semantic workload, c={c}: sidecar event loop {cpu['sidecar_event_loop']:.2f}, sidecar "
                   f"other threads (model, gRPC) {cpu['sidecar_other_threads']:.2f}, Envoy {cpu['envoy']:.2f}; "
                   f"embedder alone {alone:.2f} per text (this process, all threads)")
     return {"noop": {k: [_point(p) for p in v if p["concurrency"] > 1] for k, v in noop.items()},

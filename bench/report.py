@@ -44,15 +44,9 @@ def rss_mb(pid: int) -> float:
     return float("nan")
 
 
-_TICK = None
-
-
 def cpu_seconds(pid: int, tid: int | None = None) -> float:
     """User + system CPU time of a process (all its threads), or of one of its threads (Linux)."""
-    global _TICK
-    if _TICK is None:
-        import os
-        _TICK = os.sysconf("SC_CLK_TCK")
+    import os
     path = f"/proc/{pid}/stat" if tid is None else f"/proc/{pid}/task/{tid}/stat"
     fields = pathlib.Path(path).read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / _TICK
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
