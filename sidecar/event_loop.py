@@ -20,8 +20,8 @@ def loop_factory(choice: str) -> tuple[Callable[[], asyncio.AbstractEventLoop] |
     """(factory for asyncio.Runner, None for asyncio's default; the loop's name) for a
     SLUICE_EVENT_LOOP value (config.EVENT_LOOPS). ConfigError when uvloop is asked for and
     not installed."""
-    if choice not in EVENT_LOOPS:
-        raise ConfigError(f"event_loop: expected one of {', '.join(EVENT_LOOPS)}, got {choice!r}")
+    if choice not in EVENT_LOOPS:           # SidecarConfig has refused it already
+        raise ValueError(f"unknown event loop {choice!r}")
     if choice == "asyncio":
         return None, "asyncio"
     try:

@@ -7,9 +7,9 @@ a pass-through's whole ext_proc exchange. That work depends only on the route's 
 body and three headers, so a repeat reuses it.
 
 One memo belongs to one route (its settings object and name: route metadata that changes or is
-parsed again gets a new one), so only the body and three headers vary. It is keyed by a BLAKE2b digest of them, so no credential is kept,
-holds at most MAX_ENTRIES results and skips bodies over MAX_BODY_BYTES, so it holds at most a
-few MB of prompts.
+parsed again gets a new one), so only the body and three headers vary. It is keyed by a BLAKE2b
+digest of them, so no credential is kept, holds at most MAX_ENTRIES results and skips bodies
+over MAX_BODY_BYTES, so it holds at most a few MB of prompts.
 """
 from __future__ import annotations
 
