@@ -52,6 +52,7 @@ class EmbeddingSettings:
     workers: int = 0
     # Most extra time a text waits for others to fill a batch, once the model is busy.
     # A text that arrives while the model is idle and nothing is queued runs at once.
+    # On uvloop (the sidecar's default loop) timers count whole milliseconds.
     max_wait_ms: float = 0.0
     # Most texts waiting; one more is rejected at once (QueueFull).
     max_queue: int = 256
