@@ -165,19 +165,36 @@ class Sidecar:
         for service in ("", EXT_PROC_SERVICE):
             await self.health.set(service, status)
 
-    async def stop(self) -> None:
+    async def stop(self, hurry: asyncio.Event | None = None) -> None:
+        """NOT_SERVING for drain_delay_s, then grace_s for open streams; both end early once
+        `hurry` is set (a second signal): open streams are then cancelled."""
         log.info("draining: NOT_SERVING for %.1fs, then %.1fs grace for open streams",
                  self.config.drain_delay_s, self.config.grace_s)
+        hurry = hurry or asyncio.Event()
         await self.set_serving(False)
-        await asyncio.sleep(self.config.drain_delay_s)
-        await self.server.stop(self.config.grace_s)
+        await _until(hurry, asyncio.sleep(self.config.drain_delay_s))
+        if not await _until(hurry, self.server.stop(self.config.grace_s)):
+            await self.server.stop(0)         # gRPC shortens a pending stop to the new grace
         log.info("sidecar stopped")
+
+
+async def _until(event: asyncio.Event, work) -> bool:
+    """Await `work` unless `event` is set first; False if the event cut it short (`work` then
+    goes on in its task)."""
+    task = asyncio.ensure_future(work)
+    waiter = asyncio.ensure_future(event.wait())
+    try:
+        await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiter.cancel()
+    return task.done()
 
 
 async def serve(config: SidecarConfig, app: App | None = None,
                 new_processor: Callable[..., object] = RequestProcessor,
                 load_config: Callable[[], SidecarConfig] | None = None) -> None:
-    """Run until SIGTERM or SIGINT (or an Admin Drain); a second signal stops at once. Envoy
+    """Run until SIGTERM or SIGINT (or an Admin Drain); a second signal cuts the drain short
+    and cancels open streams, and the sidecar still closes cleanly (request log flushed). Envoy
     sees NOT_SERVING until the heavy parts (the embedding model) are loaded and warm. SIGHUP
     reloads the settings with `load_config` (sidecar/reload.py)."""
     loop = asyncio.get_running_loop()
@@ -219,12 +236,13 @@ async def serve(config: SidecarConfig, app: App | None = None,
                if config.config_file and config.config_watch_s else None)
     flusher = asyncio.create_task(_flush_every(access_log, FLUSH_S))
     signalled = False
+    hurry = asyncio.Event()
 
     def on_signal() -> None:
         nonlocal signalled
-        if signalled:
-            log.warning("second signal: stopping now")
-            loop.stop()
+        if signalled and not hurry.is_set():
+            log.warning("second signal: stopping now, open streams cancelled")
+            hurry.set()
         signalled = True
         stopping.set()
 
@@ -234,7 +252,7 @@ async def serve(config: SidecarConfig, app: App | None = None,
     if watcher is not None:
         watcher.cancel()
     flusher.cancel()
-    await sidecar.stop()
+    await sidecar.stop(hurry)
     await app.close()
     tracing.close()
     access_log.flush()

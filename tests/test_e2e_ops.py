@@ -154,6 +154,34 @@ def test_admin_drain_stops_the_sidecar_gracefully(make_stack):
     assert status == 200 and "x-sluice-cluster" not in headers       # fail-open to the default
 
 
+def test_a_second_signal_cuts_the_drain_short_and_still_stops_cleanly(make_stack):
+    slow = ["--ttft-ms", "50", "--tokens", "400", "--tokens-per-s", "20"]     # a 20 s answer
+    stack = make_stack(sidecar_args=["--drain-delay", "30", "--grace", "30"],
+                       upstream_args={"a": slow, "b": slow})
+    trace_id, traceparent = new_trace()
+    done = threading.Event()
+
+    def stream_slowly():
+        body = json.dumps({"model": "demo-model", "stream": True,
+                           "messages": [{"role": "user", "content": "tell me a long story"}]}).encode()
+        try:
+            post(stack, "/v1/chat/completions", body, {"authorization": API_KEY, "traceparent": traceparent})
+        except Exception:
+            pass                                  # cut off: what matters is how the sidecar stops
+        done.set()
+
+    threading.Thread(target=stream_slowly, daemon=True).start()
+    time.sleep(1.0)                               # the answer is streaming through the sidecar
+    sidecar = stack.procs["sidecar"]
+    sidecar.send_signal(signal.SIGTERM)
+    time.sleep(0.5)
+    sidecar.send_signal(signal.SIGTERM)
+    assert sidecar.wait(10) == 0                  # not after 30 s of drain and 30 of grace
+    log_text = (stack.workdir / "sidecar.log").read_text()
+    assert "second signal" in log_text and "Traceback" not in log_text
+    assert trace_id in log_text                   # the cut stream's request line was written
+
+
 # --- config reload ----------------------------------------------------------------------------
 
 def test_reload_under_load_keeps_requests_succeeding(stack, config_file):
