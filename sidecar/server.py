@@ -187,7 +187,10 @@ async def _until(event: asyncio.Event, work) -> bool:
         await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
     finally:
         waiter.cancel()
-    return task.done()
+    if not task.done():
+        return False
+    task.result()                             # its error, if any, is the caller's
+    return True
 
 
 async def serve(config: SidecarConfig, app: App | None = None,
