@@ -15,8 +15,8 @@ from sidecar.embedding.settings import EmbeddingSettings
 
 VENDORED_TOKENIZER = Path(__file__).resolve().parent.parent / "models" / "tokenizer.json"
 # The packaged model with int8 arithmetic, made by `make` (scripts/build_model.py says why):
-# the default when present (but with SLUICE_EMBED_PROVIDER=cuda), else the packaged model itself
-# (same weights, fp32 arithmetic). On a GPU the fp16 model is the one to use (export_fp16.py).
+# the default when present and the model runs on the CPU provider, else the packaged model
+# itself (same weights, fp32 arithmetic). On a GPU the fp16 model is the one to use (export_fp16.py).
 BUILT_MODEL = Path(__file__).resolve().parents[2] / "build" / "models" / "all-MiniLM-L6-v2-int8-matmulnbits.onnx"
 BUILT_MODEL_SHA256 = "2e84a928c6063b50583de74a5ef608ece18ab3ddb7ffce6f855775b8bf938fbe"
 
