@@ -54,7 +54,6 @@ def metric(stack: Stack, name: str, **labels) -> float:
 def wait_for_metric(stack: Stack, name: str, expected: float, timeout: float = 5.0, **labels) -> float:
     """The metric once it reaches `expected` (a stream is counted when Envoy closes it, which can
     be just after the client has its answer); its last value after `timeout` otherwise."""
-    import time
     deadline = time.monotonic() + timeout
     while (value := metric(stack, name, **labels)) != expected and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -62,7 +61,6 @@ def wait_for_metric(stack: Stack, name: str, expected: float, timeout: float = 5
 
 
 def upstream_stats(stack: Stack, name: str) -> dict:
-    import json
     port = getattr(stack.ports, f"upstream_{name}")
     return json.loads(http_get(f"http://127.0.0.1:{port}/admin/stats")[1])
 

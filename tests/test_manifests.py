@@ -450,8 +450,7 @@ def test_istio_envoy_filter_matches_the_reference():
     mutations = patches["NETWORK_FILTER"]["typed_config"]["early_header_mutation_extensions"][0]
     assert {"remove_on_match": {"key_matcher": {"prefix": "x-sluice-"}}} in mutations["typed_config"]["mutations"]
     # Unread answers' headers come from the sidecar's metadata, as in the reference.
-    reference_route_config = reference_config()["static_resources"]["listeners"][0]["filter_chains"][0][
-        "filters"][0]["typed_config"]["route_config"]
+    reference_route_config = envoy_config.http_connection_manager(reference_config())["route_config"]
     assert patches["ROUTE_CONFIGURATION"]["response_headers_to_add"] == reference_route_config["response_headers_to_add"]
 
 

@@ -6,6 +6,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
 from sidecar.events import BodyMode, ImmediateReply, Plan
 from sidecar.noop import NoopProcessor
+from sidecar.processor import RequestProcessor
 from sidecar.server import ExternalProcessor
 from tests.ext_proc_stream import FakeDirector, chat_body, chat_messages, run_stream
 
@@ -17,8 +18,10 @@ class FinishCounting(FakeDirector):
         self.finished += 1
 
 
-async def replies_until_stream_ends(servicer, messages, then_wait: asyncio.Event) -> list[str]:
-    return [response.WhichOneof("response") for response in await run_stream(servicer, messages, then_wait)]
+async def replies_until_stream_ends(servicer, messages, envoy_ends: asyncio.Event | None = None) -> list[str]:
+    """The reply kinds until the stream ends; Envoy's side stays open until envoy_ends is set."""
+    return [response.WhichOneof("response")
+            for response in await run_stream(servicer, messages, envoy_ends or asyncio.Event())]
 
 
 def _response_body_end() -> pb.ProcessingRequest:
@@ -34,7 +37,7 @@ async def test_an_immediate_reply_ends_the_stream_without_waiting_for_envoy():
     reply = ImmediateReply(200, b"{}", (("content-type", "application/json"),))
     director = FinishCounting(plan=Plan(reply=reply))
     kinds = await asyncio.wait_for(replies_until_stream_ends(
-        ExternalProcessor(director), chat_messages(chat_body("hi"))[:2], asyncio.Event()), timeout=5)
+        ExternalProcessor(director), chat_messages(chat_body("hi"))[:2]), timeout=5)
     assert kinds == ["request_headers", "immediate_response"]
     assert director.finished == 1       # the request's bookkeeping ran, Envoy still silent
 
@@ -42,7 +45,7 @@ async def test_an_immediate_reply_ends_the_stream_without_waiting_for_envoy():
 async def test_a_bad_request_ends_the_stream_with_its_400():
     servicer = ExternalProcessor(FakeDirector())
     messages = chat_messages(b"{not json")[:2]
-    kinds = await asyncio.wait_for(replies_until_stream_ends(servicer, messages, asyncio.Event()), timeout=5)
+    kinds = await asyncio.wait_for(replies_until_stream_ends(servicer, messages), timeout=5)
     assert kinds == ["request_headers", "immediate_response"]
 
 
@@ -50,18 +53,17 @@ async def test_the_answers_last_chunk_ends_the_stream():
     director = FinishCounting(plan=Plan(cluster="upstream_a", response_body=BodyMode.BUFFERED))
     messages = _answer_starts() + [_response_body_end()]
     kinds = await asyncio.wait_for(replies_until_stream_ends(
-        ExternalProcessor(director), messages, asyncio.Event()), timeout=5)
+        ExternalProcessor(director), messages), timeout=5)
     assert kinds == ["request_headers", "request_body", "response_headers", "response_body"]
     assert director.finished == 1
 
 
-@pytest.mark.parametrize("new_processor", [None, NoopProcessor])
+@pytest.mark.parametrize("new_processor", [RequestProcessor, NoopProcessor])
 async def test_a_request_still_streaming_its_answer_keeps_the_stream_open(new_processor):
     """Envoy ends the stream when the answer has streamed to the client; until then the
     request is in flight (the scheduler's load), so the sidecar must not end it first."""
     director = FinishCounting()
-    servicer = (ExternalProcessor(director) if new_processor is None
-                else ExternalProcessor(director, new_processor))
+    servicer = ExternalProcessor(director, new_processor)
     envoy_ends = asyncio.Event()
     messages = _answer_starts()
     task = asyncio.create_task(replies_until_stream_ends(servicer, messages, envoy_ends))
