@@ -27,6 +27,7 @@ from devtools.stack import Stack
 
 CONCURRENCY = (1, 16, 64)
 FAST_UPSTREAM = ["--ttft-ms", "0", "--tokens", "1", "--tokens-per-s", "1000000"]
+FAST_UPSTREAMS = {"a": FAST_UPSTREAM, "b": FAST_UPSTREAM}
 NO_RATE_LIMIT = {"RATE_LIMIT_TOKENS": 100_000_000}   # the benchmark measures cost, not the limit
 
 
@@ -56,7 +57,7 @@ def bench_stack(workdir: pathlib.Path, sidecar_args: list[str], sidecar_env: dic
     """Envoy + a sidecar with one candidate, so every request goes to the same fast upstream
     process (ttft 0, one token): the set-up the no-op and Sluice are compared in."""
     routes = [chat_route("bench", "/", [{"cluster": "upstream_a", "weight": 1}])]
-    return Stack(workdir, upstream_args={"a": FAST_UPSTREAM, "b": FAST_UPSTREAM}, sidecar_args=sidecar_args,
+    return Stack(workdir, upstream_args=FAST_UPSTREAMS, sidecar_args=sidecar_args,
                  envoy_vars=NO_RATE_LIMIT, routes=routes, sidecar_env=sidecar_env)
 
 
@@ -75,8 +76,7 @@ def main() -> int:
     rss: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as tmp:
         work = pathlib.Path(tmp)
-        upstream_args = {"a": FAST_UPSTREAM, "b": FAST_UPSTREAM}
-        with NoExtProcStack(work / "envoy", upstream_args=upstream_args, with_sidecar=False,
+        with NoExtProcStack(work / "envoy", upstream_args=FAST_UPSTREAMS, with_sidecar=False,
                             envoy_vars=NO_RATE_LIMIT) as stack:
             results["upstream"] = measure(
                 f"http://127.0.0.1:{stack.ports.upstream_a}/v1/chat/completions", body, args.seconds)
