@@ -59,14 +59,24 @@ def _producer(producers: dict[str, onnx.NodeProto], name: str) -> onnx.NodeProto
     return producers[name]
 
 
+def _producers(graph: onnx.GraphProto) -> dict[str, onnx.NodeProto]:
+    """The node that produces each output name, as the graph stands now."""
+    return {output: node for node in graph.node for output in node.output}
+
+
+def _qkv_adds(graph: onnx.GraphProto, prefix: str) -> list[onnx.NodeProto]:
+    """A layer's query, key and value bias Adds, in that order."""
+    return [_add_of_bias(graph, f"{prefix}self.{x}.bias") for x in ("query", "key", "value")]
+
+
 def fuse_attention(model: onnx.ModelProto) -> onnx.ModelProto:
     graph = model.graph
-    producer = {output: node for node in graph.node for output in node.output}
+    producer = _producers(graph)
     fused = [helper.make_node("Cast", ["attention_mask"], [_MASK], to=TensorProto.INT32,
                               name="sluice_mask_int32")]
     for layer in range(LAYERS):
         prefix = _PREFIX.format(layer=layer)
-        q, k, v = (_add_of_bias(graph, f"{prefix}self.{x}.bias").output[0] for x in ("query", "key", "value"))
+        q, k, v = (add.output[0] for add in _qkv_adds(graph, prefix))
         projection = _producer(producer, _data_input(_add_of_bias(graph, f"{prefix}output.dense.bias")))
         if projection.op_type != "MatMul":
             raise ValueError(f"layer {layer}: expected the output projection's MatMul, got {projection.op_type}")
@@ -82,11 +92,11 @@ def fuse_attention(model: onnx.ModelProto) -> onnx.ModelProto:
 
 def merge_qkv(model: onnx.ModelProto) -> onnx.ModelProto:
     graph = model.graph
-    producer = {output: node for node in graph.node for output in node.output}
+    producer = _producers(graph)
     weights = {tensor.name: tensor for tensor in graph.initializer}
     for layer in range(LAYERS):
         prefix = _PREFIX.format(layer=layer)
-        adds = [_add_of_bias(graph, f"{prefix}self.{x}.bias") for x in ("query", "key", "value")]
+        adds = _qkv_adds(graph, prefix)
         matmuls = [_producer(producer, _data_input(add)) for add in adds]
         if any(m.op_type != "MatMul" for m in matmuls) or len({m.input[0] for m in matmuls}) != 1:
             raise ValueError(f"layer {layer}: Q, K and V are not three MatMuls of one input")
