@@ -56,7 +56,7 @@ import time
 
 import httpx
 
-from bench import overhead, report, turns, wrk
+from bench import overhead, report, sidecar_loop, turns, wrk
 from devtools.envoy_config import chat_route
 from devtools.stack import Stack
 from sidecar.cache.policy import time_sensitive_word
@@ -366,13 +366,9 @@ def ttft_phase(stack: Stack, texts: list[str]) -> dict:
 # ---------------------------------------------------------------- the embedder alone
 
 def embedder_rates_on_sidecar_loop(texts: list[str], clients: list[int], seconds: float) -> dict[str, dict]:
-    """embedder_rates on the event loop the sidecar runs on (SLUICE_EVENT_LOOP), so the two
-    rates compared differ only by what a hit adds."""
-    from sidecar.config import SidecarConfig
-    from sidecar.event_loop import loop_factory
-    new_loop, _ = loop_factory(SidecarConfig.from_env().event_loop)
-    with asyncio.Runner(loop_factory=new_loop) as runner:
-        return runner.run(embedder_rates(texts, clients, seconds))
+    """embedder_rates on the event loop the sidecar runs on, so the two rates compared differ
+    only by what a hit adds."""
+    return sidecar_loop.run(embedder_rates(texts, clients, seconds))
 
 
 async def embedder_rates(texts: list[str], clients: list[int], seconds: float) -> dict[str, dict]:

@@ -1,11 +1,11 @@
 """`make bench-instructions`: CPU instructions per request of the sidecar's paths, under callgrind.
 
 Wall-clock benchmarks on a busy 2-core machine swing by ±15% between runs; instruction counts
-do not (valgrind counts them whatever else runs). Each path runs in one process: the real
-grpc.aio ext_proc server and a grpc.aio client that sends the messages Envoy would (so the
-client's share is in every figure alike). The count over N requests is taken twice (N_SMALL and
-N_LARGE, instrumentation switched on around the loop only) and differenced, which removes
-start-up and warm-up. Paths:
+do not (valgrind counts them whatever else runs). The sidecar runs alone under callgrind: the
+real grpc.aio ext_proc server on the event loop `sluice serve` uses (SLUICE_EVENT_LOOP, uvloop
+by default), every thread of it counted. A grpc.aio client in another process sends the messages
+Envoy would and switches the counting on around its loop. The count over N requests is taken
+twice (N_SMALL and N_LARGE) and differenced, which removes start-up, warm-up and shutdown. Paths:
   noop          the no-op processor (`sluice serve --noop`): request headers, body, response headers
   routing       Sluice's routing path on a one-candidate route, the cache off (as bench-overhead)
   exact_short   an exact cache hit, a one-line prompt (request headers, body -> immediate answer)
@@ -19,13 +19,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
+import pathlib
 import re
 import shutil
 import subprocess
 import sys
+import tempfile
+import time
 
-from bench import report
+from bench import report, sidecar_loop
 
 N_SMALL, N_LARGE = 160, 480
 PATHS = ("noop", "routing", "exact_short", "exact_2k")
@@ -88,13 +90,10 @@ def _sidecar(path: str):
                         tracing=Tracing.from_config(config))
 
 
-async def _worker(path: str, requests: int, concurrency: int) -> None:
+async def _serve(path: str, port_file: str) -> None:
+    """The measured process: the sidecar alone, until SIGTERM."""
     import gc
-
-    import grpc
-    from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
-
-    from bench.overhead import chat_body
+    import signal
 
     app, sidecar = _sidecar(path)
     if app is not None:
@@ -102,9 +101,25 @@ async def _worker(path: str, requests: int, concurrency: int) -> None:
     await sidecar.start()
     gc.collect()
     gc.freeze()                                           # as sidecar.server.serve does
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    pathlib.Path(port_file).write_text(str(sidecar.port))
+    await stop.wait()
+    await sidecar.server.stop(0)
+    if app is not None:
+        await app.close()
+
+
+async def _drive(path: str, port: int, server_pid: int, requests: int, concurrency: int) -> None:
+    """Envoy's part, in its own process: warm up, then count the sidecar over `requests`."""
+    import grpc
+    from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
+
+    from bench.overhead import chat_body
+
     messages = _messages(chat_body() if path in ("routing", "exact_2k", "noop") else SHORT_BODY)
     hit = path.startswith("exact")
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{sidecar.port}") as channel:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
         stub = pb_grpc.ExternalProcessorStub(channel)
 
         async def one(sent) -> None:
@@ -124,28 +139,42 @@ async def _worker(path: str, requests: int, concurrency: int) -> None:
             await one(messages)                           # a miss whose answer is stored
             await asyncio.sleep(0.2)
         await asyncio.gather(*(some(50 // concurrency) for _ in range(concurrency)))   # warm-up
-        _callgrind("on")
+        _callgrind(server_pid, "on")
         await asyncio.gather(*(some(requests // concurrency) for _ in range(concurrency)))
-        _callgrind("off")
-    await sidecar.server.stop(0)
-    if app is not None:
-        await app.close()
+        _callgrind(server_pid, "off")
 
 
-def _callgrind(state: str) -> None:
-    subprocess.run(["callgrind_control", "-i", state, str(os.getpid())], capture_output=True, check=False)
+def _callgrind(pid: int, state: str) -> None:
+    subprocess.run(["callgrind_control", "-i", state, str(pid)], capture_output=True, check=True)
 
 
 # --------------------------------------------------------------------- the driver
 
 def _instructions(path: str, requests: int, concurrency: int) -> int:
-    out = subprocess.run(
-        ["valgrind", "--tool=callgrind", "--instr-atstart=no", "--callgrind-out-file=/dev/null",
-         sys.executable, "-m", "bench.instructions", "--worker", path, str(requests), str(concurrency)],
-        capture_output=True, text=True, cwd=report.ROOT, timeout=900)
-    match = re.search(r"Collected : (\d+)", out.stderr)
-    if out.returncode != 0 or match is None:
-        raise RuntimeError(f"callgrind run of {path} failed:\n{out.stderr[-3000:]}")
+    with tempfile.TemporaryDirectory() as tmp:
+        port_file = pathlib.Path(tmp) / "port"
+        log_file = pathlib.Path(tmp) / "callgrind.log"
+        server = subprocess.Popen(
+            ["valgrind", "--tool=callgrind", "--instr-atstart=no", "--callgrind-out-file=/dev/null",
+             f"--log-file={log_file}", sys.executable, "-m", "bench.instructions", "--serve", path, str(port_file)],
+            cwd=report.ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        try:
+            deadline = time.monotonic() + 300                 # the model-free sidecar starts in ~30 s under valgrind
+            while not (port_file.exists() and port_file.read_text()):
+                if server.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"the sidecar under callgrind did not start:\n{server.stderr.read()[-3000:]}")
+                time.sleep(0.2)
+            subprocess.run([sys.executable, "-m", "bench.instructions", "--drive", path, port_file.read_text(),
+                            str(server.pid), str(requests), str(concurrency)], cwd=report.ROOT, check=True, timeout=900)
+            server.terminate()
+            server.wait(timeout=120)
+        finally:
+            if server.poll() is None:
+                server.kill()
+                server.wait()
+        match = re.search(r"Collected : (\d+)", log_file.read_text())
+    if server.returncode != 0 or match is None:
+        raise RuntimeError(f"callgrind run of {path} failed (exit {server.returncode})")
     return int(match.group(1))
 
 
@@ -155,11 +184,16 @@ def per_request(path: str, concurrency: int) -> float:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--worker", nargs=3, metavar=("PATH", "REQUESTS", "CONCURRENCY"), help=argparse.SUPPRESS)
+    parser.add_argument("--serve", nargs=2, metavar=("PATH", "PORT_FILE"), help=argparse.SUPPRESS)
+    parser.add_argument("--drive", nargs=5, metavar=("PATH", "PORT", "PID", "REQUESTS", "CONCURRENCY"),
+                        help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.worker:
-        path, requests, concurrency = args.worker
-        asyncio.run(_worker(path, int(requests), int(concurrency)))
+    if args.serve:
+        sidecar_loop.run(_serve(*args.serve))
+        return 0
+    if args.drive:
+        path, *numbers = args.drive
+        asyncio.run(_drive(path, *map(int, numbers)))
         return 0
     if shutil.which("valgrind") is None:
         print("valgrind is needed (apt-get install valgrind)", file=sys.stderr)
@@ -168,9 +202,10 @@ def main() -> int:
     rows = [{"path": path, "concurrency": c, "instructions/request": round(counts[path]),
              "vs noop": counts[path] / counts["noop"]}
             for c, counts in results.items() for path in PATHS]
-    print(f"callgrind, user-space instructions per request (server and client), {N_LARGE - N_SMALL} requests differenced")
+    print(f"callgrind, user-space instructions per request of the sidecar process ({sidecar_loop.name()} loop), "
+          f"{N_LARGE - N_SMALL} requests differenced")
     print(report.table(rows, ["path", "concurrency", "instructions/request", "vs noop"]))
-    written = report.write("instructions", {"requests": N_LARGE - N_SMALL,
+    written = report.write("instructions", {"requests": N_LARGE - N_SMALL, "event_loop": sidecar_loop.name(),
                                             "per_request": {str(c): v for c, v in results.items()}})
     print(f"wrote {written}")
     return 0

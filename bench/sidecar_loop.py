@@ -1,0 +1,19 @@
+"""The event loop `sluice serve` runs on (SLUICE_EVENT_LOOP), for benchmarks that must compare
+like with like: uvloop by default, asyncio's own when asked or when uvloop is missing."""
+from __future__ import annotations
+
+import asyncio
+
+from sidecar.config import SidecarConfig
+from sidecar.event_loop import loop_factory
+
+
+def name() -> str:
+    return loop_factory(SidecarConfig.from_env().event_loop)[1]
+
+
+def run(coroutine):
+    """asyncio.run(coroutine), on the sidecar's loop."""
+    new_loop, _ = loop_factory(SidecarConfig.from_env().event_loop)
+    with asyncio.Runner(loop_factory=new_loop) as runner:
+        return runner.run(coroutine)
