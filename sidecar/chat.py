@@ -74,11 +74,20 @@ def _is_int(value: Any) -> bool:
 
 
 def _is_number(value: Any) -> bool:
-    return (_is_int(value) or isinstance(value, float)) and math.isfinite(value)
+    if isinstance(value, float):
+        return math.isfinite(value)
+    return _is_int(value) and abs(value) <= _FLOAT_MAX     # a bigger int is no float (OverflowError)
+
+
+_FLOAT_MAX = 1.7976931348623157e308
 
 
 # One decoder for every request: json.loads with an argument builds a new one each call.
 _DECODER = json.JSONDecoder(parse_constant=_reject_constant)
+# Deepest nesting of objects and arrays accepted. Real requests (JSON schemas in tools and
+# response_format included) stay far below; deeper ones would exhaust Python's recursion
+# limit in the code that digests a request for cache keys.
+MAX_NESTING = 64
 
 
 # Byte-identical bodies (a popular question, the same app's template, retries) are parsed
@@ -111,8 +120,15 @@ def _parse(body: bytes) -> ChatRequest:
         raise BadRequest("request body is not valid UTF-8") from None
     except json.JSONDecodeError as exc:
         raise BadRequest(f"request body is not valid JSON: {exc.msg} at position {exc.pos}") from None
+    except ValueError as exc:       # an integer of more digits than Python converts (4,300)
+        raise BadRequest(f"request body is not usable JSON: {exc}") from None
+    except RecursionError:
+        raise BadRequest(f"request body is nested more than {MAX_NESTING} levels deep") from None
     if not isinstance(data, dict):
         raise BadRequest("request body must be a JSON object")
+    # Depth never exceeds the number of containers: most bodies need no walk.
+    if body.count(b"{") + body.count(b"[") > MAX_NESTING and _nesting(data) > MAX_NESTING:
+        raise BadRequest(f"request body is nested more than {MAX_NESTING} levels deep")
 
     model = data.get("model")
     if not isinstance(model, str) or not model:
@@ -156,6 +172,22 @@ def _parse(body: bytes) -> ChatRequest:
         include_usage=bool(stream_options.get("include_usage", False)), user=user,
         sampling=MappingProxyType(sampling), tools=tuple(tools), tool_choice=data.get("tool_choice"),
     )
+
+
+def _nesting(value: Any) -> int:
+    """How deep objects and arrays nest in a decoded JSON value (1 for a flat object)."""
+    deepest, level = 0, [(value, 1)]
+    while level:
+        item, depth = level.pop()
+        if isinstance(item, dict):
+            item = item.values()
+        elif not isinstance(item, list):
+            continue
+        deepest = max(deepest, depth)
+        if deepest > MAX_NESTING:
+            break
+        level.extend((child, depth + 1) for child in item)
+    return deepest
 
 
 def _check_message(message: Any, where: str) -> None:

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from sidecar.chat import BadRequest, message_text, parse_chat_request
+from sidecar.chat import MAX_NESTING, BadRequest, message_text, parse_chat_request
 
 
 def body(**fields) -> bytes:
@@ -51,9 +51,22 @@ def test_multipart_content_text():
     (body(stop=[1]), "stop"),
     (body(tools="all"), "tools"),
     (b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "temperature": NaN}', None),
+    (body(temperature=10 ** 400), "temperature"),                       # no float holds it
+    (body(top_p=-10 ** 400), "top_p"),
+    (b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": ' + b"9" * 5000 + b"}", None),
+    (b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "metadata": '
+     + b"[" * 100_000 + b"]" * 100_000 + b"}", None),                  # past the decoder's recursion
+    (b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "response_format": '
+     + b'{"a":' * MAX_NESTING + b"1" + b"}" * MAX_NESTING + b"}", None),   # parses, one level past MAX_NESTING
 ])
 def test_rejects_bad_bodies_naming_the_field(raw, param):
     with pytest.raises(BadRequest) as err:
         parse_chat_request(raw)
     assert err.value.param == param
     assert str(err.value)
+
+
+def test_nesting_up_to_the_limit_is_accepted():
+    schema = b'{"a":' * (MAX_NESTING - 1) + b"1" + b"}" * (MAX_NESTING - 1)   # inside the body's object
+    raw = b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "response_format": ' + schema + b"}"
+    assert parse_chat_request(raw).sampling["response_format"]

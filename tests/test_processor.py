@@ -146,7 +146,15 @@ def test_chat_post_without_body_gets_400():
     assert processor.context.outcome is Outcome.BAD_REQUEST
 
 
-@pytest.mark.parametrize("body", [b"", b"{", b"\xff\xff", b'{"model": "m"}', b"[]"])
+_USER = b'{"model": "m", "messages": [{"role": "user", "content": "x"}]'
+
+
+@pytest.mark.parametrize("body", [
+    b"", b"{", b"\xff\xff", b'{"model": "m"}', b"[]",
+    _USER + b', "temperature": 1' + b"0" * 400 + b"}",              # an int no float holds
+    _USER + b', "max_tokens": ' + b"9" * 5000 + b"}",               # past Python's int digits
+    _USER + b', "metadata": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",   # past the recursion limit
+])
 def test_bad_chat_bodies_get_openai_400(body):
     processor, (_, reply) = run(chat_flow(body)[:2])
     assert isinstance(reply, ImmediateReply) and reply.status == 400
