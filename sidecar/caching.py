@@ -33,11 +33,28 @@ from sidecar.cache.replay import completion_id, hit_headers, json_body, sse_body
 from sidecar.cache.request_memo import RequestMemo
 from sidecar.cache.scope import credential_header, exact_key, prompt_text, scope_for
 from sidecar.context import Outcome, RequestContext
+from sidecar.logs import Throttle
 from sidecar.events import BodyMode, ImmediateReply, Plan
 from sidecar.route_settings import PerSettings, RouteSettings
 
 log = logging.getLogger("sluice.cache")
 CACHE_HEADER = "x-sluice-cache"
+
+
+# A rolling upgrade that changes the stored format would otherwise log on every hit.
+_unreadable_warning = Throttle()
+
+
+def readable(data: bytes) -> CachedAnswer | None:
+    """The answer in stored or relayed bytes; None, a miss, for bytes this version cannot
+    read: another version's format (replicas sharing Redis during an upgrade) or corrupt."""
+    try:
+        return decode_answer(data)
+    except ValueError as exc:
+        metrics.CACHE_UNREADABLE.inc()
+        if _unreadable_warning.due():
+            log.warning("cached answer unreadable, served as a miss: %s", exc)
+        return None
 
 
 @dataclass(frozen=True)
@@ -160,10 +177,11 @@ class CachingDirector:
         if self._get_exact_now is None or request.bypass is not None:
             return None
         entry = self._get_exact_now(request.scope.key, request.key)
-        if entry is None:
+        answer = None if entry is None else readable(entry.answer)
+        if answer is None:
             return None
         ctx.cache_scope = request.scope.key
-        return self._serve(ctx, decode_answer(entry.answer), "exact", None, entry.stored_at)
+        return self._serve(ctx, answer, "exact", None, entry.stored_at)
 
     def reads_response(self, ctx: RequestContext) -> bool:
         """The cache reads every answer of its routes (to store it); other routes as routing says."""
@@ -188,8 +206,9 @@ class CachingDirector:
             if bypass is None:                                   # may serve from cache
                 with tracing.span("sluice.cache"):
                     found = await self.lookup(scope.key, key, prompt, settings)
-                if found.tier is not None:
-                    return self._serve(ctx, decode_answer(found.entry.answer), found.tier,
+                answer = None if found.tier is None else readable(found.entry.answer)
+                if answer is not None:
+                    return self._serve(ctx, answer, found.tier,
                                        found.similarity if found.tier == "semantic" else None,
                                        found.entry.stored_at)
                 vector = found.vector
@@ -298,7 +317,8 @@ class CachingDirector:
         metrics.CACHE_FOLLOWERS.inc()
         outcome = await ticket.wait(policy.max_dedup_wait_s)
         if isinstance(outcome, Answered):
-            return None, decode_answer(outcome.payload)
+            answer = readable(outcome.payload)
+            return None, answer          # unreadable: go upstream alone
         if isinstance(outcome, Promoted):
             return outcome.lead, None
         return None, None                       # timed out: go upstream alone

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import logging.config
+import time
 
 
 class JsonFormatter(logging.Formatter):
@@ -35,3 +36,20 @@ def configure(level: str = "INFO") -> None:
 def set_level(level: str) -> None:
     """Change the level of every sluice.* logger (a config reload)."""
     logging.getLogger("sluice").setLevel(level.upper())
+
+
+class Throttle:
+    """For a warning that can repeat on every request (bad data shared by all replicas): say
+    it at most once per `every_s`; a metric should count each occurrence."""
+
+    def __init__(self, every_s: float = 60.0, clock=time.monotonic) -> None:
+        self._every_s = every_s
+        self._clock = clock
+        self._said_at = float("-inf")
+
+    def due(self) -> bool:
+        now = self._clock()
+        if now - self._said_at < self._every_s:
+            return False
+        self._said_at = now
+        return True

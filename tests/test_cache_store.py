@@ -10,6 +10,7 @@ import time
 
 import numpy as np
 import pytest
+import redis
 from prometheus_client import REGISTRY
 
 from sidecar.cache.memory_store import MemoryStore
@@ -526,3 +527,36 @@ async def test_redis_cluster_every_operation_stays_in_its_scope_slot(redis_clust
     assert await b.purge_scope("scope2") == 3
     assert await a.get_exact("scope2", "k6") is None
     assert await a.purge_all() == 10
+
+
+# -- data this version cannot read: another version's, or corrupt; never a failed request --
+
+def _raw_redis(server: RedisServer, *command: bytes | str) -> None:
+    """One command to the module's redis-server (the store's own client is async)."""
+    redis.Redis(port=server.port).execute_command(*command)
+
+
+@needs_redis
+async def test_redis_an_entry_with_a_junk_time_is_a_miss(redis_server, redis_stores):
+    store = await redis_stores()
+    await store.put("t", "k", "p", None, b"answer", ttl_s=60)
+    _raw_redis(redis_server, "HSET", "sluice:{t}:e:k", "t", "not-a-time")
+    assert await store.get_exact("t", "k") is None
+
+
+@needs_redis
+async def test_redis_a_malformed_vector_or_event_is_skipped_not_a_stuck_index(redis_server, redis_stores):
+    writer = await redis_stores()
+    await writer.put("s0", "first", "p", unit(0), b"a", ttl_s=60)     # the stream is not empty
+    expires = str(int(time.time() * 1000) + 60_000)
+    _raw_redis(redis_server, "HSET", "sluice:{s2}:e:bad", "p", "p", "a", "a", "t", "1", "x", expires,
+               "v", np.zeros(DIM, np.float32).tobytes())                 # a zero vector
+    _raw_redis(redis_server, "ZADD", "sluice:{s2}:ids", "1", "bad")
+    before = _metric("sluice_cache_unreadable_total")
+    late = await redis_stores()                                         # loads past the bad vector
+    assert await late.nearest("s0", unit(0), 0.99) is not None
+    _raw_redis(redis_server, "XADD", "sluice:events", "*", "op", "put", "s", "s3", "k", "odd", "v", "abc")
+    await writer.put("s1", "after", "p", unit(1), b"a", ttl_s=60)       # follows past the bad event
+    hit = await eventually(lambda: late.nearest("s1", unit(1), 0.99))
+    assert hit is not None and hit.entry.entry_id == "after"
+    assert _metric("sluice_cache_unreadable_total") >= before + 2

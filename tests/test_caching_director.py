@@ -170,3 +170,46 @@ def test_a_bypass_waits_for_decide_when_routing_cannot_decide_at_once():
     assert d.decide_now(ctx) is None
     assert bypass_lookups() == before                    # counted once, in decide
     assert asyncio.run(d.decide(ctx)).cluster == "a" and ctx.cache_status == "bypass"
+
+
+# Another version's stored format (replicas sharing Redis during a rolling upgrade) and junk.
+UNREADABLE = [json.dumps({"v": 999, "content": "a newer format"}).encode(), b"\x00not json"]
+
+
+def unreadable_count() -> float:
+    return REGISTRY.get_sample_value("sluice_cache_unreadable_total") or 0.0
+
+
+def store_raw(d, data: bytes, prompt="How do I reset my password?"):
+    ctx = request(prompt)
+    worked_out = d._cache_request(ctx, d._route_cache(ctx))
+    asyncio.run(d._rt.store.put(worked_out.scope.key, worked_out.key, worked_out.prompt, None, data, 60))
+
+
+def test_a_stored_answer_this_version_cannot_read_is_a_miss_and_is_replaced():
+    for data in UNREADABLE:
+        for store in (MemoryStore(), AwaitOnlyStore()):
+            d = director(store)
+            store_raw(d, data)
+            before = unreadable_count()
+            ctx = request()
+            assert d.decide_now(ctx) is None
+            plan = asyncio.run(d.decide(ctx))
+            assert plan.reply is None and plan.cluster == "a" and ctx.cache_status == "miss"
+            assert ctx.capture is not None and unreadable_count() > before
+            ctx.capture.abandon()
+
+
+def test_a_follower_relayed_an_unreadable_answer_goes_upstream_itself():
+    async def scenario():
+        d = director()
+        leader = request()
+        await d.decide(leader)
+        follower = request()
+        waiting = asyncio.ensure_future(d.decide(follower))
+        await asyncio.sleep(0.01)
+        leader.capture.lead.complete(UNREADABLE[0])      # as a newer replica would publish it
+        plan = await waiting
+        assert plan.reply is None and plan.cluster == "a" and follower.cache_status == "miss"
+        follower.capture.abandon()
+    asyncio.run(scenario())

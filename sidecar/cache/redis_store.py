@@ -52,9 +52,11 @@ from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
+from sidecar import metrics
 from sidecar.cache.memory_store import MemoryStore
 from sidecar.cache.store import Entry, Neighbour, StoreLimits, StoreUnavailable
 from sidecar.cache.vector_index import DEFAULT_EXACT_MAX, as_unit
+from sidecar.logs import Throttle
 
 __all__ = ["RedisSettings", "RedisStore", "BACKEND_UP", "BACKEND_ERRORS"]
 
@@ -191,7 +193,8 @@ class RedisStore:
         self._closed = False
         self._last_id: bytes | None = None      # the last stream event the mirror has
         self._loaded_from: str | None = None    # run_id of the Redis the mirror came from
-        self._other_error_logged_at = float("-inf")
+        self._other_error_warning = Throttle(_OTHER_ERROR_LOG_EVERY_S)
+        self._malformed_warning = Throttle(_OTHER_ERROR_LOG_EVERY_S)
 
     def _new_mirror(self) -> MemoryStore:
         return MemoryStore(self.limits, dim=self.dim, exact_max=self._exact_max, clock=self._clock)
@@ -274,9 +277,7 @@ class RedisStore:
 
     def _other_error(self, op: str, exc: BaseException) -> None:
         BACKEND_ERRORS.labels(op).inc()
-        now = time.monotonic()
-        if now - self._other_error_logged_at >= _OTHER_ERROR_LOG_EVERY_S:
-            self._other_error_logged_at = now
+        if self._other_error_warning.due():
             log.warning("cache backend %s: %s failed: %s: %s (logged once a minute)",
                         self._where(), op, type(exc).__name__, exc)
 
@@ -410,8 +411,12 @@ class RedisStore:
         fields, _ = await pipe.execute()
         if not fields or b"a" not in fields:
             return None
+        try:
+            stored_at = float(fields.get(b"t", b"0"))
+        except ValueError:              # not written by this code: a miss, not a failed request
+            return None
         return Entry(exact_key, scope, fields.get(b"p", b"").decode("utf-8", "replace"),
-                     fields[b"a"], float(fields.get(b"t", b"0")))
+                     fields[b"a"], stored_at)
 
     def _publish(self, pipe: Any, event: dict[str, Any]) -> None:
         pipe.xadd(self._keys.events, event, maxlen=self.settings.stream_maxlen,
@@ -505,19 +510,27 @@ class RedisStore:
         return last_id
 
     def _add_to(self, mirror: MemoryStore, scope: str, key: str, vector: bytes,
-                expires_ms: bytes | int, stored_at: bytes | None) -> None:
-        v = np.frombuffer(vector, np.float32)
-        if v.shape[0] != self.dim:
-            return  # written by a replica with another embedding size: not ours to serve
-        entry = Entry(key, scope, "", b"", float(stored_at or 0))
-        mirror.put_now(entry, v, int(expires_ms) / 1000)
+                expires_ms: bytes | int | None, stored_at: bytes | None) -> None:
+        """One stored vector into a mirror. A malformed one (corrupt, or not written by this
+        code) is skipped: raising would stop the load or the stream at it on every replica."""
+        try:
+            if expires_ms is None or len(vector) % 4:
+                raise ValueError("no expiry, or vector bytes not float32")
+            v = np.frombuffer(vector, np.float32)
+            if v.shape[0] != self.dim:
+                return  # written by a replica with another embedding size: not ours to serve
+            mirror.put_now(Entry(key, scope, "", b"", float(stored_at or 0)), v, int(expires_ms) / 1000)
+        except (ValueError, TypeError) as exc:      # zero or non-finite vector, junk numbers
+            metrics.CACHE_UNREADABLE.inc()
+            if self._malformed_warning.due():
+                log.warning("cache index: malformed entry skipped (scope %s): %s", scope[:16], exc)
 
     def _apply(self, fields: dict[bytes, bytes]) -> None:
         op, scope = fields.get(b"op"), fields.get(b"s", b"").decode()
         key = fields.get(b"k", b"").decode()
         if op == b"put":
             if b"v" in fields:
-                self._add_to(self._mirror, scope, key, fields[b"v"], fields[b"x"], fields.get(b"t"))
+                self._add_to(self._mirror, scope, key, fields[b"v"], fields.get(b"x"), fields.get(b"t"))
             else:
                 self._mirror.discard(scope, key)
         elif op == b"del":
