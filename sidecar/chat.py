@@ -20,6 +20,12 @@ SAMPLING_FIELDS = (
     "presence_penalty", "frequency_penalty", "logit_bias", "logprobs", "top_logprobs",
     "response_format", "reasoning_effort",
 )
+# Fields known not to change the answer's content. Every field neither read above nor listed
+# here (legacy `functions`, vLLM's `top_k` or `guided_json`, `verbosity`, ones not invented
+# yet) is kept in ChatRequest.other and keys the cache scope: a miss, never a wrong hit.
+ANSWER_NEUTRAL_FIELDS = frozenset({"stream", "stream_options", "user", "metadata", "store",
+                                   "prompt_cache_key", "safety_identifier"})
+_READ_FIELDS = frozenset({"model", "messages", "tools", "tool_choice", *SAMPLING_FIELDS})
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 _NUMERIC = ("temperature", "top_p", "presence_penalty", "frequency_penalty")
 _INTEGER = ("max_tokens", "max_completion_tokens", "n", "seed", "top_logprobs")
@@ -43,6 +49,12 @@ class ChatRequest:
     sampling: Mapping[str, Any] = field(default_factory=dict)   # read-only when parsed
     tools: tuple[dict, ...] = ()
     tool_choice: Any = None
+    other: Mapping[str, Any] = field(default_factory=dict)      # see ANSWER_NEUTRAL_FIELDS
+
+    @property
+    def uses_tools(self) -> bool:
+        """Tools offered, the current way or the legacy one (`functions`)."""
+        return bool(self.tools) or self.other.get("functions") is not None
 
     @functools.cached_property
     def text(self) -> str:
@@ -171,6 +183,8 @@ def _parse(body: bytes) -> ChatRequest:
         model=model, messages=tuple(messages), stream=stream,
         include_usage=bool(stream_options.get("include_usage", False)), user=user,
         sampling=MappingProxyType(sampling), tools=tuple(tools), tool_choice=data.get("tool_choice"),
+        other=MappingProxyType({name: value for name, value in data.items()
+                                if name not in _READ_FIELDS and name not in ANSWER_NEUTRAL_FIELDS}),
     )
 
 

@@ -14,9 +14,9 @@ AUTH = {"authorization": "Bearer sk-aaa"}
 TOOL = {"type": "function", "function": {"name": "f"}}
 
 
-def chat(text="What is the capital of France?", tools=(), **sampling) -> ChatRequest:
+def chat(text="What is the capital of France?", tools=(), other=None, **sampling) -> ChatRequest:
     return ChatRequest(model="m", messages=({"role": "user", "content": text},),
-                       sampling=sampling, tools=tuple(tools))
+                       sampling=sampling, tools=tuple(tools), other=other or {})
 
 
 # ---------------------------------------------------------------- CachePolicy
@@ -66,6 +66,7 @@ def test_words_list_becomes_tuple():
     (chat(logprobs=True), AUTH, CachePolicy(), "logprobs", False),
     (chat(top_logprobs=3), AUTH, CachePolicy(), "logprobs", False),
     (chat(tools=[TOOL]), AUTH, CachePolicy(), "tools", False),
+    (chat(other={"functions": [{"name": "f"}]}), AUTH, CachePolicy(), "tools", False),   # the legacy spelling
     (chat(temperature=1.2), AUTH, CachePolicy(), "temperature", False),
     (chat(), AUTH, CachePolicy(max_temperature=0.5), "temperature", False),  # absent is 1.0
     (chat(temperature=0.6), AUTH, CachePolicy(max_temperature=0.5), "temperature", False),

@@ -1,3 +1,4 @@
+import json
 import re
 
 import pytest
@@ -23,10 +24,10 @@ AUTH_B = {"authorization": "Bearer sk-bbb"}
 
 
 def chat(text="What is the capital of France?", *, system="You are terse.", model="m",
-         tools=(), tool_choice=None, **sampling) -> ChatRequest:
+         tools=(), tool_choice=None, other=None, **sampling) -> ChatRequest:
     messages = ({"role": "system", "content": system},) if system is not None else ()
     return ChatRequest(model=model, messages=messages + ({"role": "user", "content": text},),
-                       sampling=sampling, tools=tuple(tools), tool_choice=tool_choice)
+                       sampling=sampling, tools=tuple(tools), tool_choice=tool_choice, other=other or {})
 
 
 DEFAULT_POLICY = CachePolicy()
@@ -113,6 +114,12 @@ BASE = chat()
     ("frequency_penalty", chat(frequency_penalty=0.5)),
     ("logit_bias", chat(logit_bias={"50256": -100})),
     ("reasoning_effort", chat(reasoning_effort="high")),
+    # Fields Sluice does not read: vLLM's sampling and guided decoding, legacy functions, ...
+    ("top_k", chat(other={"top_k": 5})),
+    ("guided_choice", chat(other={"guided_choice": ["Berlin"]})),
+    ("guided_json", chat(other={"guided_json": {"type": "object"}})),
+    ("functions", chat(other={"functions": [{"name": "f"}]})),
+    ("verbosity", chat(other={"verbosity": "low"})),
     ("earlier turn", ChatRequest(model="m", messages=(
         {"role": "system", "content": "You are terse."},
         {"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"},
@@ -134,6 +141,23 @@ def test_what_changes_the_scope(name, other):
 ])
 def test_what_keeps_the_scope(name, a, b):
     assert scope(a).key == scope(b).key, name
+
+
+def test_every_body_field_but_the_known_neutral_ones_reaches_the_scope():
+    from sidecar.chat import parse_chat_request
+
+    def parsed(**fields):
+        return parse_chat_request(json.dumps({"model": "m", "messages": [
+            {"role": "user", "content": "Is the sky blue?"}], **fields}).encode())
+    plain = scope(parsed()).key
+    for name, value in [("guided_choice", ["yes", "no"]), ("min_p", 0.1), ("repetition_penalty", 1.2),
+                        ("chat_template_kwargs", {"enable_thinking": False}), ("function_call", "auto"),
+                        ("a_field_not_invented_yet", 1)]:
+        assert parsed(**{name: value}).other == {name: value}
+        assert scope(parsed(**{name: value})).key != plain, name
+    neutral = parsed(user="u1", metadata={"app": "x"}, store=False, stream=False,
+                     stream_options=None, prompt_cache_key="k", safety_identifier="s")
+    assert neutral.other == {} and scope(neutral).key == plain
 
 
 def test_context_excludes_the_question_text_but_not_its_images():

@@ -14,7 +14,7 @@ Rules, in order (first match names the reason):
 | anonymous      | no credential and the route is not shared (see scope.py)    | no        |
 | n_gt_1         | n > 1: a stored answer is one choice                        | no        |
 | logprobs       | logprobs requested: a stored answer has none                | no        |
-| tools          | tools sent and not policy.allow_tools                       | no        |
+| tools          | tools (or legacy functions) sent and not policy.allow_tools  | no        |
 | temperature    | temperature (absent: 1.0) > policy.max_temperature          | no        |
 | not_text       | the last user turn has no visible text                      | no        |
 | time_sensitive | the last user turn names a time ("today", "latest", ...)    | no        |
@@ -229,7 +229,7 @@ def cache_decision(chat: ChatRequest, headers: Mapping[str, str],
         return Bypass("n_gt_1")
     if sampling.get("logprobs") or sampling.get("top_logprobs"):
         return Bypass("logprobs")
-    if chat.tools and not policy.allow_tools:
+    if chat.uses_tools and not policy.allow_tools:
         return Bypass("tools")
     if sampling.get("temperature", 1.0) > policy.max_temperature:
         return Bypass("temperature")

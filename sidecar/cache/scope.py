@@ -22,7 +22,8 @@ A `CacheScope` is everything that must be *equal* for a stored answer to be serv
 - `model`: the model the client asked for (not the one the upstream reported).
 - `route`: the route's name, so two routes to different upstreams that use the same model
   name never share answers ("" when the caller does not say).
-- `context_key`: everything but the last user turn's text (`context_key`).
+- `context_key`: everything but the last user turn's text (`context_key`), including every
+  body field not known to leave the answer alone (`sidecar.chat.ANSWER_NEUTRAL_FIELDS`).
 - `params_key`: the sampling settings that change the answer (`params_key`).
 
 `scope.key` is SHA-256 hex over all of them; callers wrap it in a Redis Cluster hash tag
@@ -156,16 +157,20 @@ def context_key(chat: ChatRequest) -> str:
     The messages' part is the embedding engine's own context key (split_prompt: every turn
     before and after the last user turn, and that turn minus its text), so the semantic
     index and the scope agree on what "the same conversation" is; added to it: tools,
-    tool_choice and response_format. Raises ValueError (NothingToEmbed) when there is no
-    user text; `cache_decision` bypasses such requests first ("not_text").
+    tool_choice, response_format and every body field Sluice neither reads nor knows to be
+    neutral (ChatRequest.other: vLLM's guided decoding, legacy functions, ...). Raises
+    ValueError (NothingToEmbed) when there is no user text; `cache_decision` bypasses such
+    requests first ("not_text").
     """
     parts = chat.prompt_parts
     if parts is None:
         raise NothingToEmbed("no user message text")
     messages_key = parts.context_key
-    return canonical_digest({"v": KEY_VERSION, "messages": messages_key, "tools": list(chat.tools),
-                    "tool_choice": chat.tool_choice,
-                    **{name: chat.sampling.get(name) for name in _CONTEXT_SAMPLING}})
+    context = {"v": KEY_VERSION, "messages": messages_key, "tools": list(chat.tools),
+               "tool_choice": chat.tool_choice, **{name: chat.sampling.get(name) for name in _CONTEXT_SAMPLING}}
+    if chat.other:          # only when sent: the keys of requests without such fields stay as they were
+        context["other"] = dict(chat.other)
+    return canonical_digest(context)
 
 
 def temperature_bucket(temperature: float | None) -> str:
