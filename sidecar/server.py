@@ -62,6 +62,7 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):
         processor = self._new_processor(self._director.reads_response)
         ctx = processor.context
         trace: RequestTrace | None = None
+        decision: asyncio.Future | None = None
         metrics.OPEN_STREAMS.inc()
         try:
             async for request in request_iterator:
@@ -104,13 +105,23 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):
         finally:
             # Runs on normal end, client disconnect (cancellation) and errors alike.
             metrics.OPEN_STREAMS.dec()
-            try:
-                self._director.on_finish(ctx)
-            except Exception:       # a bug there must not cost the request its metrics and log line
-                log.exception("director.on_finish failed")
-            if ctx.outcome is not None:
-                metrics.count_request(ctx.route_name, ctx.cluster or "", ctx.outcome.value, ctx.status, ctx.response_read)
-            self._record(ctx, trace)
+            if decision is not None and not decision.done():
+                # Cancelled, but not unwound yet; and on Python 3.11 a wait_for inside it may
+                # swallow the cancellation and let it run on (to take a lease, a queue slot):
+                # finish the request once it has, so on_finish releases what it took.
+                decision.add_done_callback(lambda _: self._finish(ctx, trace))
+            else:
+                self._finish(ctx, trace)
+
+    def _finish(self, ctx, trace: RequestTrace | None) -> None:
+        """The director's end of the request, its count, its span and its log line."""
+        try:
+            self._director.on_finish(ctx)
+        except Exception:       # a bug there must not cost the request its metrics and log line
+            log.exception("director.on_finish failed")
+        if ctx.outcome is not None:
+            metrics.count_request(ctx.route_name, ctx.cluster or "", ctx.outcome.value, ctx.status, ctx.response_read)
+        self._record(ctx, trace)
 
     def _decide_now(self, ctx, trace: RequestTrace | None):
         """Most decisions need no waiting and no task; a recorded span needs the task path (its

@@ -72,3 +72,40 @@ async def test_a_request_still_streaming_its_answer_keeps_the_stream_open(new_pr
     envoy_ends.set()
     assert await asyncio.wait_for(task, timeout=5) == ["request_headers", "request_body", "response_headers"]
     assert director.finished == 1
+
+
+class SwallowsCancellation(FakeDirector):
+    """A decision that, like a Python 3.11 wait_for whose call ended in the same tick, ignores
+    its cancellation and takes something (a lease, a queue slot) that on_finish must release."""
+
+    def __init__(self):
+        super().__init__()
+        self.deciding, self.let_go = asyncio.Event(), asyncio.Event()
+        self.taken_when_finished: list[bool] = []
+
+    async def decide(self, ctx):
+        self.deciding.set()
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            await self.let_go.wait()       # runs on
+        ctx.taken = True
+        return await super().decide(ctx)
+
+    def on_finish(self, ctx) -> None:
+        self.taken_when_finished.append(getattr(ctx, "taken", False))
+
+
+async def test_a_client_gone_during_a_decision_is_finished_after_the_decision_unwinds():
+    director = SwallowsCancellation()
+    stream = asyncio.ensure_future(run_stream(ExternalProcessor(director), chat_messages(chat_body("hi"))[:2],
+                                              asyncio.Event()))
+    await asyncio.wait_for(director.deciding.wait(), timeout=5)
+    stream.cancel()                         # Envoy resets the stream: the client went away
+    with pytest.raises(asyncio.CancelledError):
+        await stream
+    assert director.taken_when_finished == []          # not yet: the decision still runs
+    director.let_go.set()
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert director.taken_when_finished == [True]      # once, after it took what it took
