@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import math
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -16,7 +15,6 @@ from sidecar.cache.scope import tenant_of
 from sidecar.context import RequestContext
 from sidecar.route_settings import PerSettings, RouteSettings
 
-DEADLINE_HEADER = "x-request-deadline-ms"
 ANONYMOUS = "anonymous"
 
 
@@ -100,13 +98,5 @@ class Admission:
     def _deadline(self, ctx: RequestContext, settings: RouteAdmission) -> float:
         """Absolute, on the monotonic clock (the gate's and ctx.started's): from the request's
         arrival, the client's budget (x-request-deadline-ms) or the route's default."""
-        budget_s = settings.default_deadline_s
-        raw = ctx.headers.get(DEADLINE_HEADER)
-        if raw:
-            try:
-                budget_s = float(raw) / 1000
-            except ValueError:
-                pass
-            if not math.isfinite(budget_s) or budget_s < 0:
-                budget_s = settings.default_deadline_s
-        return ctx.started + budget_s
+        deadline = ctx.client_deadline
+        return ctx.started + settings.default_deadline_s if deadline is None else deadline

@@ -57,6 +57,15 @@ def readable(data: bytes) -> CachedAnswer | None:
         return None
 
 
+def _follow_for(ctx: RequestContext, route_limit_s: float) -> float:
+    """How long a follower waits for its leader: the route's limit, and no longer than the
+    client's own budget (x-request-deadline-ms) has left; past it, it goes upstream itself."""
+    deadline = ctx.client_deadline
+    if deadline is None:
+        return route_limit_s
+    return max(0.0, min(route_limit_s, deadline - time.monotonic()))
+
+
 @dataclass(frozen=True)
 class RouteCache:
     policy: CachePolicy
@@ -315,7 +324,7 @@ class CachingDirector:
         if not isinstance(ticket, Follow):
             return ticket, None
         metrics.CACHE_FOLLOWERS.inc()
-        outcome = await ticket.wait(policy.max_dedup_wait_s)
+        outcome = await ticket.wait(_follow_for(ctx, policy.max_dedup_wait_s))
         if isinstance(outcome, Answered):
             answer = readable(outcome.payload)
             return None, answer          # unreadable: go upstream alone

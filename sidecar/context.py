@@ -6,11 +6,16 @@ decided; metrics and the request log read it when the stream ends.
 from __future__ import annotations
 
 import enum
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Mapping
 
 from sidecar.chat import ChatRequest
+
+
+# The client's budget for the whole request, in milliseconds from its arrival.
+DEADLINE_HEADER = "x-request-deadline-ms"
 
 
 class Outcome(enum.Enum):
@@ -54,3 +59,13 @@ class RequestContext:
     @property
     def request_id(self) -> str:
         return self.headers.get("x-request-id", "")
+
+    @property
+    def client_deadline(self) -> float | None:
+        """When the client's budget (x-request-deadline-ms) runs out, on the monotonic clock
+        (as `started`); None when it sent none or nothing usable."""
+        try:
+            budget_s = float(self.headers.get(DEADLINE_HEADER) or "nan") / 1000
+        except ValueError:
+            return None
+        return self.started + budget_s if math.isfinite(budget_s) and budget_s >= 0 else None

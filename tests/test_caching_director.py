@@ -213,3 +213,19 @@ def test_a_follower_relayed_an_unreadable_answer_goes_upstream_itself():
         assert plan.reply is None and plan.cluster == "a" and follower.cache_status == "miss"
         follower.capture.abandon()
     asyncio.run(scenario())
+
+
+def test_a_follower_waits_no_longer_than_its_clients_deadline_allows():
+    async def scenario():
+        d = director()
+        leader = request()
+        await d.decide(leader)                                  # never answers in this test
+        follower = request(**{"x-request-deadline-ms": "150"})
+        started = time.monotonic()
+        plan = await asyncio.wait_for(d.decide(follower), timeout=5)   # the route allows 30 s
+        waited = time.monotonic() - started
+        assert plan.reply is None and plan.cluster == "a" and follower.cache_status == "miss"
+        assert 0.1 <= waited < 2.0                              # its own budget, not the route's 30 s
+        follower.capture.abandon()
+        leader.capture.abandon()
+    asyncio.run(scenario())
