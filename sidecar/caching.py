@@ -389,6 +389,7 @@ class CachingDirector:
             capture.sse = SseCapture(self._rt.max_capture_bytes)
 
     def on_response_body(self, ctx: RequestContext, chunk: bytes, end_of_stream: bool) -> None:
+        self._inner.on_response_body(ctx, chunk, end_of_stream)       # the usage, for token budgets
         capture: Capture | None = ctx.capture
         if capture is None or capture.finished:
             return
@@ -410,7 +411,8 @@ class CachingDirector:
         if isinstance(answer, Refusal):
             return self._refuse(ctx, capture, answer)
         capture.finished = True
-        ctx.usage = (answer.prompt_tokens, answer.completion_tokens)
+        if ctx.usage is None:           # no token budget read it (sidecar/usage.py): for the metadata
+            ctx.usage = (answer.prompt_tokens, answer.completion_tokens)
         payload = answer.to_bytes()
         if capture.lead is not None:
             capture.lead.complete(payload)

@@ -224,9 +224,9 @@ class RoutingDirector:
             self.scheduler.on_first_byte(ctx.decision, now - ctx.sent_at, now)
 
     def on_response_body(self, ctx: RequestContext, chunk: bytes, end_of_stream: bool) -> None:
-        """Reads the answer's usage for token limits, unless the cache already captures it."""
+        """Reads the answer's usage for token limits (any answer: the cache's capture refuses many)."""
         meter = ctx.usage_meter
-        if meter is None or ctx.capture is not None:
+        if meter is None:
             return
         usage = meter.feed(chunk, end_of_stream)
         if usage is not None:

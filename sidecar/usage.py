@@ -1,42 +1,121 @@
-"""Token usage of an upstream answer, read from its JSON body or its SSE stream.
+"""Token usage of an upstream answer, read from its JSON body or its SSE stream, for token
+budgets (admission settles them) and the dynamic metadata Envoy's access log reads.
 
-Reuses the cache's capture parsers (sidecar/cache/capture.py): their answer carries the
-`usage` the upstream sent, or an estimate from the text when it sent none (a stream whose
-client did not ask for `stream_options.include_usage`).
+Every answer counts, whatever the cache thinks of it: tool calls, n > 1, a content filter's
+stop, a stream of any length. The upstream's own `usage` object wins (in a stream the last
+one seen: the include_usage chunk, or vLLM's running totals). Without one, completion
+tokens are estimated from the characters the answer carried (content, reasoning, refusal,
+tool-call names and arguments, every choice) and prompt tokens from the prompt, at
+capture.CHARS_PER_TOKEN. An answer that is an error, or has neither choices nor usage,
+gives None: the estimate charged at admission stands.
+
+A stream is read event by event and only counters are kept. A JSON body is parsed whole up
+to max_bytes; past it the completion is estimated from the body's size.
 """
 from __future__ import annotations
 
-import time
+import json
+import math
+from typing import Any
 
-from sidecar.cache.capture import Refusal, SseCapture, capture_json
+from sidecar.cache.capture import CHARS_PER_TOKEN, MAX_BYTES, estimate_tokens, usage_of
+from sidecar.sse import SseEvents
 
-MAX_BYTES = 1 << 20
+# Fields of a message or delta whose text the model generated.
+_TEXT_FIELDS = ("content", "reasoning_content", "reasoning", "refusal")
 
 
 class UsageMeter:
     def __init__(self, stream: bool, prompt_text: str = "", max_bytes: int = MAX_BYTES):
-        self._sse = SseCapture(max_bytes) if stream else None
-        self._prompt_text = prompt_text   # estimates prompt tokens when the stream has no usage
-        self._body = bytearray()
+        self._events = SseEvents() if stream else None
+        self._prompt_text = prompt_text
         self._max_bytes = max_bytes
+        self._body = bytearray()
+        self._body_size = 0
+        self._usage: tuple[int, int] | None = None
+        self._chars = 0                 # generated characters seen, for the estimate
+        self._saw_choice = False
+        self._failed = False            # an error event or object: no correction
         self._done = False
 
     def feed(self, chunk: bytes, end_of_stream: bool) -> tuple[int, int] | None:
         """(prompt, completion) tokens once the answer is complete; None before (or never)."""
         if self._done:
             return None
-        if self._sse is not None:
-            self._sse.feed(chunk)
-            finished = end_of_stream or self._sse.done
+        if self._events is not None:
+            finished = self._feed_stream(chunk) or end_of_stream
         else:
-            if len(self._body) + len(chunk) <= self._max_bytes:
+            self._body_size += len(chunk)
+            if self._body_size <= self._max_bytes:
                 self._body += chunk
             finished = end_of_stream
         if not finished:
             return None
         self._done = True
-        answer = (self._sse.finish(time.time(), prompt_text=self._prompt_text) if self._sse is not None
-                  else capture_json(bytes(self._body), time.time(), prompt_text=self._prompt_text))
-        if isinstance(answer, Refusal):
+        if self._events is None:
+            self._read_body()
+        return self._result()
+
+    # ------------------------------------------------------------ internals
+
+    def _feed_stream(self, chunk: bytes) -> bool:
+        """True once `data: [DONE]` has been read."""
+        for event, data in self._events.feed(chunk):
+            if event == b"error":
+                self._failed = True
+            elif data == b"[DONE]":
+                return True
+            elif data:
+                self._read_object(data, "delta")
+        if self._events.buffered > self._max_bytes:      # one endless line: stop reading it
+            self._events = SseEvents()
+        return False
+
+    def _read_body(self) -> None:
+        if self._body_size > self._max_bytes:
+            self._saw_choice = True
+            self._chars = self._body_size                 # JSON overhead counted too: an upper bound
+        else:
+            self._read_object(bytes(self._body), "message")
+
+    def _read_object(self, data: bytes, part: str) -> None:
+        try:
+            value = json.loads(data)
+        except ValueError:
+            return
+        if not isinstance(value, dict):
+            return
+        if value.get("error") is not None:
+            self._failed = True
+            return
+        usage = usage_of(value.get("usage"))
+        if usage is not None:
+            self._usage = usage
+        choices = value.get("choices")
+        for choice in choices if isinstance(choices, list) else ():
+            if isinstance(choice, dict):
+                self._saw_choice = True
+                self._chars += _generated_chars(choice.get(part))
+
+    def _result(self) -> tuple[int, int] | None:
+        if self._failed:
             return None
-        return answer.prompt_tokens, answer.completion_tokens
+        if self._usage is not None:
+            return self._usage
+        if not self._saw_choice:
+            return None
+        return estimate_tokens(self._prompt_text), math.ceil(self._chars / CHARS_PER_TOKEN)
+
+
+def _generated_chars(part: Any) -> int:
+    """Characters the model generated in one message or delta."""
+    if not isinstance(part, dict):
+        return 0
+    chars = sum(len(part[name]) for name in _TEXT_FIELDS if isinstance(part.get(name), str))
+    calls = part.get("tool_calls")
+    for call in calls if isinstance(calls, list) else [part.get("function_call")]:
+        function = call.get("function", call) if isinstance(call, dict) else None
+        if isinstance(function, dict):
+            chars += sum(len(function[name]) for name in ("name", "arguments")
+                         if isinstance(function.get(name), str))
+    return chars

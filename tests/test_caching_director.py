@@ -229,3 +229,24 @@ def test_a_follower_waits_no_longer_than_its_clients_deadline_allows():
         follower.capture.abandon()
         leader.capture.abandon()
     asyncio.run(scenario())
+
+
+def test_the_answers_usage_is_read_for_token_budgets_whatever_the_cache_does_with_it():
+    """The routing director's usage meter is fed through the caching director: on a route
+    without the cache, and for an answer the cache refuses to store (n > 1)."""
+    no_cache = parse_route_settings({"name": "chat", "candidates": [{"cluster": "a"}], "cache": {"enabled": False}})
+    two_choices = json.dumps({"object": "chat.completion", "model": "m", "choices": [
+        {"index": i, "message": {"role": "assistant", "content": "x"}, "finish_reason": "stop"} for i in range(2)],
+        "usage": {"prompt_tokens": 11, "completion_tokens": 500, "total_tokens": 511}}).encode()
+    async def usage_read(route, answer):
+        d = director()
+        ctx = request()
+        ctx.route, ctx.token_estimate = route, 7                # admission charged an estimate
+        await d.decide(ctx)
+        ctx.response_headers = {":status": "200", "content-type": "application/json"}
+        d.on_response_headers(ctx)
+        d.on_response_body(ctx, answer, True)
+        d.on_finish(ctx)
+        return ctx.usage
+    assert asyncio.run(usage_read(no_cache, ANSWER)) == (5, 3)
+    assert asyncio.run(usage_read(ROUTE, two_choices)) == (11, 500)

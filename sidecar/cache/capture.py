@@ -22,9 +22,7 @@ Usage: the `usage` object when the upstream sent one (the last one in a stream: 
 send running totals). Otherwise estimated at one token per 4 characters (of the content,
 and of `prompt_text` when the caller gives it) and marked `usage_estimated`.
 
-SSE parsing follows the EventSource rules that matter here: lines end in LF or CRLF, and
-may be split anywhere across feed() calls; `data:` lines of one event are joined with
-"\\n"; an empty line ends an event; lines starting with ":" are comments.
+SSE framing: sidecar/sse.py.
 
 Pure (no I/O); `SseCapture` keeps state but only of the bytes it is given.
 """
@@ -37,8 +35,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from sidecar.cache.answer import FINISH_REASONS, CachedAnswer
+from sidecar.sse import SseEvents
 
 MAX_BYTES = 1 << 20
+CHARS_PER_TOKEN = 4                          # the estimate when the upstream sends no usage
 _LAST_DONE = (b"[DONE]", b"data: [DONE]", b"data:[DONE]")
 
 
@@ -48,7 +48,7 @@ class Refusal:
 
 
 def estimate_tokens(text: str) -> int:
-    return math.ceil(len(text) / 4)
+    return math.ceil(len(text) / CHARS_PER_TOKEN)
 
 
 def response_refusal(headers: Mapping[str, str], stream: bool) -> Refusal | None:
@@ -63,7 +63,8 @@ def response_refusal(headers: Mapping[str, str], stream: bool) -> Refusal | None
     return None
 
 
-def _usage(value: Any) -> tuple[int, int] | None:
+def usage_of(value: Any) -> tuple[int, int] | None:
+    """(prompt, completion) tokens of an OpenAI `usage` object; None when it is not one."""
     if not isinstance(value, dict):
         return None
     prompt, completion = value.get("prompt_tokens"), value.get("completion_tokens")
@@ -138,7 +139,7 @@ def capture_json(body: bytes, now: float, *, prompt_text: str = "",
     if not isinstance(content, str) or not content:
         return Refusal("no_content")
     return _answer(content, choice["finish_reason"], value.get("model"),
-                   _usage(value.get("usage")), now, prompt_text)
+                   usage_of(value.get("usage")), now, prompt_text)
 
 
 class SseCapture:
@@ -147,9 +148,7 @@ class SseCapture:
     def __init__(self, max_bytes: int = MAX_BYTES):
         self._max_bytes = max_bytes
         self._seen = 0
-        self._line = b""                     # an incomplete line
-        self._data: list[bytes] = []         # data lines of the event being read
-        self._event = b""                    # its `event:` field
+        self._events = SseEvents()
         self._content: list[str] = []
         self._finish_reason: str | None = None
         self._model: Any = None
@@ -175,17 +174,15 @@ class SseCapture:
         if self._seen > self._max_bytes:
             self._refuse("too_large")
             return
-        lines = (self._line + chunk).split(b"\n")
-        self._line = lines.pop()
-        for line in lines:
-            self._on_line(line.removesuffix(b"\r"))
+        for event, data in self._events.feed(chunk):
+            self._on_event(event, data)
             if self._refusal or self._done:
                 return
 
     def finish(self, now: float, *, prompt_text: str = "") -> CachedAnswer | Refusal:
         if self._refusal:
             return self._refusal
-        if not self._done and b"\n".join(self._data + [self._line]).strip() in _LAST_DONE:
+        if not self._done and self._events.pending.strip() in _LAST_DONE:
             self._done = True                # "[DONE]" without the blank line after it
         if not self._done or self._finish_reason is None:
             return Refusal("no_choice" if self._done and not self._saw_choice else "partial")
@@ -198,24 +195,9 @@ class SseCapture:
 
     def _refuse(self, reason: str) -> None:
         self._refusal = Refusal(reason)
-        self._line, self._data, self._content = b"", [], []
+        self._events, self._content = SseEvents(), []
 
-    def _on_line(self, line: bytes) -> None:
-        if not line:
-            self._dispatch()
-            return
-        if line.startswith(b":"):
-            return
-        name, _, value = line.partition(b":")
-        value = value.removeprefix(b" ")
-        if name == b"data":
-            self._data.append(value)
-        elif name == b"event":
-            self._event = value
-
-    def _dispatch(self) -> None:
-        data, event = b"\n".join(self._data), self._event
-        self._data, self._event = [], b""
+    def _on_event(self, event: bytes, data: bytes) -> None:
         if event == b"error":
             self._refuse("error")
         elif data == b"[DONE]":
@@ -230,7 +212,7 @@ class SseCapture:
             return
         if self._model is None:
             self._model = value.get("model")
-        usage = _usage(value.get("usage"))
+        usage = usage_of(value.get("usage"))
         if usage is not None:
             self._usage = usage
         for choice in value.get("choices", []):
