@@ -218,6 +218,9 @@ def test_exact_text_merges_only_invisible_differences(a, b):
     ("a\n\tb", "a\n    b"),                                     # leading tab vs spaces
     ("Let's eat, grandma", "Let's eat grandma"),                # punctuation
     ("What is 2+2?", "What is 2+2"),
+    ("What is 2³?", "What is 23?"),                             # a power is not a number
+    ("Simplify x²", "Simplify x2"),
+    ("Balance H₂O", "Balance H2O"),                             # kept apart: a miss, not a wrong hit
 ])
 def test_exact_text_keeps_what_changes_a_question(a, b):
     assert exact_text(a) != exact_text(b)

@@ -12,7 +12,8 @@ from sidecar.config import ConfigError
 from sidecar.embedding.errors import NothingToEmbed
 from sidecar.embedding.gpu_memory import BYTES_PER_TOKEN, batch_limit_for_memory
 from sidecar.embedding.model_files import VENDORED_TOKENIZER
-from sidecar.embedding.normalize import _REMOVED, REMOVED_RANGES, normalize_text
+from sidecar.embedding.normalize import (_REMOVED, REMOVED_RANGES, SUBSCRIPT_RANGES, SUPERSCRIPT_RANGES,
+                                         normalize_text)
 from sidecar.embedding.planning import plan_batches
 from sidecar.embedding.prompt import split_prompt
 from sidecar.embedding.settings import EmbeddingSettings
@@ -43,6 +44,9 @@ from sidecar.embedding.tokens import encode_tail, load_tokenizer
     ("مرحبا שלום 你好 こんにちは", "مرحبا שלום 你好 こんにちは"),  # scripts kept
     ("\u200b \u200f \ufeff", ""),
     ("", ""),
+    ("What is 2³?", "What is 2^3?"),                     # never "23" (NFKC alone would say so)
+    ("x²ⁿ + H₂O at 10⁻³ m", "x^2n + H_2O at 10^\u22123 m"),
+    ("Acme™ 1ª ½ ① ℌ ㎏", "AcmeTM 1a 1\u20442 1 H kg"),      # left to NFKC
 ])
 def test_normalize_text(raw, expected):
     assert normalize_text(raw) == expected
@@ -57,6 +61,17 @@ def test_removed_ranges_cover_every_control_and_format_character():
             assert _REMOVED.match(char), f"U+{cp:04X} should be removed"
     assert not _REMOVED.match("\t") and not _REMOVED.match("\n")
     assert all(a <= b for a, b in REMOVED_RANGES)
+
+
+def test_script_ranges_hold_superscripts_and_subscripts_and_miss_none_of_their_blocks():
+    listed = {tag: {cp for a, b in ranges for cp in range(a, b + 1)}
+              for tag, ranges in (("<super>", SUPERSCRIPT_RANGES), ("<sub>", SUBSCRIPT_RANGES))}
+    blocks = [range(0xA0, 0x100), range(0x1D00, 0x1DC0), range(0x2070, 0x20A0), range(0x2C60, 0x2C80)]
+    for cp in (cp for block in blocks for cp in block):
+        tag = unicodedata.decomposition(chr(cp)).split(" ")[0]
+        expected = tag if tag in listed and cp not in (0xAA, 0xBA) else None    # ordinals: NFKC's
+        found = next((t for t, cps in listed.items() if cp in cps), None)
+        assert found == expected, f"U+{cp:04X}"
 
 
 def test_nfkc_never_produces_a_removed_character():

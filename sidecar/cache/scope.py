@@ -35,19 +35,22 @@ a reader (or a program reading it as code) sees unchanged:
 
 1. `normalize_text` (sidecar/embedding/normalize.py): line breaks unified to "\\n";
    invisible characters removed (controls but TAB/LF, format characters such as zero-width
-   spaces, bidi marks, tag characters, variation selectors); NFKC; both ends stripped.
-   It changes code points, never the glyphs a person reads: two prompts merged here
-   render the same. The semantic tier embeds exactly this text, so the exact tier merges
-   nothing the semantic tier would not also match at similarity 1.0.
+   spaces, bidi marks, tag characters, variation selectors); superscripts and subscripts
+   written out (2³ -> 2^3, never 23); NFKC, which merges compatibility variants (full-width
+   forms, ligatures, ① and 1, ½ and 1⁄2, ℌ and H, ㎏ and kg); both ends stripped. The
+   semantic tier embeds exactly this text, so the exact tier merges nothing the semantic
+   tier would not also match at similarity 1.0.
 2. Trailing spaces and tabs at the end of each line are removed. They are invisible and
    mean nothing in prose, Markdown (bar hard breaks) or any common language's syntax.
-3. A run of spaces/tabs *inside* a line (after its first visible character) becomes one
-   space. Line breaks and leading indentation are kept, because they carry meaning:
-   Python blocks, YAML, Makefile tabs, poems and tables differ by them. Inner runs only
-   align text ("x  =  1" vs "x = 1") in every such language.
-   The one kind of question these steps can merge is a question *about* invisible
-   characters or spacing ("why does this string have two spaces"), which the semantic
-   tier merges anyway (its tokenizer ignores whitespace).
+3. A run of spaces/tabs *inside* a line (after its first visible character), and a single
+   tab there, becomes one space. Line breaks and leading indentation are kept, because they
+   carry meaning: Python blocks, YAML, Makefile tabs, poems and tables differ by them. Inner
+   runs mostly align text ("x  =  1" vs "x = 1").
+   What these steps do merge: questions *about* invisible characters or spacing ("why
+   does this string have two spaces"), spaces inside quoted strings in code
+   (`print("a   b")` and `print("a b")`), tab- and space-separated columns on one line, and
+   questions that turn on a compatibility variant (step 1). The semantic tier merges all
+   of them anyway (its tokenizer ignores whitespace and sees the normalised text).
 
 No lower-casing: case changes meaning ("US"/"us", "Polish"/"polish", "Turkey"/"turkey",
 identifiers in code) and the extra hits are not worth a wrong answer. No punctuation

@@ -18,11 +18,19 @@ same key. `normalize_text` does, in order:
    - lone surrogates (U+D800-U+DFFF), which JSON can carry but UTF-8 cannot;
    - other invisibles: combining grapheme joiner (U+034F), variation selectors
      (U+FE00-U+FE0F, U+E0100-U+E01EF), Hangul fillers (U+115F, U+1160, U+3164, U+FFA0).
-3. Unicode NFKC (compatibility composition): full-width forms, ligatures, superscripts,
-   non-breaking and ideographic spaces become their plain equivalents.
+3. Superscripts and subscripts are written out, not flattened: a run of them becomes "^"
+   or "_" and its plain characters (2³ -> 2^3, x²ⁿ -> x^2n, H₂O -> H_2O), since NFKC alone
+   would make 2³ and 23, or x² and x2, one text (SUPERSCRIPT_RANGES, SUBSCRIPT_RANGES:
+   digits, signs and letters; ordinal indicators ª º and ™ are left to NFKC).
+4. Unicode NFKC (compatibility composition): compatibility variants become their plain
+   character: full-width and half-width forms, ligatures (ﬁ -> fi), non-breaking and
+   ideographic spaces, circled and parenthesised numbers (① -> 1), vulgar fractions
+   (½ -> 1⁄2), styled mathematical letters (ℌ, 𝐇 -> H), unit signs (㎏ -> kg), roman
+   numerals (Ⅻ -> XII). A question that turns on such a difference is merged with its
+   plain spelling (the semantic tier would match them anyway).
    No kept character maps onto a removed one under NFKC (tests check every code
    point), so one removal pass before it is enough and the function is idempotent.
-4. Strips whitespace at both ends. Inner whitespace is kept as it is: it matters in
+5. Strips whitespace at both ends. Inner whitespace is kept as it is: it matters in
    code, and the tokenizer ignores it anyway.
 
 Everything else is kept: letters of every script, emoji, private-use and unassigned
@@ -66,6 +74,30 @@ _REMOVED = re.compile(
 _LINE_BREAKS = re.compile("\r\n|[\r\x85\u2028\u2029]")
 
 
+# Superscript and subscript digits, signs and letters (the Latin-1 ones, the Superscripts
+# and Subscripts block, the phonetic and Latin extension modifier letters), as code point
+# ranges; tests check each is the kind it is listed as, and that these blocks hold no other.
+SUPERSCRIPT_RANGES: tuple[tuple[int, int], ...] = (
+    (0x00B2, 0x00B3), (0x00B9, 0x00B9), (0x1D2C, 0x1D2E), (0x1D30, 0x1D3A), (0x1D3C, 0x1D4D),
+    (0x1D4F, 0x1D61), (0x1D78, 0x1D78), (0x1D9B, 0x1DBF), (0x2070, 0x2071), (0x2074, 0x207F),
+    (0x2C7D, 0x2C7D),
+)
+SUBSCRIPT_RANGES: tuple[tuple[int, int], ...] = (
+    (0x1D62, 0x1D6A), (0x2080, 0x208E), (0x2090, 0x209C), (0x2C7C, 0x2C7C),
+)
+
+
+def _char_class(ranges: tuple[tuple[int, int], ...]) -> str:
+    return "".join(f"{re.escape(chr(a))}-{re.escape(chr(b))}" for a, b in ranges)
+
+
+_SCRIPT_RUN = re.compile(f"(?P<sup>[{_char_class(SUPERSCRIPT_RANGES)}]+)|[{_char_class(SUBSCRIPT_RANGES)}]+")
+
+
+def _written_out(run: re.Match) -> str:
+    return ("^" if run.group("sup") else "_") + unicodedata.normalize("NFKC", run.group())
+
+
 # The removed code points below 0x80, for the ASCII fast path.
 _ASCII_REMOVED = bytes(c for first, last in REMOVED_RANGES if first < 0x80 for c in range(first, min(last, 0x7F) + 1))
 
@@ -79,4 +111,5 @@ def normalize_text(text: str) -> str:
         return text.encode("ascii").translate(None, _ASCII_REMOVED).decode("ascii").strip()
     text = _LINE_BREAKS.sub("\n", text)
     text = _REMOVED.sub("", text)
+    text = _SCRIPT_RUN.sub(_written_out, text)
     return unicodedata.normalize("NFKC", text).strip()
