@@ -14,13 +14,15 @@ def test_decodes_headers_with_raw_values_and_route_settings():
             base_pb2.HeaderValue(key=":path", raw_value=b"/v1/chat/completions"),
             base_pb2.HeaderValue(key="X-Multi", raw_value=b"1"),
             base_pb2.HeaderValue(key="x-multi", raw_value=b"2"),
-            base_pb2.HeaderValue(key="x-bad", raw_value=b"\xff")]),
+            base_pb2.HeaderValue(key="x-bad", raw_value=b"\xff"),
+            base_pb2.HeaderValue(key="authorization", raw_value=b"Bearer sk-\xe9\xe8\xc3\xa9")]),
         end_of_stream=False))
     request.attributes["envoy.filters.http.ext_proc"].fields["xds.route_metadata"].string_value = \
         envoy_attribute({"name": "r", "candidates": [{"cluster": "a"}]})
     event = codec.decode(request)
     assert isinstance(event, RequestHeaders) and not event.end_of_stream
-    assert event.headers == {":path": "/v1/chat/completions", "x-multi": "1,2", "x-bad": "\ufffd"}
+    assert event.headers == {":path": "/v1/chat/completions", "x-multi": "1,2", "x-bad": "\\xff",
+                             "authorization": "Bearer sk-\\xe9\\xe8\u00e9"}   # invalid bytes stay distinct
     assert event.route.name == "r"
 
 
