@@ -39,6 +39,7 @@ from sidecar.route_settings import PerSettings, RouteSettings
 
 log = logging.getLogger("sluice.cache")
 CACHE_HEADER = "x-sluice-cache"
+INTERNAL_HEADER_PREFIX = "x-sluice-"     # envoy/envoy.yaml.tmpl strips these from clients
 
 
 # A rolling upgrade that changes the stored format would otherwise log on every hit.
@@ -277,10 +278,17 @@ class CachingDirector:
     @staticmethod
     def _build_route_cache(route: RouteSettings, route_name: str) -> RouteCache | None:
         try:
-            return route_cache(route)
+            built = route_cache(route)
         except ValueError as exc:
             log.error("invalid cache settings of route %s, cache off: %s", route_name, exc)
             return None
+        tenant_header = built.policy.tenant_header
+        if tenant_header and not tenant_header.startswith(INTERNAL_HEADER_PREFIX):
+            log.warning("route %s names the tenant by %s, which the reference Envoy config does not "
+                        "strip from clients (it strips %s*): unless your Envoy removes clients' copies "
+                        "before the sidecar, a client can choose its tenant", route_name, tenant_header,
+                        INTERNAL_HEADER_PREFIX)
+        return built
 
     async def _embed(self, prompt: str) -> np.ndarray | None:
         if self._rt.embedder is None:

@@ -250,3 +250,14 @@ def test_the_answers_usage_is_read_for_token_budgets_whatever_the_cache_does_wit
         return ctx.usage
     assert asyncio.run(usage_read(no_cache, ANSWER)) == (5, 3)
     assert asyncio.run(usage_read(ROUTE, two_choices)) == (11, 500)
+
+
+def test_a_tenant_header_envoy_does_not_strip_is_warned_about(caplog):
+    d = director()
+    for header, warned in (("x-sluice-tenant", False), ("x-tenant-id", True)):
+        ctx = request()
+        ctx.route = parse_route_settings({"name": "chat", "candidates": [{"cluster": "a"}],
+                                          "cache": {"semantic": False, "tenant_header": header}})
+        caplog.clear()
+        d.decide_now(ctx)
+        assert any("can choose its tenant" in r.getMessage() for r in caplog.records) is warned, header
