@@ -97,6 +97,7 @@ class Admission:
 
     def _deadline(self, ctx: RequestContext, settings: RouteAdmission) -> float:
         """Absolute, on the monotonic clock (the gate's and ctx.started's): from the request's
-        arrival, the client's budget (x-request-deadline-ms) or the route's default."""
+        arrival, the client's budget (x-request-deadline-ms) or the route's default, and never
+        past what the sidecar may hold it (ctx.hold_until)."""
         deadline = ctx.client_deadline
-        return ctx.started + settings.default_deadline_s if deadline is None else deadline
+        return min(ctx.started + settings.default_deadline_s if deadline is None else deadline, ctx.hold_until)

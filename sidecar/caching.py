@@ -60,10 +60,10 @@ def readable(data: bytes) -> CachedAnswer | None:
 
 def _follow_for(ctx: RequestContext, route_limit_s: float) -> float:
     """How long a follower waits for its leader: the route's limit, and no longer than the
-    client's own budget (x-request-deadline-ms) has left; past it, it goes upstream itself."""
-    deadline = ctx.client_deadline
-    if deadline is None:
-        return route_limit_s
+    client's own budget (x-request-deadline-ms) has left or the sidecar may hold it
+    (ctx.hold_until); past it, it goes upstream itself."""
+    client = ctx.client_deadline
+    deadline = ctx.hold_until if client is None else min(client, ctx.hold_until)
     return max(0.0, min(route_limit_s, deadline - time.monotonic()))
 
 

@@ -16,6 +16,10 @@ from sidecar.chat import ChatRequest
 
 # The client's budget for the whole request, in milliseconds from its arrival.
 DEADLINE_HEADER = "x-request-deadline-ms"
+# Longest the sidecar holds a request (queued, or waiting for a twin's answer) before it lets
+# it go upstream or refuses it, whatever the deadline: Envoy extends its message timeout once
+# (server.EXTENDED_MESSAGE_TIMEOUT_S) and then fails the request open, past admission.
+HOLD_LIMIT_S = 55.0
 
 
 class Outcome(enum.Enum):
@@ -59,6 +63,11 @@ class RequestContext:
     @property
     def request_id(self) -> str:
         return self.headers.get("x-request-id", "")
+
+    @property
+    def hold_until(self) -> float:
+        """When the sidecar must have decided, on the monotonic clock (HOLD_LIMIT_S)."""
+        return self.started + HOLD_LIMIT_S
 
     @property
     def client_deadline(self) -> float | None:

@@ -6,15 +6,18 @@ import time
 
 from prometheus_client import REGISTRY
 
+from sidecar.admission import Gate, GateConfig, RateLimits
+from sidecar.admitting import Admission, RouteAdmission
 from sidecar.cache.capture import capture_json
 from sidecar.cache.inflight import InFlight
 from sidecar.cache.memory_store import MemoryStore
-from sidecar.caching import CacheRuntime, CachingDirector
+from sidecar.caching import CacheRuntime, CachingDirector, _follow_for
 from sidecar.chat import parse_chat_request
-from sidecar.context import Outcome, RequestContext
+from sidecar.context import HOLD_LIMIT_S, Outcome, RequestContext
 from sidecar.route_settings import parse_route_settings
 from sidecar.routing import RoutingDirector
 from sidecar.scheduling import Scheduler
+from sidecar.server import EXTEND_AFTER_S, EXTENDED_MESSAGE_TIMEOUT_S
 
 ROUTE = parse_route_settings({"name": "chat", "candidates": [{"cluster": "a"}],
                               "cache": {"semantic": False}})
@@ -261,3 +264,11 @@ def test_a_tenant_header_envoy_does_not_strip_is_warned_about(caplog):
         caplog.clear()
         d.decide_now(ctx)
         assert any("can choose its tenant" in r.getMessage() for r in caplog.records) is warned, header
+
+
+def test_no_deadline_holds_a_request_past_envoys_one_message_timeout_extension():
+    assert HOLD_LIMIT_S < EXTEND_AFTER_S + EXTENDED_MESSAGE_TIMEOUT_S - 2       # room to spare
+    ctx = request(**{"x-request-deadline-ms": "600000"})                      # ten minutes
+    settings = RouteAdmission("", "standard", 600.0, RateLimits())
+    assert Admission(Gate(GateConfig()), None, b"secret")._deadline(ctx, settings) == ctx.hold_until
+    assert _follow_for(ctx, route_limit_s=300.0) <= HOLD_LIMIT_S
