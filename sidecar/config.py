@@ -6,6 +6,7 @@ Per-route settings do not live here: SREs write them in Envoy's route metadata
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from dataclasses import dataclass, fields
 
@@ -44,9 +45,9 @@ class SidecarConfig:
             value = getattr(self, name)
             if value and not _is_host_port(value):
                 raise ConfigError(f"{name}: expected HOST:PORT, got {value!r}")
-        for name in ("drain_delay_s", "grace_s"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"{name}: must be >= 0")
+        for name in ("drain_delay_s", "grace_s", "config_watch_s"):
+            if not _finite_non_negative(getattr(self, name)):     # NaN would sleep forever
+                raise ConfigError(f"{name}: must be a number >= 0")
         if self.admission_reserved_slots < 0:
             raise ConfigError("admission_reserved_slots: must be >= 0")
         if self.cache_max_entries < 1:
@@ -57,8 +58,6 @@ class SidecarConfig:
             raise ConfigError(f"redis_url: expected redis://, rediss:// or unix://, got {self.redis_url!r}")
         if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
             raise ConfigError(f"log_level: expected DEBUG, INFO, WARNING or ERROR, got {self.log_level!r}")
-        if self.config_watch_s < 0:
-            raise ConfigError("config_watch_s: must be >= 0")
         if self.otlp_endpoint and not self.otlp_endpoint.startswith(("http://", "https://")):
             raise ConfigError(f"otlp_endpoint: expected http://HOST:PORT or https://HOST:PORT, got {self.otlp_endpoint!r}")
         if self.event_loop not in EVENT_LOOPS:
@@ -103,4 +102,8 @@ def _convert(field: dataclasses.Field, raw: str):
 
 def _is_host_port(value: str) -> bool:
     host, sep, port = value.rpartition(":")
-    return bool(sep and host and port.isdigit() and 0 <= int(port) < 65536)
+    return bool(sep and host and port.isascii() and port.isdigit() and 0 <= int(port) < 65536)
+
+
+def _finite_non_negative(value: float) -> bool:
+    return math.isfinite(value) and value >= 0

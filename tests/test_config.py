@@ -19,6 +19,11 @@ def test_env_then_overrides():
     ({"SLUICE_OTLP_ENDPOINT": "collector:4317"}, "otlp_endpoint"),
     ({"SLUICE_CONFIG_WATCH_S": "-1"}, "config_watch_s"),
     ({"SLUICE_ACCESS_LOG": "perhaps"}, "SLUICE_ACCESS_LOG"),
+    ({"SLUICE_DRAIN_DELAY_S": "nan"}, "drain_delay_s"),            # a sleep that never ends
+    ({"SLUICE_GRACE_S": "inf"}, "grace_s"),
+    ({"SLUICE_CONFIG_WATCH_S": "NaN"}, "config_watch_s"),
+    ({"SLUICE_LISTEN": "127.0.0.1:5005\u00b2"}, "listen"),        # a digit to isdigit(), not to int()
+    ({"SLUICE_METRICS_LISTEN": "127.0.0.1:\u0669"}, "metrics_listen"),   # Arabic-Indic nine
 ])
 def test_bad_values_name_the_field(environ, field):
     with pytest.raises(ConfigError, match=field):
