@@ -16,18 +16,28 @@ MAX_BYTES = 1 << 20
 async def fetch(url: str, timeout_s: float) -> bytes:
     """A minimal HTTP/1.0 GET (plain http only); raises OSError or asyncio.TimeoutError."""
     parts = urllib.parse.urlsplit(url)
-    if parts.scheme != "http" or not parts.hostname:
+    try:
+        port = parts.port or 80
+    except ValueError:                     # out of range or not a number
+        port = None
+    if parts.scheme != "http" or not parts.hostname or port is None:
         raise OSError(f"unsupported metrics URL {url!r}: only http://host:port/path")
     async def get() -> bytes:
-        reader, writer = await asyncio.open_connection(parts.hostname, parts.port or 80)
+        reader, writer = await asyncio.open_connection(parts.hostname, port)
         try:
             path = parts.path or "/"
             writer.write(f"GET {path} HTTP/1.0\r\nHost: {parts.netloc}\r\n\r\n".encode())
             await writer.drain()
-            data = await reader.read(MAX_BYTES)
+            # HTTP/1.0: the server closes after the body. One read() returns what has arrived
+            # so far, which can end mid-number ("12" read as "1") or before the body.
+            data = bytearray()
+            while chunk := await reader.read(65536):
+                data += chunk
+                if len(data) > MAX_BYTES:
+                    raise OSError(f"metrics at {url} are over {MAX_BYTES} bytes")
         finally:
             writer.close()
-        head, _, body = data.partition(b"\r\n\r\n")
+        head, _, body = bytes(data).partition(b"\r\n\r\n")
         if not head.startswith(b"HTTP/1.") or b" 200 " not in head.split(b"\r\n", 1)[0] + b" ":
             raise OSError(f"metrics URL {url} answered {head[:40]!r}")
         return body

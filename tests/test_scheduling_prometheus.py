@@ -1,9 +1,11 @@
+import asyncio
 import random
 
 import pytest
 
 from sidecar.scheduling.model import UpstreamLoad
 from sidecar.scheduling.prometheus_text import parse_samples, upstream_load
+from sidecar.scrape import MAX_BYTES, fetch
 
 VLLM = """\
 # HELP vllm:num_requests_running Number of requests in model execution batches.
@@ -40,6 +42,7 @@ def test_bytes_are_accepted():
         ('vllm:num_requests_running{a="x\\"} 9",b="{"} 2', UpstreamLoad(running=2.0)),  # quoted braces
         ("vllm:num_requests_waiting NaN\nvllm:num_requests_running 1", UpstreamLoad(running=1.0)),
         ("vllm:num_requests_waiting +Inf\nvllm:num_requests_running 1", UpstreamLoad(running=1.0)),
+        ("vllm:num_requests_waiting -5\nvllm:num_requests_running 1", UpstreamLoad(running=1.0)),  # garbage
         ("process_cpu_seconds_total 12\n# EOF", None),  # nothing of vLLM's
         ("", None),
     ],
@@ -88,3 +91,35 @@ def test_labels_are_parsed_with_escapes():
     [sample] = parse_samples('m{a="q\\"uote",b="line\\nbreak",c="back\\\\slash"} 1.5')
     assert sample.labels == {"a": 'q"uote', "b": "line\nbreak", "c": "back\\slash"}
     assert sample.value == 1.5
+
+
+# -- the scraper's HTTP GET ------------------------------------------------------------------
+
+async def _serve_in_pieces(pieces: list[bytes]):
+    """A metrics server that writes its answer in separate pieces, then closes."""
+    async def answer(reader, writer):
+        await reader.readuntil(b"\r\n\r\n")
+        for piece in pieces:
+            writer.write(piece)
+            await writer.drain()
+            await asyncio.sleep(0.02)           # each piece its own TCP segment
+        writer.close()
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    return server, f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/metrics"
+
+
+async def test_fetch_reads_the_whole_answer_however_it_is_split():
+    head = b"HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\n\r\n"
+    server, url = await _serve_in_pieces([head, b"vllm:num_requests_waiting 1", b"2\n"])
+    async with server:
+        assert upstream_load(await fetch(url, timeout_s=5)) == UpstreamLoad(waiting=12.0)
+
+
+async def test_fetch_refuses_bad_urls_and_answers_over_the_cap_as_os_errors():
+    for url in ("https://h/metrics", "http:///metrics", "http://h:99999/metrics"):
+        with pytest.raises(OSError):
+            await fetch(url, timeout_s=1)
+    server, url = await _serve_in_pieces([b"HTTP/1.0 200 OK\r\n\r\n", b"#" * (MAX_BYTES + 10)])
+    async with server:
+        with pytest.raises(OSError, match="over"):
+            await fetch(url, timeout_s=5)

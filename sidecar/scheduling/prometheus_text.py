@@ -46,7 +46,9 @@ def upstream_load(text: str | bytes) -> UpstreamLoad | None:
     leaves its field None; None when none of them is present."""
     found: dict[str, list[float]] = {}
     for sample in parse_samples(text):
-        if sample.name in (WAITING, RUNNING, KV_CACHE, KV_CACHE_LEGACY) and math.isfinite(sample.value):
+        # Counts and a fraction: a negative one is garbage (it would make the cluster look best).
+        if sample.name in (WAITING, RUNNING, KV_CACHE, KV_CACHE_LEGACY) and math.isfinite(sample.value) \
+                and sample.value >= 0:
             found.setdefault(sample.name, []).append(sample.value)
     kv = found.get(KV_CACHE) or found.get(KV_CACHE_LEGACY)
     load = UpstreamLoad(
