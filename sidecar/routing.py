@@ -250,7 +250,9 @@ class RoutingDirector:
             # The client left before any answer (or Envoy never got one): no verdict.
             self.scheduler.on_abandon(decision)
         else:
-            self.scheduler.on_complete(decision, now - ctx.sent_at, ctx.status < 500, now, ttfb_s=ttfb)
+            completion = ctx.usage[1] if ctx.usage is not None and ctx.response_complete else None
+            self.scheduler.on_complete(decision, now - ctx.sent_at, ctx.status < 500, now,
+                                       completion_tokens=completion, ttfb_s=ttfb)
 
     def _remember_scores(self, decision: Decision) -> None:
         """Scores for the scrape-time gauges (sidecar.metrics.SchedulerCollector)."""

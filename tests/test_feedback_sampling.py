@@ -1,6 +1,7 @@
 """Which answers the sidecar reads (Scheduling.feedback): the sampler, the routing director's
 choice per request, and what the processor tells Envoy when an answer is not read."""
 import asyncio
+import random
 
 import pytest
 
@@ -10,8 +11,10 @@ from sidecar.context import RequestContext
 from sidecar.events import Continue, ModeOverride, Phase, RequestBody, RequestHeaders
 from sidecar.processor import RequestProcessor
 from sidecar.route_policy import build_route_plan
+from sidecar.chat import parse_chat_request
 from sidecar.route_settings import parse_route_settings
-from sidecar.scheduling import Decision
+from sidecar.routing import RoutingDirector
+from sidecar.scheduling import Decision, Scheduler
 from sidecar.scheduling.sampling import FeedbackSampler
 from tests.test_processor import BODY, CHAT, new_director
 
@@ -147,3 +150,19 @@ def test_response_headers_that_come_anyway_are_handled_as_read():
     cluster = processor.context.cluster
     assert reply.phase is Phase.RESPONSE_HEADERS and ("x-sluice-cluster", cluster) in reply.set_headers
     assert processor.context.status == 200
+
+
+def test_an_answer_read_to_its_end_teaches_the_cluster_its_tokens_per_second():
+    clock = [100.0]
+    d = RoutingDirector(Scheduler(rng=random.Random(0)), clock=lambda: clock[0], scrape_interval_s=None)
+    settings = route(feedback={"read_all_per_s": 1000, "then_one_in": 1})
+    for _ in range(3):
+        ctx = RequestContext(route=settings, route_name="chat", chat=parse_chat_request(BODY), body=BODY)
+        asyncio.run(d.decide(ctx))
+        clock[0] += 0.1
+        ctx.status = 200
+        d.on_response_headers(ctx)                  # first byte after 0.1 s
+        clock[0] += 1.0
+        ctx.usage, ctx.response_complete = (10, 50), True       # 50 tokens in the next second
+        d.on_finish(ctx)
+    assert d.scheduler.signals.snapshot(clock[0])[ctx.cluster].tokens_per_s == pytest.approx(50, rel=0.05)
