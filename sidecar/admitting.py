@@ -49,19 +49,19 @@ class Admission:
 
     def settings(self, route: RouteSettings, route_name: str) -> RouteAdmission | None:
         """Raises ValueError naming the field for bad settings."""
-        settings = self._settings_of.get(route, self._build_settings)
+        settings = self._settings_of.get(route, self._build_settings, route_name)
         if settings is not None and self._limited_routes.get(route_name) != settings.limits:
             self._set_route_limits(route_name, settings.limits)
         return settings
 
-    def _build_settings(self, route: RouteSettings) -> RouteAdmission | None:
+    def _build_settings(self, route: RouteSettings, route_name: str) -> RouteAdmission | None:
         settings = route_admission(route)
         if settings is not None:
             # With admission on, a candidate's max_in_flight caps the gate's adaptive limit
             # (requests then wait in the queue instead of being refused as saturated).
             for candidate in route.candidates:
                 if candidate.max_in_flight:
-                    self.gate.bound_cluster(candidate.cluster, candidate.max_in_flight)
+                    self.gate.bound_cluster(candidate.cluster, candidate.max_in_flight, route_name)
         return settings
 
     def _set_route_limits(self, route_name: str, limits: RateLimits) -> None:

@@ -94,8 +94,15 @@ def _is_number(value: Any) -> bool:
 _FLOAT_MAX = 1.7976931348623157e308
 
 
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):             # 1e999: JSON has no infinity to send on
+        raise BadRequest(f"JSON number {text[:40]} is too large")
+    return value
+
+
 # One decoder for every request: json.loads with an argument builds a new one each call.
-_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
+_DECODER = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite_float)
 # Deepest nesting of objects and arrays accepted. Real requests (JSON schemas in tools and
 # response_format included) stay far below; deeper ones would exhaust Python's recursion
 # limit in the code that digests a request for cache keys.

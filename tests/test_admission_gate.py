@@ -406,3 +406,29 @@ async def test_a_request_without_a_deadline_waits_at_most_default_deadline_s():
     assert (await gate.acquire(["a"], "standard", "u", deadline=float("inf"))).reason == "expired"
     assert (await gate.acquire(["a"], "standard", "u")).reason == "expired"
     held.release()
+
+
+async def test_routes_sharing_a_cluster_get_the_strictest_cap_whichever_comes_last():
+    for order in (("strict", 1), ("loose", 8)), (("loose", 8), ("strict", 1)):
+        gate, _ = gate_with()
+        for route, cap in order:
+            gate.bound_cluster("a", cap, route)
+        held = await gate.acquire(["a"], "standard", "t")
+        waiting = asyncio.create_task(gate.acquire(["a"], "standard", "u"))
+        await settle()
+        assert not waiting.done() and gate.queue_depth() == 1          # one slot, whichever came last
+        held.release()
+        (await waiting).release()
+
+
+async def test_a_raised_cap_lets_a_queued_waiter_in_before_any_newcomer():
+    gate, _ = gate_with()
+    gate.bound_cluster("a", 1, "r")
+    held = await gate.acquire(["a"], "standard", "t")
+    waiting = asyncio.create_task(gate.acquire(["a"], "standard", "u"))
+    await settle()
+    gate.bound_cluster("a", 2, "r")                                   # the route now allows two
+    await settle()
+    assert waiting.done() and isinstance(waiting.result(), Permit)
+    held.release()
+    waiting.result().release()

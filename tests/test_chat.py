@@ -52,6 +52,7 @@ def test_multipart_content_text():
     (body(tools="all"), "tools"),
     (b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "temperature": NaN}', None),
     (body(temperature=10 ** 400), "temperature"),                       # no float holds it
+    (b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "top_k": 1e999}', None),  # inf
     (body(top_p=-10 ** 400), "top_p"),
     (b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": ' + b"9" * 5000 + b"}", None),
     (b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "metadata": '

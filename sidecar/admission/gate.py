@@ -145,6 +145,7 @@ class Gate:
         self._chooser = chooser
         self._queue = AdmissionQueue(self.config.queue)
         self._limiters: dict[str, ConcurrencyLimiter] = {}
+        self._caps: dict[str, dict[str, int]] = {}       # cluster -> route -> its max_in_flight
         self._in_flight: dict[str, int] = {}
         self._hold_s: dict[str, float] = {}  # mean slot hold time of answered requests, per cluster
         self._drain = DrainMeter(self.config.drain_window_s)
@@ -243,9 +244,14 @@ class Gate:
 
     # -- inside ------------------------------------------------------------------------------
 
-    def bound_cluster(self, cluster: str, max_limit: int) -> None:
-        """Cap a cluster's adaptive limit (a route's max_in_flight for it). A changed cap
-        restarts the cluster's limiter; its requests in flight stay counted."""
+    def bound_cluster(self, cluster: str, max_limit: int, route: str = "") -> None:
+        """Cap a cluster's adaptive limit with a route's max_in_flight for it. Routes sharing a
+        cluster share its limiter, so the strictest cap any of them sets holds (whichever
+        route was seen last won before). A changed cap restarts the cluster's limiter (its
+        requests in flight stay counted), and a raised one lets waiters in at once."""
+        caps = self._caps.setdefault(cluster, {})
+        caps[route] = max_limit
+        max_limit = min(caps.values())
         base = self.config.limiter_for(cluster)
         config = dataclasses.replace(base, max_limit=max_limit, min_limit=min(base.min_limit, max_limit),
                                      initial_limit=min(base.initial_limit, max_limit))
@@ -254,6 +260,7 @@ class Gate:
             self._limiters[cluster] = ConcurrencyLimiter(config)
             self._in_flight.setdefault(cluster, 0)
             self._metrics.concurrency(cluster, self._limiters[cluster].limit, self._in_flight[cluster])
+            self._dispatch(self._clock())
 
     def _limiter(self, cluster: str) -> ConcurrencyLimiter:
         limiter = self._limiters.get(cluster)
