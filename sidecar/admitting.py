@@ -83,15 +83,32 @@ class Admission:
                 return decision.refusal()
             ctx.token_estimate = estimate
         priority = ctx.headers.get(settings.priority_header) if settings.priority_header else None
-        return await self.gate.acquire(clusters, priority or settings.default_priority, tenant,
-                                       deadline=self._deadline(ctx, settings))
+        try:
+            result = await self.gate.acquire(clusters, priority or settings.default_priority, tenant,
+                                             deadline=self._deadline(ctx, settings))
+        except BaseException:               # the client left the queue: nothing was served
+            self._refund(ctx)
+            raise
+        if isinstance(result, Refusal):     # refused at the gate: its budget was not spent
+            self._refund(ctx)
+        return result
 
     def settle(self, ctx: RequestContext) -> None:
         """Correct the tenant's token budget with the answer's real usage (in the background)."""
         if self._tokens is None or ctx.token_estimate is None or ctx.usage is None:
             return
         delta = sum(ctx.usage) - ctx.token_estimate
-        task = asyncio.get_running_loop().create_task(self._tokens.adjust(ctx.tenant, ctx.route_name, delta))
+        self._in_background(self._tokens.adjust(ctx.tenant, ctx.route_name, delta))
+
+    def _refund(self, ctx: RequestContext) -> None:
+        """The request and its estimated tokens back to the tenant's budgets (in the background)."""
+        if self._tokens is None or ctx.token_estimate is None:
+            return
+        estimate, ctx.token_estimate = ctx.token_estimate, None        # never settled as well
+        self._in_background(self._tokens.refund(ctx.tenant, ctx.route_name, estimate))
+
+    def _in_background(self, work) -> None:
+        task = asyncio.get_running_loop().create_task(work)
         self._pending.add(task)
         task.add_done_callback(self._pending.discard)
 

@@ -1,4 +1,7 @@
+import asyncio
+import json
 import logging
+import random
 import shutil
 import socket
 import subprocess
@@ -7,6 +10,7 @@ import time
 import pytest
 
 from devtools.stack import free_port
+from sidecar.admission import Gate, GateConfig
 from sidecar.admission.tokens import (
     LocalTokenLimiter,
     RateLimitRule,
@@ -21,6 +25,14 @@ from sidecar.admission.tokens import (
     gcra_adjust,
     redis_keys,
 )
+from sidecar.admitting import Admission
+from sidecar.chat import parse_chat_request
+from sidecar.context import RequestContext
+from sidecar.route_settings import parse_route_settings
+from sidecar.routing import RoutingDirector
+from sidecar.scheduling import Scheduler
+
+BODY = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
 
 
 class Clock:
@@ -236,6 +248,15 @@ async def test_redis_requests_per_minute_and_python_rule_agree(clients):
     assert remote.retry_after_s == pytest.approx(mine.retry_after_s, abs=0.2)
 
 
+async def test_redis_a_refund_gives_back_the_request_and_its_tokens(clients):
+    config = TokenLimitsConfig(default=RateLimits(requests_per_minute=2, tokens_per_minute=1000))
+    shared = RedisTokenLimiter(clients(), config)
+    for _ in range(3):
+        assert (await shared.check("t", "r", 600)).allowed
+        await shared.refund("t", "r", 600)
+    assert (await shared.check("t", "r", 600)).allowed and shared.shared
+
+
 @pytest.fixture
 def captured():
     records = []
@@ -317,3 +338,30 @@ async def test_redis_coming_back_is_used_again_and_logged_once(captured):
     clock.t += 1.0
     assert (await limiter.check("t", "r", 5)).shared and limiter.shared
     assert [r.levelname for r in captured] == ["WARNING", "INFO"]
+
+
+async def test_a_refund_gives_back_the_request_and_its_tokens():
+    clock = Clock()
+    limiter = LocalTokenLimiter(LIMITS, clock=clock)
+    for _ in range(3):
+        assert (await limiter.check("acme", "chat", 200)).allowed
+        await limiter.refund("acme", "chat", 200)                     # never served
+    assert all([(await limiter.check("acme", "chat", 200)).allowed for _ in range(3)])
+    assert not (await limiter.check("acme", "chat", 1)).allowed
+
+
+async def test_requests_the_gate_refuses_do_not_spend_the_tenants_budget():
+    route = parse_route_settings({"name": "chat", "candidates": [{"cluster": "a", "max_in_flight": 1}],
+                                  "admission": {"enabled": True, "requests_per_minute": 2}})
+    director = RoutingDirector(Scheduler(rng=random.Random(0)), scrape_interval_s=None)
+    director.admission = Admission(Gate(GateConfig()), LocalTokenLimiter(), b"a test secret of 32 bytes, fixed")
+
+    async def status(**headers) -> int:
+        ctx = RequestContext(headers={"authorization": "Bearer k1", **headers}, route=route, route_name="chat",
+                             body=BODY, chat=parse_chat_request(BODY))
+        plan = await director.decide(ctx)
+        await asyncio.sleep(0)                                          # the refund runs
+        director.on_finish(ctx)
+        return plan.reply.status if plan.reply is not None else 200
+    assert [await status(**{"x-request-deadline-ms": "0"}) for _ in range(3)] == [503] * 3   # hopeless
+    assert [await status(), await status(), await status()] == [200, 200, 429]

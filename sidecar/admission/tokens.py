@@ -131,6 +131,7 @@ ALLOWED = TokenDecision(True)
 class TokenLimiter(Protocol):
     async def check(self, tenant: str, route: str, tokens: int) -> TokenDecision: ...
     async def adjust(self, tenant: str, route: str, delta_tokens: int) -> None: ...
+    async def refund(self, tenant: str, route: str, tokens: int) -> None: ...
 
 
 # -- the rule, pure ---------------------------------------------------------------------------
@@ -212,14 +213,22 @@ class LocalTokenLimiter:
             self._metrics.refused(NO_CLASS, decision.limited_by or "tpm")
         return decision
 
-    def adjust_now(self, tenant: str, route: str, delta_tokens: int) -> None:
-        tpm = self._limits(tenant, route).tokens_per_minute
+    async def refund(self, tenant: str, route: str, tokens: int) -> None:
+        self.refund_now(tenant, route, tokens)
+
+    def adjust_now(self, tenant: str, route: str, delta_tokens: int, delta_requests: int = 0) -> None:
         if delta_tokens:
             self._metrics.tokens(tenant, route, "added" if delta_tokens > 0 else "refunded", abs(delta_tokens))
-        if not tpm or not delta_tokens:
-            return
-        key = (tenant, route, "tpm")
-        self._tats[key] = gcra_adjust(self._tats.get(key, 0.0), self._clock(), delta_tokens * self.config.period_s / tpm)
+        now = self._clock()
+        for kind, units in (("rpm", delta_requests), ("tpm", delta_tokens)):
+            limit = self._limits(tenant, route).per_period(kind)
+            if limit and units:
+                key = (tenant, route, kind)
+                self._tats[key] = gcra_adjust(self._tats.get(key, 0.0), now, units * self.config.period_s / limit)
+
+    def refund_now(self, tenant: str, route: str, tokens: int) -> None:
+        """Give back what `check` took for a request that was then not served."""
+        self.adjust_now(tenant, route, -max(0, tokens), delta_requests=-1)
 
     def _limits(self, tenant: str, route: str) -> RateLimits:
         limits = self.config.limits_for(tenant, route)
@@ -336,17 +345,21 @@ class RedisTokenLimiter:
         self._metrics.refused(NO_CLASS, KINDS[which - 1])
         return TokenDecision(False, retry, KINDS[which - 1], shared=True)
 
-    async def adjust(self, tenant: str, route: str, delta_tokens: int) -> None:
+    async def adjust(self, tenant: str, route: str, delta_tokens: int, delta_requests: int = 0) -> None:
         limits = self.config.limits_for(tenant, route)
-        if not delta_tokens:
+        if not (delta_tokens or delta_requests):
             return
-        if limits.tokens_per_minute is None:
+        if not ((limits.tokens_per_minute and delta_tokens) or (limits.requests_per_minute and delta_requests)):
             self.fallback.adjust_now(tenant, route, delta_tokens)  # counts the metric, changes nothing
             return
-        if await self._call("adjust", tenant, route, limits, 0, delta_tokens) is None:
-            self.fallback.adjust_now(tenant, route, delta_tokens)
-        else:
+        if await self._call("adjust", tenant, route, limits, delta_requests, delta_tokens) is None:
+            self.fallback.adjust_now(tenant, route, delta_tokens, delta_requests)
+        elif delta_tokens:
             self._metrics.tokens(tenant, route, "added" if delta_tokens > 0 else "refunded", abs(delta_tokens))
+
+    async def refund(self, tenant: str, route: str, tokens: int) -> None:
+        """Give back what `check` took for a request that was then not served."""
+        await self.adjust(tenant, route, -max(0, tokens), delta_requests=-1)
 
     async def _call(self, mode: str, tenant: str, route: str, limits: RateLimits, requests: int, tokens: int) -> list | None:
         """The script's reply, or None when Redis is (or has just been found) unusable."""
