@@ -16,7 +16,7 @@ import time
 from typing import Callable
 
 from sidecar import metrics, tracing
-from sidecar.admission import Degrade, Refusal, estimate_prompt_tokens
+from sidecar.admission import Degrade, Permit, Refusal, estimate_prompt_tokens
 from sidecar.admitting import Admission, RouteAdmission
 from sidecar.context import Outcome, RequestContext
 from sidecar.events import BodyMode, Plan
@@ -194,7 +194,13 @@ class RoutingDirector:
         ranked = sorted((c for c in decision.scores if c not in decision.dropped),
                         key=lambda c: (c != decision.cluster, -decision.scores[c].total))
         with tracing.span("sluice.queue"):
-            result = await self.admission.admit(ctx, settings, ranked or [decision.cluster])
+            try:
+                result = await self.admission.admit(ctx, settings, ranked or [decision.cluster])
+            except BaseException:
+                self.scheduler.void_probe(decision)         # the client left the queue
+                raise
+        if not isinstance(result, Permit) or result.cluster != decision.cluster:
+            self.scheduler.void_probe(decision)
         if isinstance(result, Refusal):
             ctx.outcome = Outcome.REFUSED
             metrics.child(metrics.ADMISSION_REFUSED, ctx.route_name, result.reason).inc()
@@ -213,7 +219,7 @@ class RoutingDirector:
         if result.cluster == decision.cluster:
             return decision
         spec = next(c for c in plan.candidates if c.cluster == result.cluster)
-        return dataclasses.replace(decision, cluster=result.cluster, model_rewrite=spec.model)
+        return dataclasses.replace(decision, cluster=result.cluster, model_rewrite=spec.model, probe=False)
 
     # --- feedback -----------------------------------------------------------------------
 

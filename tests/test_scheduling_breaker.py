@@ -1,5 +1,15 @@
+import json
+import random
+
 import pytest
 
+from sidecar.admission import Gate, GateConfig
+from sidecar.admitting import Admission
+from sidecar.chat import parse_chat_request
+from sidecar.context import RequestContext
+from sidecar.route_settings import parse_route_settings
+from sidecar.routing import RoutingDirector
+from sidecar.scheduling import Decision, Scheduler
 from sidecar.scheduling.breaker import TRANSITIONS, BreakerConfig, CircuitBreaker
 from sidecar.scheduling.model import BreakerState
 
@@ -143,3 +153,34 @@ def test_retry_after_is_the_rest_of_the_cool_down():
 def test_bad_config_names_the_field(field, value, message):
     with pytest.raises(ValueError, match=message):
         BreakerConfig(**{field: value})
+
+
+# -- a probe through admission ------------------------------------------------------------
+
+async def test_a_probe_admission_sends_elsewhere_or_refuses_is_no_probe_and_the_turn_passes_on():
+    route = parse_route_settings({
+        "name": "chat", "admission": {"enabled": True},
+        "scheduling": {"breaker": {"min_requests": 1, "cooldown_s": 1}},
+        "candidates": [{"cluster": "a", "max_in_flight": 1}, {"cluster": "b", "max_in_flight": 4}]})
+    body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
+
+    def request(**headers):
+        return RequestContext(headers={"authorization": "Bearer k1", **headers}, route=route, route_name="chat",
+                              body=body, chat=parse_chat_request(body))
+    clock = [100.0]
+    d = RoutingDirector(Scheduler(rng=random.Random(0)), clock=lambda: clock[0], scrape_interval_s=None)
+    gate = Gate(GateConfig())
+    d.admission = Admission(gate, None, b"a test secret of 32 bytes, fixed")
+    d._plan(request())                                              # the route's breaker settings
+    d._admission_settings(request())                                # a's gate cap of 1
+    held = await gate.acquire(["a"], "standard", "other")           # and its one slot is busy
+    d.scheduler.on_complete(Decision(cluster="a"), 0.1, False, clock[0])     # a trips
+    clock[0] += 2                                                   # cool-down over: half-open
+    assert d.scheduler.breaker_states(clock[0])["a"] is HALF_OPEN
+    breaker = d.scheduler._breaker("a")
+    for ctx in (request(), request(**{"x-request-deadline-ms": "0"})):   # moved to b; refused
+        breaker.void_probe()                                        # a probe is due now
+        await d.decide(ctx)
+        assert ctx.decision is None or (ctx.decision.cluster, ctx.decision.probe) == ("b", False)
+        assert breaker.offer_probe()                                # a's turn was not spent
+    held.release()

@@ -231,8 +231,13 @@ class Scheduler:
         in-flight slot, judges nothing; a probe's turn passes to the next request."""
         if decision.cluster is not None:
             self.signals.on_abandon(decision.cluster)
-            if decision.probe:
-                self._breaker(decision.cluster).void_probe()
+            self.void_probe(decision)
+
+    def void_probe(self, decision: Decision) -> None:
+        """A probe that will not reach its half-open cluster (admission sent the request
+        elsewhere, refused it, or its client left the queue): the turn passes on."""
+        if decision.probe and decision.cluster is not None:
+            self._breaker(decision.cluster).void_probe()
 
     def set_breaker_config(self, cluster: str, config: BreakerConfig) -> None:
         """Route settings name a breaker for their clusters; a changed config restarts it closed."""
