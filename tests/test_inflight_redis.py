@@ -308,3 +308,34 @@ async def test_join_cancelled_while_asking_redis_leaves_no_state(replicas):
     assert r.stats()["leaders"] == 0
     await asyncio.wait(set(r._tasks))
     assert await r._redis.keys("*lease*") == []
+
+
+async def test_a_pub_sub_connection_that_confirms_nothing_is_replaced(replicas):
+    """Commands work but the pub/sub connection is dead (a dropped flow): the wait that finds
+    out leads locally, and the next remote wait runs on a new connection."""
+    a, b = replicas(), replicas(op_timeout_s=0.2, retry_after_s=0.05)
+    real_pubsub = b._redis.pubsub
+    dead = []
+
+    def pubsub_that_never_confirms():
+        pubsub = real_pubsub()
+        if not dead:
+            async def never(*channels):
+                await asyncio.sleep(3600)
+            pubsub.subscribe = never
+        dead.append(pubsub)
+        return pubsub
+    b._redis.pubsub = pubsub_that_never_confirms
+    lead = await a.join("s", "k")
+    first = await b.join("s", "k")
+    promoted = await first.wait(2)
+    assert isinstance(promoted, Promoted)                            # led locally, not stuck
+    promoted.lead.abandon()
+    lead.complete(PAYLOAD)
+    await asyncio.wait(set(a._tasks))
+    await settle(0.1)                                                # past retry_after_s
+    lead2 = await a.join("s", "k2")
+    second = await b.join("s", "k2")
+    await settle(0.3)
+    lead2.complete(PAYLOAD)
+    assert await second.wait(2) == Answered(PAYLOAD) and len(dead) == 2   # a new pub/sub answered

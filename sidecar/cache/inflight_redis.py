@@ -205,7 +205,15 @@ class RedisInFlight:
         queue, ready = self._channels.add(names[2])
         self._remote_waits += 1
         try:
-            if not await self._call(lambda: asyncio.shield(ready)):
+            try:
+                confirmed = await self._call(lambda: asyncio.shield(ready))
+            except _Unavailable:
+                # No confirmation in time, though commands may still work: the pub/sub
+                # connection can be dead without Redis being so (a failover behind a VIP, a
+                # dropped flow). The next wait opens a new one instead of using it for minutes.
+                self._channels.reset()
+                raise
+            if not confirmed:
                 raise _Unavailable
             while True:
                 claimed = await self._claim(local, names)
@@ -423,6 +431,10 @@ class _Channels:
         except Exception as e:
             log.debug("redis pub/sub failed: %r", e)
             self._fail()
+
+    def reset(self) -> None:
+        """Drop the connection (its waiters are told); the next `add` opens a new one."""
+        self._fail()
 
     def _fail(self, closing: bool = False):
         """Drop the connection and wake every waiter; returns the pub/sub to close."""
