@@ -12,7 +12,10 @@ import numpy as np
 import pytest
 import redis
 from prometheus_client import REGISTRY
+from redis.asyncio import Redis as AsyncRedis
 
+from sidecar.cache.inflight import InFlight, Lead
+from sidecar.cache.inflight_redis import RedisInFlight
 from sidecar.cache.memory_store import MemoryStore
 from sidecar.cache.redis_store import RedisSettings, RedisStore
 from sidecar.cache.store import Entry, StoreLimits, StoreUnavailable
@@ -560,3 +563,22 @@ async def test_redis_a_malformed_vector_or_event_is_skipped_not_a_stuck_index(re
     hit = await eventually(lambda: late.nearest("s1", unit(1), 0.99))
     assert hit is not None and hit.entry.entry_id == "after"
     assert _metric("sluice_cache_unreadable_total") >= before + 2
+
+
+@needs_redis
+async def test_redis_a_purge_also_forgets_the_answers_kept_for_late_twins(redis_server, redis_stores):
+    store = await redis_stores()
+    async with AsyncRedis(port=redis_server.port) as client:
+        inflight = RedisInFlight(client, InFlight(), done_ms=60_000, op_timeout_s=0.5)
+        try:
+            scope = "ab" * 32
+            lead = await inflight.join(scope, "k")
+            lead.complete(b"an answer the admin is about to purge")
+            await asyncio.wait(set(inflight._tasks))
+            await store.put(scope, "k", "p", None, b"an answer the admin is about to purge", ttl_s=60)
+            await store.purge_scope(scope)
+            again = await inflight.join(scope, "k")
+            assert isinstance(again, Lead)           # not Answered with the purged payload
+            again.abandon()
+        finally:
+            await inflight.aclose()

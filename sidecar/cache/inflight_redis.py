@@ -81,6 +81,12 @@ def _names(scope: str, key: str) -> tuple[str, str, bytes]:
     return prefix + "lease:" + key, prefix + "done:" + key, (prefix + "flight:" + key).encode()
 
 
+def done_keys_pattern(scope: str) -> str:
+    """MATCH pattern of the answers a scope's leaders left for late twins (done_ms): a purge
+    of the scope must delete them too, or a twin is served the purged answer."""
+    return _names(scope, "*")[1]
+
+
 class RedisInFlight:
     """See the module doc. One per sidecar process; `aclose` it on shutdown."""
 
