@@ -140,6 +140,24 @@ async def test_a_full_queue_rejects_at_once_and_counts_it():
     await batcher.close()
 
 
+async def test_callers_that_gave_up_do_not_fill_the_queue():
+    gate = threading.Event()
+    encoder = FakeEncoder(gate=gate)
+    batcher = Batcher(encoder.encode_iter, max_batch=2, max_wait_s=0, max_queue=3)
+    running = asyncio.ensure_future(batcher.embed("running"))
+    await asyncio.sleep(0.01)
+    gone = [asyncio.ensure_future(batcher.embed(f"q{i}")) for i in range(3)]
+    await asyncio.sleep(0)
+    for caller in gone:
+        caller.cancel()                                   # their requests ended
+    await asyncio.sleep(0)
+    fresh = asyncio.ensure_future(batcher.embed("fresh"))  # room again: not QueueFull
+    await asyncio.sleep(0)
+    gate.set()
+    assert (await fresh).shape and (await running).shape
+    await batcher.close()
+
+
 async def test_a_text_with_nothing_to_embed_fails_alone():
     batcher = make(FakeEncoder())
     results = await asyncio.gather(batcher.embed("ok"), batcher.embed(""), return_exceptions=True)

@@ -91,8 +91,11 @@ class Batcher:
         if self._closed:
             raise NotReady("the embedding engine is shutting down")
         if len(self._queue) >= self._max_queue:
-            self._metrics.rejected()
-            raise QueueFull(f"embedding queue full ({self._max_queue} texts waiting)")
+            # Callers that gave up stay queued until a worker takes them: they must not fill it.
+            self._queue = deque(w for w in self._queue if not w.future.done())
+            if len(self._queue) >= self._max_queue:
+                self._metrics.rejected()
+                raise QueueFull(f"embedding queue full ({self._max_queue} texts waiting)")
         future = asyncio.get_running_loop().create_future()
         self._queue.append(_Waiting(text, future, self._clock()))
         if len(self._drainers) < len(self._threads):
