@@ -13,6 +13,7 @@ import pytest
 import redis
 from prometheus_client import REGISTRY
 from redis.asyncio import Redis as AsyncRedis
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from sidecar.cache.inflight import InFlight, Lead
 from sidecar.cache.inflight_redis import RedisInFlight
@@ -582,3 +583,28 @@ async def test_redis_a_purge_also_forgets_the_answers_kept_for_late_twins(redis_
             again.abandon()
         finally:
             await inflight.aclose()
+
+
+@needs_redis
+async def test_redis_a_put_whose_stream_event_failed_reaches_the_replicas_later(redis_stores):
+    a, b = await redis_stores(), await redis_stores()
+    await a.put("t", "earlier", "p", unit(9), b"x", ttl_s=60)       # the stream is not empty
+    assert await eventually(lambda: b.nearest("t", unit(9), 0.99))
+    real, failed = a._client.pipeline, []
+
+    def pipeline(*args, **kw):                                      # the event's round trip fails once
+        pipe = real(*args, **kw)
+        execute = pipe.execute
+
+        async def fail_once(*more, **kws):
+            if not failed:
+                failed.append(True)
+                raise RedisTimeoutError("as if the deadline hit between the entry and its event")
+            return await execute(*more, **kws)
+        pipe.execute = fail_once
+        return pipe
+    a._client.pipeline = pipeline
+    await a.put("t", "k", "p", unit(1), b"answer", ttl_s=60)
+    assert failed and (await b.get_exact("t", "k")).answer == b"answer"
+    hit = await eventually(lambda: b.nearest("t", unit(1), 0.99), timeout=5)
+    assert hit is not None and hit.entry.entry_id == "k"            # b's semantic index has it

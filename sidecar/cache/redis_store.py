@@ -38,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -74,6 +75,7 @@ _UNREACHABLE = (RedisConnectionError, RedisTimeoutError, TimeoutError, OSError)
 _FAILED: Any = object()
 _NEAREST_TRIES = 3
 _OTHER_ERROR_LOG_EVERY_S = 60.0
+UNPUBLISHED_MAX = 1024          # stream events kept for a retry while Redis does not take them
 
 # Write one entry and keep its scope within bounds, atomically.  Every key it touches is
 # of one scope, so one slot: KEYS[1] the entry hash, KEYS[2] the scope's id set.
@@ -193,6 +195,7 @@ class RedisStore:
         self._loaded = asyncio.Event()
         self._closed = False
         self._last_id: bytes | None = None      # the last stream event the mirror has
+        self._unpublished: deque[dict[str, Any]] = deque(maxlen=UNPUBLISHED_MAX)   # events to retry
         self._loaded_from: str | None = None    # run_id of the Redis the mirror came from
         self._other_error_warning = Throttle(_OTHER_ERROR_LOG_EVERY_S)
         self._malformed_warning = Throttle(_OTHER_ERROR_LOG_EVERY_S)
@@ -343,21 +346,25 @@ class RedisStore:
                                self._keys.entry_prefix(scope), exact_key]
             for name, value in fields.items():
                 args += [name, value]
-            evicted = await self._put_script(
+            return await self._put_script(
                 keys=[self._keys.entry(scope, exact_key), self._keys.ids(scope)], args=args)
-            pipe = client.pipeline(transaction=False)
-            event = {"op": "put", "s": scope, "k": exact_key, "t": fields["t"], "x": expires_ms}
-            if unit is not None:
-                event["v"] = fields["v"]
-            self._publish(pipe, event)
-            for key in evicted:
-                self._publish(pipe, {"op": "del", "s": scope, "k": key})
-            await pipe.execute()
-            return evicted
 
-        evicted = await self._run("put", write, round_trips=2)
+        event = {"op": "put", "s": scope, "k": exact_key, "t": fields["t"], "x": expires_ms}
+        if unit is not None:
+            event["v"] = fields["v"]
+        evicted = await self._run("put", write)
         if evicted is _FAILED:
+            # The script may have run before the failure: replicas hear of the entry once Redis
+            # answers again (an event for an entry that is not there costs a lookup one fetch).
+            self._unpublished.append(event)
             return
+        # The stream is another slot than the scope's keys (Redis Cluster): a second round trip.
+        # Events it could not take wait for the next put or reconnect; lost, the entry would
+        # stay out of every replica's semantic index for its whole TTL.
+        events = [*self._unpublished, event, *({"op": "del", "s": scope, "k": key.decode()} for key in evicted)]
+        self._unpublished.clear()
+        if await self._run("put", lambda client: self._publish_all(client, events)) is _FAILED:
+            self._unpublished.extend(events)
         for key in evicted:
             self._mirror.discard(scope, key.decode())
         if unit is None:
@@ -421,9 +428,22 @@ class RedisStore:
         return Entry(exact_key, scope, fields.get(b"p", b"").decode("utf-8", "replace"),
                      fields[b"a"], stored_at)
 
-    def _publish(self, pipe: Any, event: dict[str, Any]) -> None:
-        pipe.xadd(self._keys.events, event, maxlen=self.settings.stream_maxlen,
-                  approximate=True)
+    async def _republish(self) -> None:
+        """Stream events puts could not publish, now that Redis answers again."""
+        events = list(self._unpublished)
+        self._unpublished.clear()
+        try:
+            if events:
+                await self._publish_all(self._client, events)
+        except BaseException:
+            self._unpublished.extendleft(reversed(events))
+            raise
+
+    async def _publish_all(self, client: Any, events: list[dict[str, Any]]) -> None:
+        pipe = client.pipeline(transaction=False)
+        for event in events:
+            pipe.xadd(self._keys.events, event, maxlen=self.settings.stream_maxlen, approximate=True)
+        await pipe.execute()
 
     # -- the mirror: load, then follow the stream; reconnect when down --------------------
 
@@ -436,6 +456,7 @@ class RedisStore:
                 if not self._up:
                     await self._reconnect()
                     backoff = s.reconnect_min_s
+                    await self._republish()
                 if not await self._can_resume():
                     self._last_id = await self._load()
                 self._loaded.set()
