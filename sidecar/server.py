@@ -265,8 +265,8 @@ async def serve(config: SidecarConfig, app: App | None = None,
     await stopping.wait()
     if watcher is not None:
         watcher.cancel()
+    await sidecar.stop(hurry)           # the flusher runs on: a drain can last grace_s and more
     flusher.cancel()
-    await sidecar.stop(hurry)
     await app.close()
     tracing.close()
     access_log.flush()
