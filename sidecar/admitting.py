@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -14,6 +15,8 @@ from sidecar.admission import (Degrade, Gate, Permit, RateLimitRule, RateLimits,
 from sidecar.cache.scope import tenant_of
 from sidecar.context import RequestContext
 from sidecar.route_settings import PerSettings, RouteSettings
+
+log = logging.getLogger("sluice.admission")
 
 ANONYMOUS = "anonymous"
 
@@ -48,14 +51,19 @@ class Admission:
         self._limited_routes: dict[str, RateLimits] = {}
 
     def settings(self, route: RouteSettings, route_name: str) -> RouteAdmission | None:
-        """Raises ValueError naming the field for bad settings."""
+        """None when the route has no admission, or bad admission settings (logged once per
+        settings object, not on every request)."""
         settings = self._settings_of.get(route, self._build_settings, route_name)
         if settings is not None and self._limited_routes.get(route_name) != settings.limits:
             self._set_route_limits(route_name, settings.limits)
         return settings
 
     def _build_settings(self, route: RouteSettings, route_name: str) -> RouteAdmission | None:
-        settings = route_admission(route)
+        try:
+            settings = route_admission(route)
+        except ValueError as exc:
+            log.error("invalid admission settings of route %s, admission off: %s", route_name, exc)
+            return None
         if settings is not None:
             # With admission on, a candidate's max_in_flight caps the gate's adaptive limit
             # (requests then wait in the queue instead of being refused as saturated).

@@ -181,11 +181,7 @@ class RoutingDirector:
     def _admission_settings(self, ctx: RequestContext) -> RouteAdmission | None:
         if self.admission is None or not isinstance(ctx.route, RouteSettings):
             return None
-        try:
-            return self.admission.settings(ctx.route, ctx.route_name)
-        except ValueError as exc:
-            log.error("invalid admission settings of route %s, admission off: %s", ctx.route_name, exc)
-            return None
+        return self.admission.settings(ctx.route, ctx.route_name)
 
     async def _admit(self, ctx: RequestContext, plan: RoutePlan, decision: Decision,
                      settings: RouteAdmission) -> Decision | Plan:

@@ -365,3 +365,18 @@ async def test_requests_the_gate_refuses_do_not_spend_the_tenants_budget():
         return plan.reply.status if plan.reply is not None else 200
     assert [await status(**{"x-request-deadline-ms": "0"}) for _ in range(3)] == [503] * 3   # hopeless
     assert [await status(), await status(), await status()] == [200, 200, 429]
+
+
+async def test_bad_admission_settings_turn_admission_off_and_are_logged_once(caplog):
+    route = parse_route_settings({"name": "chat", "candidates": [{"cluster": "a"}],
+                                  "admission": {"enabled": True, "default_deadline_s": -1}})
+    director = RoutingDirector(Scheduler(rng=random.Random(0)), scrape_interval_s=None)
+    director.admission = Admission(Gate(GateConfig()), LocalTokenLimiter(), b"a test secret of 32 bytes, fixed")
+    for _ in range(3):
+        ctx = RequestContext(headers={"authorization": "Bearer k1"}, route=route, route_name="chat",
+                             body=BODY, chat=parse_chat_request(BODY))
+        plan = await director.decide(ctx)
+        assert plan.reply is None and plan.cluster == "a"
+        director.on_finish(ctx)
+    assert [r.getMessage() for r in caplog.records].count(
+        "invalid admission settings of route chat, admission off: admission.default_deadline_s must be > 0, got -1.0") == 1
