@@ -252,7 +252,10 @@ class RoutingDirector:
             # The client left before any answer (or Envoy never got one): no verdict.
             self.scheduler.on_abandon(decision)
         else:
-            completion = ctx.usage[1] if ctx.usage is not None and ctx.response_complete else None
+            # Streams only: a JSON answer's headers come once the whole answer exists, so the
+            # time after them is transfer, not generation (40,000 tokens/s for 200 tokens in 5 ms).
+            streamed = ctx.chat is not None and ctx.chat.stream
+            completion = ctx.usage[1] if streamed and ctx.usage is not None and ctx.response_complete else None
             self.scheduler.on_complete(decision, now - ctx.sent_at, ctx.status < 500, now,
                                        completion_tokens=completion, ttfb_s=ttfb)
 

@@ -1,6 +1,7 @@
 """Which answers the sidecar reads (Scheduling.feedback): the sampler, the routing director's
 choice per request, and what the processor tells Envoy when an answer is not read."""
 import asyncio
+import json
 import random
 
 import pytest
@@ -152,12 +153,14 @@ def test_response_headers_that_come_anyway_are_handled_as_read():
     assert processor.context.status == 200
 
 
-def test_an_answer_read_to_its_end_teaches_the_cluster_its_tokens_per_second():
+def tokens_per_s_learned(body: bytes) -> float | None:
+    """What the cluster's tokens/s becomes after three answers of 50 tokens, each with its
+    headers after 0.1 s and its end a second later."""
     clock = [100.0]
     d = RoutingDirector(Scheduler(rng=random.Random(0)), clock=lambda: clock[0], scrape_interval_s=None)
     settings = route(feedback={"read_all_per_s": 1000, "then_one_in": 1})
     for _ in range(3):
-        ctx = RequestContext(route=settings, route_name="chat", chat=parse_chat_request(BODY), body=BODY)
+        ctx = RequestContext(route=settings, route_name="chat", chat=parse_chat_request(body), body=body)
         asyncio.run(d.decide(ctx))
         clock[0] += 0.1
         ctx.status = 200
@@ -165,4 +168,10 @@ def test_an_answer_read_to_its_end_teaches_the_cluster_its_tokens_per_second():
         clock[0] += 1.0
         ctx.usage, ctx.response_complete = (10, 50), True       # 50 tokens in the next second
         d.on_finish(ctx)
-    assert d.scheduler.signals.snapshot(clock[0])[ctx.cluster].tokens_per_s == pytest.approx(50, rel=0.05)
+    return d.scheduler.signals.snapshot(clock[0])[ctx.cluster].tokens_per_s
+
+
+def test_a_streamed_answer_read_to_its_end_teaches_the_cluster_its_tokens_per_second():
+    streamed = json.dumps({**json.loads(BODY), "stream": True}).encode()
+    assert tokens_per_s_learned(streamed) == pytest.approx(50, rel=0.05)
+    assert tokens_per_s_learned(BODY) is None      # JSON: headers come after the generation
