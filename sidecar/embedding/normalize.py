@@ -18,10 +18,11 @@ same key. `normalize_text` does, in order:
    - lone surrogates (U+D800-U+DFFF), which JSON can carry but UTF-8 cannot;
    - other invisibles: combining grapheme joiner (U+034F), variation selectors
      (U+FE00-U+FE0F, U+E0100-U+E01EF), Hangul fillers (U+115F, U+1160, U+3164, U+FFA0).
-3. Superscripts and subscripts are written out, not flattened: a run of them becomes "^"
-   or "_" and its plain characters (2³ -> 2^3, x²ⁿ -> x^2n, H₂O -> H_2O), since NFKC alone
-   would make 2³ and 23, or x² and x2, one text (SUPERSCRIPT_RANGES, SUBSCRIPT_RANGES:
-   digits, signs and letters; ordinal indicators ª º and ™ are left to NFKC).
+3. Superscripts and subscripts are written out, not flattened: one becomes "^" or "_" and
+   its plain character, a run of them the same with its characters in brackets (2³ -> 2^3,
+   x²ⁿ -> x^(2n), H₂O -> H_2O, 2ˣ -> 2^x), since NFKC alone would make 2³ and 23, or x² and
+   x2, one text (SUPERSCRIPT_RANGES, SUBSCRIPT_RANGES; the ordinal indicators ª º, and ™ ℠,
+   whose plain form is two letters, are left to NFKC).
 4. Unicode NFKC (compatibility composition): compatibility variants become their plain
    character: full-width and half-width forms, ligatures (ﬁ -> fi), non-breaking and
    ideographic spaces, circled and parenthesised numbers (① -> 1), vulgar fractions
@@ -74,13 +75,16 @@ _REMOVED = re.compile(
 _LINE_BREAKS = re.compile("\r\n|[\r\x85\u2028\u2029]")
 
 
-# Superscript and subscript digits, signs and letters (the Latin-1 ones, the Superscripts
-# and Subscripts block, the phonetic and Latin extension modifier letters), as code point
-# ranges; tests check each is the kind it is listed as, and that these blocks hold no other.
+# Every character whose compatibility decomposition is one superscript or subscript character
+# (digits, signs, Latin, Greek and other modifier letters, kanbun marks), as code point ranges,
+# bar the ordinal indicators ª and º, which NFKC may make a and o; tests check the tables
+# against the Unicode database of the running Python.
 SUPERSCRIPT_RANGES: tuple[tuple[int, int], ...] = (
-    (0x00B2, 0x00B3), (0x00B9, 0x00B9), (0x1D2C, 0x1D2E), (0x1D30, 0x1D3A), (0x1D3C, 0x1D4D),
-    (0x1D4F, 0x1D61), (0x1D78, 0x1D78), (0x1D9B, 0x1DBF), (0x2070, 0x2071), (0x2074, 0x207F),
-    (0x2C7D, 0x2C7D),
+    (0x00B2, 0x00B3), (0x00B9, 0x00B9), (0x02B0, 0x02B8), (0x02E0, 0x02E4), (0x10FC, 0x10FC),
+    (0x1D2C, 0x1D2E), (0x1D30, 0x1D3A), (0x1D3C, 0x1D4D), (0x1D4F, 0x1D61), (0x1D78, 0x1D78),
+    (0x1D9B, 0x1DBF), (0x2070, 0x2071), (0x2074, 0x207F), (0x2C7D, 0x2C7D), (0x2D6F, 0x2D6F),
+    (0x3192, 0x319F), (0xA69C, 0xA69D), (0xA770, 0xA770), (0xA7F2, 0xA7F4), (0xA7F8, 0xA7F9),
+    (0xAB5C, 0xAB5F), (0xAB69, 0xAB69), (0x10781, 0x10785), (0x10787, 0x107B0), (0x107B2, 0x107BA),
 )
 SUBSCRIPT_RANGES: tuple[tuple[int, int], ...] = (
     (0x1D62, 0x1D6A), (0x2080, 0x208E), (0x2090, 0x209C), (0x2C7C, 0x2C7C),
@@ -95,7 +99,9 @@ _SCRIPT_RUN = re.compile(f"(?P<sup>[{_char_class(SUPERSCRIPT_RANGES)}]+)|[{_char
 
 
 def _written_out(run: re.Match) -> str:
-    return ("^" if run.group("sup") else "_") + unicodedata.normalize("NFKC", run.group())
+    """^3 for ³; ^(2n) for ²ⁿ, so that x²ⁿ (x to the 2n) and x²n (x squared, times n) differ."""
+    plain = unicodedata.normalize("NFKC", run.group())
+    return ("^" if run.group("sup") else "_") + (plain if len(plain) == 1 else f"({plain})")
 
 
 # The removed code points below 0x80, for the ASCII fast path.
@@ -111,5 +117,8 @@ def normalize_text(text: str) -> str:
         return text.encode("ascii").translate(None, _ASCII_REMOVED).decode("ascii").strip()
     text = _LINE_BREAKS.sub("\n", text)
     text = _REMOVED.sub("", text)
-    text = _SCRIPT_RUN.sub(_written_out, text)
-    return unicodedata.normalize("NFKC", text).strip()
+    # Most non-ASCII prompts (accents, CJK, emoji) hold no compatibility character at all:
+    # the quick check (~3 µs for 2 KB) spares them both passes.
+    if not unicodedata.is_normalized("NFKC", text):
+        text = unicodedata.normalize("NFKC", _SCRIPT_RUN.sub(_written_out, text))
+    return text.strip()
