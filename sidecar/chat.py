@@ -196,19 +196,15 @@ def _parse(body: bytes) -> ChatRequest:
 
 
 def _nesting(value: Any) -> int:
-    """How deep objects and arrays nest in a decoded JSON value (1 for a flat object)."""
-    deepest, level = 0, [(value, 1)]
-    while level:
-        item, depth = level.pop()
-        if isinstance(item, dict):
-            item = item.values()
-        elif not isinstance(item, list):
-            continue
-        deepest = max(deepest, depth)
-        if deepest > MAX_NESTING:
-            break
-        level.extend((child, depth + 1) for child in item)
-    return deepest
+    """How deep objects and arrays nest in a decoded JSON value (1 for a flat object); stops
+    counting past MAX_NESTING. Only containers are visited: strings and numbers cost a type
+    check each."""
+    deepest, level = 1, [value.values() if isinstance(value, dict) else value]
+    while level and deepest <= MAX_NESTING:
+        deepest += 1
+        level = [child.values() if isinstance(child, dict) else child
+                 for items in level for child in items if isinstance(child, (dict, list))]
+    return deepest - 1 if not level else deepest
 
 
 def _check_message(message: Any, where: str) -> None:
