@@ -92,8 +92,10 @@ class Admission:
             ctx.token_estimate = estimate
         priority = ctx.headers.get(settings.priority_header) if settings.priority_header else None
         try:
+            # Queued no longer than the sidecar may hold a request (Envoy's one extension of
+            # its message timeout), whatever the deadline.
             result = await self.gate.acquire(clusters, priority or settings.default_priority, tenant,
-                                             deadline=self._deadline(ctx, settings))
+                                             deadline=self._deadline(ctx, settings), hold_until=ctx.hold_until)
         except BaseException:               # the client left the queue: nothing was served
             self._refund(ctx)
             raise
@@ -122,7 +124,6 @@ class Admission:
 
     def _deadline(self, ctx: RequestContext, settings: RouteAdmission) -> float:
         """Absolute, on the monotonic clock (the gate's and ctx.started's): from the request's
-        arrival, the client's budget (x-request-deadline-ms) or the route's default, and never
-        past what the sidecar may hold it (ctx.hold_until)."""
+        arrival, the client's budget (x-request-deadline-ms) or the route's default."""
         deadline = ctx.client_deadline
-        return min(ctx.started + settings.default_deadline_s if deadline is None else deadline, ctx.hold_until)
+        return ctx.started + settings.default_deadline_s if deadline is None else deadline

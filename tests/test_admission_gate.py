@@ -432,3 +432,14 @@ async def test_a_raised_cap_lets_a_queued_waiter_in_before_any_newcomer():
     assert waiting.done() and isinstance(waiting.result(), Permit)
     held.release()
     waiting.result().release()
+
+
+async def test_hold_until_bounds_the_wait_whatever_the_deadline():
+    clock = Clock()
+    gate, _ = gate_with(limiter=fixed(1), clock=clock, expected_ttft=lambda cluster: 20.0)
+    held = await gate.acquire(["a"], "standard", "t")
+    far = clock.t + 600.0                                   # a ten-minute budget
+    waiting = asyncio.create_task(gate.acquire(["a"], "standard", "u", deadline=far, hold_until=clock.t + 0.05))
+    result = await asyncio.wait_for(waiting, timeout=5)     # out at hold_until, not at 600 - 20 s
+    assert (result.status, result.reason) == (503, "expired") and gate.queue_depth() == 0
+    held.release()

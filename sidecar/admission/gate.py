@@ -126,6 +126,7 @@ class _Waiter:
     candidates: tuple[str, ...]
     future: asyncio.Future
     chooser: Chooser | None
+    hold_until: float = math.inf          # latest start, whatever the deadline
 
 
 class Gate:
@@ -164,10 +165,13 @@ class Gate:
         *,
         chooser: Chooser | None = None,
         allow_degrade: bool = True,
+        hold_until: float = math.inf,
     ) -> Permit | Refusal | Degrade:
         """A slot on one of `candidates` (cluster names, in preference order), a refusal, or a
-        degrade. `deadline`: absolute on the gate's clock (None or inf: now + default_deadline_s);
-        `now`: the gate's clock() unless given. `chooser` picks among the candidates with a free
+        degrade. `deadline`: absolute on the gate's clock (None or inf: now + default_deadline_s),
+        when the first token must come; `hold_until`: the latest the request may leave the
+        queue whatever its deadline (the sidecar's own hold limit); `now`: the gate's clock()
+        unless given. `chooser` picks among the candidates with a free
         slot (default: the gate's, else the first). Cancelling the awaiting task (the client went
         away) takes the request out of the queue at once; it never holds a slot."""
         require(bool(candidates), "candidates", "must not be empty", list(candidates))
@@ -182,11 +186,11 @@ class Gate:
         free = [c for c in clusters if self._has_slot(c, cls)]
         wait = 0.0 if free else self._expected_wait(cls, tenant, clusters, now)
         ttft = self._ttft(free or clusters)
-        if admit_or_refuse(deadline - now, wait, ttft) == "refuse":
+        if admit_or_refuse(deadline - now, wait, ttft) == "refuse" or wait > hold_until - now:
             return self._refuse(cls, "deadline", now)
         if free:
             return self._grant(_choose(chooser, free), cls, tenant, 0.0, queued=False)
-        waiter = _Waiter(clusters, asyncio.get_running_loop().create_future(), chooser)
+        waiter = _Waiter(clusters, asyncio.get_running_loop().create_future(), chooser, hold_until)
         pushed = self._queue.push(cls, tenant, deadline, now, waiter)
         if pushed.entry is None:
             return self._refuse(cls, pushed.refused or "queue_full", now)
@@ -200,7 +204,7 @@ class Gate:
         loop = asyncio.get_running_loop()
         # Out at the last moment a slot could still answer in time: the deadline less the
         # expected time to first token (a later slot would only run for a client gone).
-        latest_start = entry.deadline - self._ttft(waiter.candidates)
+        latest_start = min(entry.deadline - self._ttft(waiter.candidates), waiter.hold_until)
         timers = [loop.call_later(max(0.0, latest_start - now), self._on_deadline, entry)]
         degrade_after = self.config.degrade_after_s
         if allow_degrade and degrade_after is not None and entry.priority in self.config.degrade_classes:
