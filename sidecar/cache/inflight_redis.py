@@ -39,13 +39,18 @@ __all__ = ["RedisInFlight"]
 
 log = logging.getLogger("sluice.inflight")
 
-# KEYS: lease, done. ARGV: token, lease_ms. -> {1, payload} done | {2} leads | {3} follows
+# KEYS: lease, done, the scope's purge marker. ARGV: token, lease_ms.
+# -> {1, payload} done | {2} leads | {3} follows. A recent purge of the scope voids done answers.
 _CLAIM = """
-local done = redis.call('GET', KEYS[2])
-if done then return {1, done} end
+if redis.call('EXISTS', KEYS[3]) == 0 then
+  local done = redis.call('GET', KEYS[2])
+  if done then return {1, done} end
+end
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return {2} end
 return {3}
 """
+# How long a purge voids the answers leaders left for late twins (well past done_ms).
+PURGE_MARKER_MS = 60_000
 # KEYS: lease. ARGV: token, lease_ms.
 _RENEW = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
@@ -74,17 +79,20 @@ class _Unavailable(Exception):
     """Redis failed or is being left alone: dedup within this replica only."""
 
 
-def _names(scope: str, key: str) -> tuple[str, str, bytes]:
+def _names(scope: str, key: str) -> tuple[str, str, bytes, str]:
+    """The key's lease, its done answer and its channel, and the scope's purge marker."""
     if "{" in scope or "}" in scope:
         raise ValueError(f"scope: must not contain braces (it is the Redis hash tag), got {scope!r}")
     prefix = f"sluice:{{{scope}}}:"
-    return prefix + "lease:" + key, prefix + "done:" + key, (prefix + "flight:" + key).encode()
+    return (prefix + "lease:" + key, prefix + "done:" + key, (prefix + "flight:" + key).encode(),
+            prefix + "purged")
 
 
-def done_keys_pattern(scope: str) -> str:
-    """MATCH pattern of the answers a scope's leaders left for late twins (done_ms): a purge
-    of the scope must delete them too, or a twin is served the purged answer."""
-    return _names(scope, "*")[1]
+def purge_marker(scope: str) -> str:
+    """Set (PX PURGE_MARKER_MS) by a purge of the scope: claims then ignore the answers its
+    leaders left for late twins, which would serve the purged answer again. One key, not a
+    scan of the keyspace for the scope's done keys."""
+    return _names(scope, "")[3]
 
 
 class RedisInFlight:
@@ -187,14 +195,14 @@ class RedisInFlight:
     async def _claim(self, local: Lead, names) -> Answered | Lead | None:
         """Answered (done already; local followers got it), a Lead holding the lease, or None
         (another replica leads)."""
-        lease, done, channel = names
+        lease, done, channel, purged = names
         if not self.available:
             raise _Unavailable
         self._tokens += 1
         token = f"{self._replica}:{self._tokens}"
         try:
             reply = await self._call(lambda: self._claim_script(
-                keys=[lease, done], args=[token, self._lease_ms]))
+                keys=[lease, done, purged], args=[token, self._lease_ms]))
         except BaseException:  # it may have won the lease all the same: let it go
             self._spawn(lambda: self._release_script(keys=[lease], args=[token, channel]))
             raise
@@ -263,14 +271,14 @@ class _RedisLead(Lead):
     def complete(self, payload: bytes) -> None:
         self._local.complete(payload)  # checks the type; local followers get it now
         if self._end():
-            lease, done, channel = self._names
+            lease, done, channel, _ = self._names
             self._owner._spawn(lambda: self._owner._complete_script(
                 keys=[lease, done], args=[self._token, payload, self._owner._done_ms, channel]))
 
     def abandon(self) -> None:
         self._local.abandon()
         if self._end():
-            lease, _, channel = self._names
+            lease, _, channel, _ = self._names
             self._owner._spawn(lambda: self._owner._release_script(
                 keys=[lease], args=[self._token, channel]))
 

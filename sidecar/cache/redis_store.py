@@ -54,7 +54,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
 from sidecar import metrics
-from sidecar.cache.inflight_redis import done_keys_pattern
+from sidecar.cache.inflight_redis import PURGE_MARKER_MS, purge_marker
 from sidecar.cache.memory_store import MemoryStore
 from sidecar.cache.store import Entry, Neighbour, StoreLimits, StoreUnavailable
 from sidecar.cache.vector_index import DEFAULT_EXACT_MAX, as_unit
@@ -406,8 +406,7 @@ class RedisStore:
             deleted += int(n)
             if not left:
                 break
-        async for done in client.scan_iter(match=done_keys_pattern(scope), count=1000):
-            await client.delete(done)
+        await client.set(purge_marker(scope), 1, px=PURGE_MARKER_MS)    # and late twins' answers
         await client.xadd(self._keys.events, {"op": "purge", "s": scope},
                           maxlen=self.settings.stream_maxlen, approximate=True)
         return deleted
