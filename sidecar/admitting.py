@@ -97,10 +97,10 @@ class Admission:
             result = await self.gate.acquire(clusters, priority or settings.default_priority, tenant,
                                              deadline=self._deadline(ctx, settings), hold_until=ctx.hold_until)
         except BaseException:               # the client left the queue: nothing was served
-            self._refund(ctx)
+            self.refund(ctx)
             raise
         if isinstance(result, Refusal):     # refused at the gate: its budget was not spent
-            self._refund(ctx)
+            self.refund(ctx)
         return result
 
     def settle(self, ctx: RequestContext) -> None:
@@ -110,8 +110,9 @@ class Admission:
         delta = sum(ctx.usage) - ctx.token_estimate
         self._in_background(self._tokens.adjust(ctx.tenant, ctx.route_name, delta))
 
-    def _refund(self, ctx: RequestContext) -> None:
-        """The request and its estimated tokens back to the tenant's budgets (in the background)."""
+    def refund(self, ctx: RequestContext) -> None:
+        """The request and its estimated tokens back to the tenant's budgets (in the background):
+        the sidecar refused it after all."""
         if self._tokens is None or ctx.token_estimate is None:
             return
         estimate, ctx.token_estimate = ctx.token_estimate, None        # never settled as well

@@ -208,9 +208,11 @@ class RoutingDirector:
                 code="rate_limited" if limited else "overloaded", headers=(("retry-after", retry),)))
         if isinstance(result, Degrade):
             fallbacks = [c for c in plan.candidates if c.role == "fallback"]
-            if not fallbacks:
-                return Decision.unavailable(1.0, {})
-            return self.scheduler.pick(fallbacks, self._clock(), plan.policy)
+            picked = (self.scheduler.pick(fallbacks, self._clock(), plan.policy) if fallbacks
+                      else Decision.unavailable(1.0, {}))
+            if picked.cluster is None:             # a 503 after all: nothing was served
+                self.admission.refund(ctx)
+            return picked
         ctx.permit = result
         if result.cluster == decision.cluster:
             return decision

@@ -380,3 +380,22 @@ async def test_bad_admission_settings_turn_admission_off_and_are_logged_once(cap
         director.on_finish(ctx)
     assert [r.getMessage() for r in caplog.records].count(
         "invalid admission settings of route chat, admission off: admission.default_deadline_s must be > 0, got -1.0") == 1
+
+
+async def test_a_request_degraded_to_no_fallback_gets_its_budget_back():
+    route = parse_route_settings({"name": "chat", "candidates": [{"cluster": "a", "max_in_flight": 1}],
+                                  "admission": {"enabled": True, "requests_per_minute": 2}})
+    director = RoutingDirector(Scheduler(rng=random.Random(0)), scrape_interval_s=None)
+    gate = Gate(GateConfig(degrade_after_s=0.02, degrade_classes=("standard",)))
+    director.admission = Admission(gate, LocalTokenLimiter(), b"a test secret of 32 bytes, fixed")
+
+    def request():
+        return RequestContext(headers={"authorization": "Bearer k1"}, route=route, route_name="chat",
+                              body=BODY, chat=parse_chat_request(BODY))
+    first = request()
+    assert (await director.decide(first)).reply is None                     # holds a's one slot
+    degraded = await director.decide(request())                             # waits, degrades: no fallback
+    assert degraded.reply is not None and degraded.reply.status == 503
+    await asyncio.sleep(0)                                                  # the refund runs
+    director.on_finish(first)
+    assert (await director.decide(request())).reply is None                 # the 2 a minute are not spent

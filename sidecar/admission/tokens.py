@@ -130,7 +130,7 @@ ALLOWED = TokenDecision(True)
 
 class TokenLimiter(Protocol):
     async def check(self, tenant: str, route: str, tokens: int) -> TokenDecision: ...
-    async def adjust(self, tenant: str, route: str, delta_tokens: int) -> None: ...
+    async def adjust(self, tenant: str, route: str, delta_tokens: int, delta_requests: int = 0) -> None: ...
     async def refund(self, tenant: str, route: str, tokens: int) -> None: ...
 
 
@@ -195,8 +195,8 @@ class LocalTokenLimiter:
     async def check(self, tenant: str, route: str, tokens: int) -> TokenDecision:
         return self.check_now(tenant, route, tokens)
 
-    async def adjust(self, tenant: str, route: str, delta_tokens: int) -> None:
-        self.adjust_now(tenant, route, delta_tokens)
+    async def adjust(self, tenant: str, route: str, delta_tokens: int, delta_requests: int = 0) -> None:
+        self.adjust_now(tenant, route, delta_tokens, delta_requests)
 
     def check_now(self, tenant: str, route: str, tokens: int) -> TokenDecision:
         cost = costs(self._limits(tenant, route), tokens, self.config.period_s)
