@@ -10,7 +10,7 @@ from typing import Callable
 from sidecar.scheduling import UpstreamLoad, upstream_load
 
 log = logging.getLogger("sluice.scrape")
-MAX_BYTES = 1 << 20
+MAX_BYTES = 8 << 20      # vLLM's page is ~100 KB a model; a bound, not a size to expect
 
 
 async def fetch(url: str, timeout_s: float) -> bytes:
@@ -28,13 +28,18 @@ async def fetch(url: str, timeout_s: float) -> bytes:
             path = parts.path or "/"
             writer.write(f"GET {path} HTTP/1.0\r\nHost: {parts.netloc}\r\n\r\n".encode())
             await writer.drain()
-            # HTTP/1.0: the server closes after the body. One read() returns what has arrived
-            # so far, which can end mid-number ("12" read as "1") or before the body.
-            data = bytearray()
+            # To the end of the body: its Content-Length, else the close (HTTP/1.0). One read()
+            # returns what has arrived so far, which can end mid-number ("12" read as "1").
+            data, length = bytearray(), None
             while chunk := await reader.read(65536):
                 data += chunk
                 if len(data) > MAX_BYTES:
                     raise OSError(f"metrics at {url} are over {MAX_BYTES} bytes")
+                head_end = data.find(b"\r\n\r\n")
+                if length is None and head_end >= 0:
+                    length = _content_length(bytes(data[:head_end]))
+                if length is not None and len(data) - head_end - 4 >= length:
+                    break
         finally:
             writer.close()
         head, _, body = bytes(data).partition(b"\r\n\r\n")
@@ -42,6 +47,14 @@ async def fetch(url: str, timeout_s: float) -> bytes:
             raise OSError(f"metrics URL {url} answered {head[:40]!r}")
         return body
     return await asyncio.wait_for(get(), timeout_s)
+
+
+def _content_length(head: bytes) -> int | None:
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length" and value.strip().isdigit():
+            return int(value)
+    return None
 
 
 class Scraper:

@@ -95,14 +95,16 @@ def test_labels_are_parsed_with_escapes():
 
 # -- the scraper's HTTP GET ------------------------------------------------------------------
 
-async def _serve_in_pieces(pieces: list[bytes]):
-    """A metrics server that writes its answer in separate pieces, then closes."""
+async def _serve_in_pieces(pieces: list[bytes], keep_open: bool = False):
+    """A metrics server that writes its answer in separate pieces, then closes (or not)."""
     async def answer(reader, writer):
         await reader.readuntil(b"\r\n\r\n")
         for piece in pieces:
             writer.write(piece)
             await writer.drain()
             await asyncio.sleep(0.02)           # each piece its own TCP segment
+        if keep_open:
+            await asyncio.sleep(30)
         writer.close()
     server = await asyncio.start_server(answer, "127.0.0.1", 0)
     return server, f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/metrics"
@@ -113,6 +115,14 @@ async def test_fetch_reads_the_whole_answer_however_it_is_split():
     server, url = await _serve_in_pieces([head, b"vllm:num_requests_waiting 1", b"2\n"])
     async with server:
         assert upstream_load(await fetch(url, timeout_s=5)) == UpstreamLoad(waiting=12.0)
+
+
+async def test_fetch_stops_at_the_content_length_of_a_server_that_keeps_the_connection():
+    body = b"vllm:num_requests_waiting 7\n"
+    head = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body)
+    server, url = await _serve_in_pieces([head, body], keep_open=True)
+    async with server:
+        assert upstream_load(await fetch(url, timeout_s=2)) == UpstreamLoad(waiting=7.0)
 
 
 async def test_fetch_refuses_bad_urls_and_answers_over_the_cap_as_os_errors():
