@@ -76,6 +76,7 @@ _FAILED: Any = object()
 _NEAREST_TRIES = 3
 _OTHER_ERROR_LOG_EVERY_S = 60.0
 UNPUBLISHED_MAX = 1024          # stream events kept for a retry while Redis does not take them
+REPUBLISH_BATCH = 64            # of which one put, or one round trip after a reconnect, sends
 
 # Write one entry and keep its scope within bounds, atomically.  Every key it touches is
 # of one scope, so one slot: KEYS[1] the entry hash, KEYS[2] the scope's id set.
@@ -361,10 +362,11 @@ class RedisStore:
         # The stream is another slot than the scope's keys (Redis Cluster): a second round trip.
         # Events it could not take wait for the next put or reconnect; lost, the entry would
         # stay out of every replica's semantic index for its whole TTL.
-        events = [*self._unpublished, event, *({"op": "del", "s": scope, "k": key.decode()} for key in evicted)]
-        self._unpublished.clear()
+        backlog = self._take_unpublished()          # a few at a time: no put carries them all
+        events = [*backlog, event, *({"op": "del", "s": scope, "k": key.decode()} for key in evicted)]
         if await self._run("put", lambda client: self._publish_all(client, events)) is _FAILED:
-            self._unpublished.extend(events)
+            self._unpublished.extendleft(reversed(backlog))
+            self._unpublished.extend(events[len(backlog):])
         for key in evicted:
             self._mirror.discard(scope, key.decode())
         if unit is None:
@@ -429,14 +431,16 @@ class RedisStore:
 
     async def _republish(self) -> None:
         """Stream events puts could not publish, now that Redis answers again."""
-        events = list(self._unpublished)
-        self._unpublished.clear()
-        try:
-            if events:
-                await self._publish_all(self._client, events)
-        except BaseException:
-            self._unpublished.extendleft(reversed(events))
-            raise
+        while events := self._take_unpublished():
+            try:
+                async with asyncio.timeout(self.settings.timeout_s * 4):
+                    await self._publish_all(self._client, events)
+            except BaseException:
+                self._unpublished.extendleft(reversed(events))
+                raise
+
+    def _take_unpublished(self) -> list[dict[str, Any]]:
+        return [self._unpublished.popleft() for _ in range(min(len(self._unpublished), REPUBLISH_BATCH))]
 
     async def _publish_all(self, client: Any, events: list[dict[str, Any]]) -> None:
         pipe = client.pipeline(transaction=False)
