@@ -154,15 +154,17 @@ def _instructions(path: str, requests: int, concurrency: int) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         port_file = pathlib.Path(tmp) / "port"
         log_file = pathlib.Path(tmp) / "callgrind.log"
-        server = subprocess.Popen(
-            ["valgrind", "--tool=callgrind", "--instr-atstart=no", "--callgrind-out-file=/dev/null",
-             f"--log-file={log_file}", sys.executable, "-m", "bench.instructions", "--serve", path, str(port_file)],
-            cwd=report.ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        sidecar_log = pathlib.Path(tmp) / "sidecar.log"       # a file: a pipe nobody reads can fill
+        with sidecar_log.open("w") as errors:
+            server = subprocess.Popen(
+                ["valgrind", "--tool=callgrind", "--instr-atstart=no", "--callgrind-out-file=/dev/null",
+                 f"--log-file={log_file}", sys.executable, "-m", "bench.instructions", "--serve", path,
+                 str(port_file)], cwd=report.ROOT, stdout=subprocess.DEVNULL, stderr=errors)
         try:
             deadline = time.monotonic() + 300                 # the model-free sidecar starts in ~30 s under valgrind
             while not (port_file.exists() and port_file.read_text()):
                 if server.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"the sidecar under callgrind did not start:\n{server.stderr.read()[-3000:]}")
+                    raise RuntimeError(f"the sidecar under callgrind did not start:\n{sidecar_log.read_text()[-3000:]}")
                 time.sleep(0.2)
             subprocess.run([sys.executable, "-m", "bench.instructions", "--drive", path, port_file.read_text(),
                             str(server.pid), str(requests), str(concurrency)], cwd=report.ROOT, check=True, timeout=900)

@@ -32,7 +32,8 @@ def _headers(header_map) -> dict[str, str]:
     for header in header_map.headers:
         # Envoy 1.40 fills raw_value; header values are bytes and need not be UTF-8. Bytes that
         # are not become \xNN escapes, not U+FFFD: two credentials that differ only in such
-        # bytes must not become one tenant.
+        # bytes stay two tenants. (A credential spelling "\xff" in ASCII meets the byte 0xFF,
+        # which only someone who knows the other credential could use.)
         value = header.raw_value.decode("utf-8", "backslashreplace") if header.raw_value else header.value
         key = header.key.lower()
         headers[key] = f"{headers[key]},{value}" if key in headers else value
