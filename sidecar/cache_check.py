@@ -4,23 +4,34 @@ Reads JSONL pairs {"a": ..., "b": ...} on stdin and writes one JSON object per p
 {"hit": bool, "tier": "exact"|"semantic"|null, "similarity": float|null, "reason": str}, where
 reason names the check that decided. It runs the server's own decision code (bypass rules,
 scope, exact key, embedding, nearest neighbour, same-question checks: CachingDirector.lookup)
-on an in-memory store, without Envoy or Redis. Route settings: --route '{"cache": {...}}'.
+on an in-memory store, without Envoy or Redis, under the sidecar-wide settings the server would
+read (SLUICE_* variables, SLUICE_CONFIG_FILE: SLUICE_CACHE=false is "cache_off" for every pair,
+SLUICE_SEMANTIC=false leaves no semantic tier) and one route's settings: --route NAME (the
+route of that name in --envoy-config), --route '{"cache": {...}}' (its sluice metadata as JSON),
+or none (the defaults). Exit 2 on bad settings.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import sys
+from pathlib import Path
 
 import numpy as np
 
+# What `make run` renders from envoy/envoy.yaml.tmpl.
+DEFAULT_ENVOY_CONFIG = Path(__file__).resolve().parents[1] / "build" / "envoy.yaml"
 
 
 def add_subcommands(subparsers) -> None:
     check = subparsers.add_parser("cache-check", help="would prompt b hit the entry stored for prompt a?",
                                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    check.add_argument("--route", default="{}", help="route settings as JSON (the Envoy route's sluice metadata)")
+    check.add_argument("--route", default="{}",
+                       help="a route name in --envoy-config, or route settings as JSON (its sluice metadata)")
+    check.add_argument("--envoy-config", default=str(DEFAULT_ENVOY_CONFIG),
+                       help="Envoy config (YAML or JSON) holding the named route (default: the one `make run` renders)")
     check.add_argument("--model", default="demo-model")
     check.set_defaults(func=lambda args: asyncio.run(_run(args)))
 
@@ -30,24 +41,31 @@ async def _run(args) -> int:
     from sidecar.cache.inflight import InFlight
     from sidecar.cache.memory_store import MemoryStore
     from sidecar.cache.policy import cache_decision
-    from sidecar.cache.scope import exact_key, prompt_text, scope_for
+    from sidecar.cache.scope import credential_header, exact_key, prompt_text, scope_for
     from sidecar.caching import CacheRuntime, CachingDirector, route_cache
     from sidecar.chat import ChatRequest
-    from sidecar.embedding import EmbeddingService, EmbeddingSettings
+    from sidecar.config import ConfigError
+    from sidecar.embedding import EmbeddingService, EmbeddingSettings, ModelLoadError
+    from sidecar.reload import load_config
     from sidecar.route_settings import RouteSettingsError, parse_route_settings
 
     try:
-        route = parse_route_settings(json.loads(args.route))
+        config = load_config()
+        route = parse_route_settings(_route_metadata(args.route, args.envoy_config))
         settings = route_cache(route)
-    except (ValueError, RouteSettingsError) as exc:
-        print(f"sluice cache-check: bad --route: {exc}", file=sys.stderr)
+        semantic = settings.semantic and config.semantic
+        embedder = EmbeddingService(EmbeddingSettings.from_env()) if config.cache and semantic else None
+        if embedder is not None:
+            await embedder.warm_up()
+    except (ValueError, TypeError, OSError, RouteSettingsError, ConfigError, ModelLoadError) as exc:
+        print(f"sluice cache-check: {exc}", file=sys.stderr)
         return 2
-    embedder = EmbeddingService(EmbeddingSettings.from_env()) if settings.semantic else None
-    if embedder is not None:
-        await embedder.warm_up()
+    if not semantic:
+        settings = dataclasses.replace(settings, semantic=False)
     answer = CachedAnswer(content="stored answer", finish_reason="stop", model=args.model,
                           prompt_tokens=1, completion_tokens=1, created_at=0.0).to_bytes()
-    headers = {"authorization": "Bearer cache-check"}
+    # The caller's identity where the route reads it (a tenant header Envoy would set).
+    headers = {credential_header(settings.policy.tenant_header): "Bearer cache-check"}
     for line_number, line in enumerate(sys.stdin, 1):
         if not line.strip():
             continue
@@ -63,12 +81,36 @@ async def _run(args) -> int:
                                                       embedder=embedder))
         chat_a, chat_b = (ChatRequest(model=args.model, messages=({"role": "user", "content": text},))
                           for text in (a, b))
-        verdict = await _check(director, settings, chat_a, chat_b, headers, answer,
-                               cache_decision, scope_for, prompt_text, exact_key)
+        verdict = (await _check(director, settings, chat_a, chat_b, headers, answer,
+                                cache_decision, scope_for, prompt_text, exact_key) if config.cache
+                   else {"hit": False, "tier": None, "similarity": None, "reason": "cache_off"})
         print(json.dumps(verdict), flush=True)
     if embedder is not None:
         await embedder.close()
     return 0
+
+
+def _route_metadata(route: str, envoy_config: str) -> dict:
+    """The route's sluice metadata: JSON given as is, or that of the Envoy route of this name."""
+    if route.lstrip().startswith("{"):
+        metadata = json.loads(route)
+        if not isinstance(metadata, dict):
+            raise ValueError("--route: expected a JSON object")
+        return metadata
+    import yaml                                           # JSON is YAML too
+    with open(envoy_config, encoding="utf-8") as handle:
+        config = yaml.safe_load(handle)
+    names = []
+    for listener in (config or {}).get("static_resources", {}).get("listeners", []):
+        for chain in listener.get("filter_chains", []):
+            for network_filter in chain.get("filters", []):
+                for host in network_filter.get("typed_config", {}).get("route_config", {}).get("virtual_hosts", []):
+                    for envoy_route in host.get("routes", []):
+                        names.append(envoy_route.get("name"))
+                        if envoy_route.get("name") == route:
+                            return envoy_route.get("metadata", {}).get("filter_metadata", {}).get("sluice", {})
+    known = ", ".join(sorted({n for n in names if n})) or "none"
+    raise ValueError(f"--route: no route named {route!r} in {envoy_config} (routes: {known})")
 
 
 async def _check(director, settings, chat_a, chat_b, headers, answer,

@@ -1,7 +1,9 @@
 """`sluice cache-check` runs the server's decision code on pairs of prompts."""
 import json
+import os
 import subprocess
 
+from devtools import envoy_config
 from devtools.stack import BIN, ROOT
 
 PAIRS = [
@@ -13,10 +15,14 @@ PAIRS = [
 ]
 
 
-def run(pairs, *args):
+def check(pairs, *args, **env) -> subprocess.CompletedProcess:
     stdin = "".join(json.dumps(p) + "\n" for p in pairs) + "not json\n"
-    result = subprocess.run([str(BIN / "sluice"), "cache-check", *args], input=stdin, capture_output=True,
-                            text=True, cwd=ROOT, timeout=120)
+    return subprocess.run([str(BIN / "sluice"), "cache-check", *args], input=stdin, capture_output=True,
+                          text=True, cwd=ROOT, timeout=120, env={**os.environ, **env})
+
+
+def run(pairs, *args, **env):
+    result = check(pairs, *args, **env)
     assert result.returncode == 0, result.stderr
     return [json.loads(line) for line in result.stdout.splitlines()]
 
@@ -37,3 +43,30 @@ def test_route_settings_apply():
     bad = subprocess.run([str(BIN / "sluice"), "cache-check", "--route", '{"cache": {"ttl_s": "x"}}'],
                          input="", capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert bad.returncode == 2 and "ttl_s" in bad.stderr.lower() + bad.stderr
+
+
+
+def test_the_sidecar_wide_switches_apply_as_in_the_server():
+    cache_off = run(PAIRS[:1], SLUICE_CACHE="false")[0]
+    assert cache_off == {"hit": False, "tier": None, "similarity": None, "reason": "cache_off"}
+    exact, paraphrase = run(PAIRS[:2], SLUICE_SEMANTIC="false")[:2]
+    assert exact["tier"] == "exact" and not paraphrase["hit"] and paraphrase["reason"] == "no_semantic_tier"
+
+
+def test_a_route_that_names_its_tenant_by_header_is_checked_with_that_header():
+    route = json.dumps({"cache": {"tenant_header": "x-sluice-tenant", "semantic": False}})
+    assert run(PAIRS[:1], "--route", route)[0]["tier"] == "exact"          # not "anonymous"
+
+
+def test_a_route_by_name_from_an_envoy_config(tmp_path):
+    config = envoy_config.render()
+    envoy_config.set_routes(config, [envoy_config.chat_route("strict", "/", [{"cluster": "upstream_a"}])])
+    envoy_config.http_connection_manager(config)["route_config"]["virtual_hosts"][0]["routes"][0][
+        "metadata"]["filter_metadata"]["sluice"]["cache"] = {"semantic": False}
+    path = envoy_config.write(config, tmp_path / "envoy.yaml")
+    assert run(PAIRS[1:2], "--route", "strict", "--envoy-config", str(path))[0]["reason"] == "no_semantic_tier"
+    missing = check([], "--route", "nope", "--envoy-config", str(path))
+    assert missing.returncode == 2 and "no route named 'nope'" in missing.stderr and "strict" in missing.stderr
+    for bad in ("5", "[1]"):
+        refused = check([], "--route", bad, "--envoy-config", str(path))
+        assert refused.returncode == 2 and "Traceback" not in refused.stderr, bad
