@@ -30,6 +30,7 @@ class Outcome(enum.Enum):
     BAD_REQUEST = "bad_request"        # answered 400 by the sidecar
     ANSWERED = "answered"              # answered by the sidecar (e.g. from cache)
     REFUSED = "refused"                # refused by the sidecar (overload, limits)
+    ENVOY_REPLY = "envoy_reply"        # Envoy answered itself before the sidecar decided (413, 429)
 
 
 @dataclass

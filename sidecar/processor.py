@@ -37,6 +37,10 @@ class State(enum.Enum):
 TRANSITIONS: dict[tuple[State, type], str] = {
     (State.START, RequestHeaders): "_on_request_headers",
     (State.AWAIT_REQUEST_BODY, RequestBody): "_on_request_body",
+    # Envoy's own local replies pass through ext_proc's response path even when the request
+    # never reached (or got past) it: a 429 from the rate limit before it, a 413 while buffering.
+    (State.START, ResponseHeaders): "_on_envoy_reply",
+    (State.AWAIT_REQUEST_BODY, ResponseHeaders): "_on_envoy_reply",
     (State.AWAIT_PLAN, Plan): "_on_plan",
     (State.AWAIT_RESPONSE_HEADERS, ResponseHeaders): "_on_response_headers",
     (State.AWAIT_RESPONSE_BODY, ResponseBody): "_on_response_body",
@@ -56,7 +60,6 @@ class RequestProcessor:
         self.state = State.START
         self.context = RequestContext() if now is None else RequestContext(started=now)
         self._reads_response = reads_response
-        self._body = bytearray()
         self._plan = Plan()
 
     @property
@@ -99,17 +102,24 @@ class RequestProcessor:
         return Continue(Phase.REQUEST_HEADERS)
 
     def _on_request_body(self, event: RequestBody) -> Reply | Decide:
-        if not event.end_of_stream:
-            self._body += event.body
-            return Continue(Phase.REQUEST_BODY)
-        # Buffered mode sends the body in one message: no copy then.
-        self.context.body = bytes(self._body) + event.body if self._body else event.body
+        # BUFFERED, the request body mode Sluice asks for: Envoy sends the whole body in one
+        # message, with end_of_stream False when request trailers follow (the filter skips
+        # them). Waiting for more would let a request with trailers go on undecided: no
+        # routing, admission, limits or cache.
+        self.context.body = event.body
         try:
             self.context.chat = parse_chat_request(self.context.body, remember=may_keep(self.context.headers))
         except BadRequest as exc:
             return self._reject(exc)
         self.state = State.AWAIT_PLAN
         return Decide(self.context)
+
+    def _on_envoy_reply(self, event: ResponseHeaders) -> Reply:
+        ctx = self.context
+        self.state = State.DONE
+        ctx.outcome, ctx.response_headers = Outcome.ENVOY_REPLY, event.headers
+        ctx.status = _status(event.headers)
+        return Continue(Phase.RESPONSE_HEADERS)
 
     def _reject(self, error: BadRequest) -> Reply:
         self.state = State.DONE

@@ -168,17 +168,26 @@ def test_query_string_does_not_hide_chat_path():
     assert reply == Continue(Phase.REQUEST_HEADERS)
 
 
-def test_body_in_chunks_is_gathered():
-    processor, replies = run([RequestHeaders(CHAT, False), RequestBody(BODY[:10], False),
-                              RequestBody(BODY[10:], True)])
-    assert replies[1] == Continue(Phase.REQUEST_BODY)
-    assert replies[2].clear_route_cache and processor.context.outcome is Outcome.ROUTED
+def test_a_body_followed_by_trailers_is_decided_on():
+    """BUFFERED: the one body message says end_of_stream False when request trailers follow;
+    the request must still be routed (else it skips routing, admission, limits and cache)."""
+    processor, replies = run([RequestHeaders(CHAT, False), RequestBody(BODY, False)])
+    assert replies[1].clear_route_cache and processor.context.outcome is Outcome.ROUTED
+
+
+@pytest.mark.parametrize("before", [[], [RequestHeaders(CHAT, False)]])
+def test_envoys_own_reply_is_recorded_not_a_protocol_error(before):
+    """A 429 of the rate limit before ext_proc (no request headers seen), a 413 while buffering."""
+    status = "429" if not before else "413"
+    processor, replies = run([*before, ResponseHeaders({":status": status}, False)])
+    assert replies[-1] == Continue(Phase.RESPONSE_HEADERS) and processor.finished
+    assert (processor.context.outcome, processor.context.status) == (Outcome.ENVOY_REPLY, int(status))
 
 
 @pytest.mark.parametrize("events", [
     [RequestBody(BODY, True)],
-    [ResponseHeaders({":status": "200"}, True)],
     [RequestHeaders(CHAT, False), RequestHeaders(CHAT, False)],
+    [RequestHeaders(CHAT, False), RequestBody(BODY[:10], False), RequestBody(BODY[10:], True)],   # STREAMED: not ours
     [RequestHeaders(CHAT, False), ResponseBody(b"x", True)],
     [*chat_flow(b"{")[:2], ResponseHeaders({":status": "400"}, True)],
 ])
