@@ -22,6 +22,7 @@ from sidecar.context import RequestContext
 
 PROMPT_CHARS = 200
 _ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))   # one for every line
+_ASCII_ENCODER = json.JSONEncoder(separators=(",", ":"))
 FLUSH_S = 1.0
 
 
@@ -74,7 +75,13 @@ class AccessLog:
 
     def emit(self, ctx: RequestContext, trace_id: str | None = None) -> None:
         if self.enabled:
-            self.write(_ENCODER.encode(self.entry(ctx, trace_id)))
+            entry = self.entry(ctx, trace_id)
+            line = _ENCODER.encode(entry)
+            if not line.isascii() and not _utf8(line):
+                # A lone surrogate (a model name or prompt can carry one) would fail the write
+                # of every line buffered with it: this one is escaped instead.
+                line = _ASCII_ENCODER.encode(entry)
+            self.write(line)
 
     def flush(self) -> None:
         flush = getattr(self.write, "flush", None)
@@ -115,6 +122,14 @@ def last_user_turn(messages) -> str:
         if message.get("role") == "user":
             return message_text(message)
     return ""
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _ms(seconds: float | None) -> float | None:

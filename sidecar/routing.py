@@ -18,6 +18,7 @@ from typing import Callable
 from sidecar import metrics, tracing
 from sidecar.admission import Degrade, Permit, Refusal, estimate_prompt_tokens
 from sidecar.admitting import Admission, RouteAdmission
+from sidecar.cache.answer import compact_json
 from sidecar.context import Outcome, RequestContext
 from sidecar.events import BodyMode, Plan
 from sidecar.usage import UsageMeter
@@ -34,9 +35,11 @@ TIMEOUT_HEADER = "x-envoy-upstream-rq-timeout-ms"
 
 
 def rewrite_model(body: bytes, model: str) -> bytes:
+    """The body with another model; UTF-8, or ASCII escapes where the client sent a lone
+    surrogate (JSON can carry one, UTF-8 cannot)."""
     data = json.loads(body)
     data["model"] = model
-    return json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode()
+    return compact_json(data)
 
 
 class RoutingDirector:

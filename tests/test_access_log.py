@@ -103,6 +103,21 @@ def test_log_prompts_logs_the_last_user_turn_cut_short(lines):
     assert "sk-very-secret" not in lines[0] and "first question" not in lines[0]
 
 
+def test_a_lone_surrogate_costs_no_line_its_own_or_the_ones_buffered_with_it():
+    stream = io.TextIOWrapper(io.BytesIO(), encoding="utf-8")         # as stdout encodes
+    log = AccessLog(log_prompts=True, write=LineWriter(stream, flush_s=3600))
+    log.emit(routed_context("café ok"))
+    odd = routed_context("a lone \ud800 surrogate")
+    odd.chat = parse_chat_request(json.dumps({"model": "m\ud800", "messages": [
+        {"role": "user", "content": "a lone \ud800 surrogate"}]}).encode())
+    log.emit(odd)
+    log.emit(routed_context("après"))
+    log.flush()
+    written = [json.loads(line) for line in stream.buffer.getvalue().decode().splitlines()]
+    assert [e["prompt"] for e in written] == ["café ok", "a lone \ud800 surrogate", "après"]
+    assert written[1]["model"] == "m\ud800"
+
+
 def test_disabled_writes_nothing(lines):
     AccessLog(enabled=False).emit(routed_context("hi"))
     assert lines == []

@@ -6,7 +6,7 @@ import random
 import pytest
 
 from sidecar.context import Outcome
-from sidecar.routing import RoutingDirector
+from sidecar.routing import RoutingDirector, rewrite_model
 from sidecar.scheduling import Scheduler
 from sidecar.events import (BodyMode, Continue, Decide, ImmediateReply, ModeOverride, Phase, Plan,
                             ProtocolError, RequestBody, RequestHeaders, ResponseBody,
@@ -207,3 +207,10 @@ def test_default_cluster_already_set_by_the_edge_needs_no_reroute():
     processor.handle(RequestBody(BODY, True))
     reply = processor.apply(Plan(cluster="a", request_headers=(("x-envoy-upstream-rq-timeout-ms", "9000"),)))
     assert reply == Continue(Phase.REQUEST_BODY, set_headers=(("x-envoy-upstream-rq-timeout-ms", "9000"),))
+
+
+def test_the_model_rewrite_keeps_a_body_with_a_lone_surrogate_valid():
+    body = json.dumps({"model": "big", "messages": [{"role": "user", "content": "odd \ud800 text, café"}]}).encode()
+    rewritten = json.loads(rewrite_model(body, "small-model"))
+    assert rewritten == {"model": "small-model", "messages": [{"role": "user", "content": "odd \ud800 text, café"}]}
+    assert rewrite_model(json.dumps({"model": "big", "x": "café"}).encode(), "s") == '{"model":"s","x":"café"}'.encode()
