@@ -188,6 +188,7 @@ def test_long_text_keeps_its_end(tokenizer):
     "supercalifragilistic " * 1500,                # several tokens a word
     "a\u200b" * 20000 + "visible " * 600,          # a sea of removed characters
     "\u200b" * 5000 + "short tail",                # window grows past invisible text
+    "How do I reset my password?" + " \n" * 20000,  # a question, then a sea of blank lines
 ])
 def test_windowed_tokenizing_equals_tokenizing_everything(tokenizer, text):
     assert encode_tail(tokenizer, text, 256) == full_text_ids(tokenizer, text)

@@ -47,6 +47,9 @@ def encode_tail(tokenizer: Tokenizer, text: str, max_tokens: int) -> list[int]:
     Raises NothingToEmbed when nothing is left, or when every token is [UNK] (a vector
     of unknown tokens says nothing about the prompt, and all such prompts would match).
     """
+    # Trailing whitespace is stripped by the normaliser anyway; left in, a long run of it
+    # filled every window and a real question before it had "nothing to embed".
+    text = text.rstrip()
     window = max_tokens * _WINDOW_CHARS_PER_TOKEN
     while True:
         start = max(0, len(text) - window)
