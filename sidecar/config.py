@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import urllib.parse
 from dataclasses import dataclass, fields
 
 ENV_PREFIX = "SLUICE_"
@@ -54,8 +55,14 @@ class SidecarConfig:
             raise ConfigError("cache_max_entries: must be >= 1")
         if self.cache_secret and len(self.cache_secret.encode()) < 16:
             raise ConfigError("cache_secret: must be at least 16 bytes")
-        if self.redis_url and not self.redis_url.startswith(("redis://", "rediss://", "unix://")):
-            raise ConfigError(f"redis_url: expected redis://, rediss:// or unix://, got {self.redis_url!r}")
+        if self.redis_url and not _is_redis_url(self.redis_url):
+            raise ConfigError(f"redis_url: expected redis://[:password@]host:port/db, rediss://... or "
+                              f"unix://..., got {_without_password(self.redis_url)!r}")
+        if self.redis_url and not self.cache_secret:
+            # Else each replica draws its own key: the same caller is another tenant on every
+            # replica, so the shared cache is never shared and rate limits multiply.
+            raise ConfigError("cache_secret: replicas sharing Redis (redis_url) need the same "
+                              "SLUICE_CACHE_SECRET (at least 16 bytes)")
         if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
             raise ConfigError(f"log_level: expected DEBUG, INFO, WARNING or ERROR, got {self.log_level!r}")
         if self.otlp_endpoint and not self.otlp_endpoint.startswith(("http://", "https://")):
@@ -103,6 +110,22 @@ def _convert(field: dataclasses.Field, raw: str):
 def _is_host_port(value: str) -> bool:
     host, sep, port = value.rpartition(":")
     return bool(sep and host and port.isascii() and port.isdigit() and 0 <= int(port) < 65536)
+
+
+def _is_redis_url(url: str) -> bool:
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme == "unix":
+        return bool(parts.path)
+    try:
+        port = parts.port               # raises for a port that is no number or out of range
+    except ValueError:
+        return False
+    return parts.scheme in ("redis", "rediss") and bool(parts.hostname) and port != 0
+
+
+def _without_password(url: str) -> str:
+    parts = urllib.parse.urlsplit(url)
+    return url.replace(parts.password, "***") if parts.password else url
 
 
 def _finite_non_negative(value: float) -> bool:

@@ -23,6 +23,9 @@ def test_env_then_overrides():
     ({"SLUICE_GRACE_S": "inf"}, "grace_s"),
     ({"SLUICE_CONFIG_WATCH_S": "NaN"}, "config_watch_s"),
     ({"SLUICE_LISTEN": "127.0.0.1:5005\u00b2"}, "listen"),        # a digit to isdigit(), not to int()
+    ({"SLUICE_REDIS_URL": "redis://localhost:abc/0", "SLUICE_CACHE_SECRET": "s" * 16}, "redis_url"),
+    ({"SLUICE_REDIS_URL": "rediss://h:99999", "SLUICE_CACHE_SECRET": "s" * 16}, "redis_url"),
+    ({"SLUICE_REDIS_URL": "redis://r:6379/0"}, "cache_secret"),    # replicas would not agree on tenants
     ({"SLUICE_METRICS_LISTEN": "127.0.0.1:\u0669"}, "metrics_listen"),   # Arabic-Indic nine
 ])
 def test_bad_values_name_the_field(environ, field):

@@ -265,6 +265,7 @@ def test_rendered_objects_are_valid(target):
 def test_references_resolve(target):
     docs = render(target)
     configmaps = {d["metadata"]["name"] for d in kinds(docs, "ConfigMap")}
+    secrets = EXTERNAL_SECRETS | {d["metadata"]["name"] for d in kinds(docs, "Secret")}   # generated
     for owner, template in pod_templates(docs):
         spec = template["spec"]
         for volume in spec.get("volumes", []):
@@ -278,7 +279,7 @@ def test_references_resolve(target):
             for env in c.get("env", []):
                 ref = env.get("valueFrom", {}).get("secretKeyRef")
                 if ref:
-                    assert ref["name"] in EXTERNAL_SECRETS
+                    assert ref["name"] in secrets
             image = c["image"]
             assert ":" in image.rsplit("/", 1)[-1] and not image.endswith(":latest"), image
         # Selectors match the pods.
@@ -337,6 +338,15 @@ def test_gateway_pod(target):
     assert spec["securityContext"]["runAsUser"] == 10001
 
     env = dict(configmap_data(docs, sidecar["envFrom"][0]["configMapRef"]["name"]))
+    # Variables from Secrets: placeholders of the right shape, and the Secrets they name exist
+    # in the overlay (generated) or are documented as created outside Git (sluice-redis).
+    from_secrets = {e["name"]: e["valueFrom"]["secretKeyRef"]["name"] for e in sidecar.get("env", [])
+                    if "secretKeyRef" in e.get("valueFrom", {})}
+    for name, secret in from_secrets.items():
+        env[name] = "redis://from-a-secret:6379/0" if name == "SLUICE_REDIS_URL" else "s" * 32
+        assert secret == "sluice-redis" or one(docs, "Secret", secret)
+    if "SLUICE_REDIS_URL" in env:       # replicas sharing Redis share the tenant key, from a Secret
+        assert "SLUICE_CACHE_SECRET" in from_secrets
     # The sidecar's own parser accepts the ConfigMap, and knows every key in it.
     from sidecar.config import SidecarConfig
     from sidecar.embedding.settings import EmbeddingSettings
@@ -791,7 +801,7 @@ class Listed(NamedTuple):
 
 # What each condition in deploy/metrics.txt sets when the test builds the sidecar's app.
 # Building connects to nothing (Redis clients connect when the app starts).
-CONDITIONS = {"SLUICE_REDIS_URL": {"redis_url": "redis://127.0.0.1:1/0"}}
+CONDITIONS = {"SLUICE_REDIS_URL": {"redis_url": "redis://127.0.0.1:1/0", "cache_secret": "s" * 32}}
 
 
 def listed_metrics() -> dict[str, Listed]:
