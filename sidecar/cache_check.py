@@ -57,7 +57,7 @@ async def _run(args) -> int:
         embedder = EmbeddingService(EmbeddingSettings.from_env()) if config.cache and semantic else None
         if embedder is not None:
             await embedder.warm_up()
-    except (ValueError, TypeError, OSError, RouteSettingsError, ConfigError, ModelLoadError) as exc:
+    except (ValueError, TypeError, AttributeError, OSError, RouteSettingsError, ConfigError, ModelLoadError) as exc:
         print(f"sluice cache-check: {exc}", file=sys.stderr)
         return 2
     if not semantic:
@@ -99,9 +99,14 @@ def _route_metadata(route: str, envoy_config: str) -> dict:
         return metadata
     import yaml                                           # JSON is YAML too
     with open(envoy_config, encoding="utf-8") as handle:
-        config = yaml.safe_load(handle)
+        try:
+            config = yaml.safe_load(handle)
+        except yaml.YAMLError as exc:
+            raise ValueError(f"--envoy-config {envoy_config}: not YAML: {exc}") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"--envoy-config {envoy_config}: not an Envoy config")
     names = []
-    for listener in (config or {}).get("static_resources", {}).get("listeners", []):
+    for listener in config.get("static_resources", {}).get("listeners", []):
         for chain in listener.get("filter_chains", []):
             for network_filter in chain.get("filters", []):
                 for host in network_filter.get("typed_config", {}).get("route_config", {}).get("virtual_hosts", []):

@@ -70,3 +70,7 @@ def test_a_route_by_name_from_an_envoy_config(tmp_path):
     for bad in ("5", "[1]"):
         refused = check([], "--route", bad, "--envoy-config", str(path))
         assert refused.returncode == 2 and "Traceback" not in refused.stderr, bad
+    for text in ("{not: [yaml", "- a list\n", "static_resources: 5\n"):
+        (tmp_path / "bad.yaml").write_text(text)
+        refused = check([], "--route", "strict", "--envoy-config", str(tmp_path / "bad.yaml"))
+        assert refused.returncode == 2 and "Traceback" not in refused.stderr, text
