@@ -265,8 +265,7 @@ def test_time_words_prefilter_never_hides_a_match():
 
 def test_digests_are_pinned_across_versions():
     """Replicas share entries through Redis by these keys: a change must be a deliberate
-    KEY_VERSION bump, never a side effect (values computed by the code before one canonical
-    JSON encoder served both the scope and the context key)."""
+    KEY_VERSION bump, never a side effect (version 2: superscripts kept apart in exact keys)."""
     import json as _json
 
     from sidecar.chat import parse_chat_request
@@ -279,11 +278,11 @@ def test_digests_are_pinned_across_versions():
             "b": 1, "a": [1e300, -0.0, 12345678901234567890]}}}]}).encode()
     request = parse_chat_request(body)
     key = scope_for(request, AUTH_A, CachePolicy(allow_tools=True), SECRET, route="chat")
-    assert context_key(request) == "7d4a7b4576174eff8bb0f75cbac4d5de262cca11ceafd1b0d848a68b817a6df4"
-    assert params_key(request) == "fa3a2e5a744131a9fc2b6d66cea9b1cf120023e83b33581f51cfccd47282e15d"
-    assert key.key == "29cdb64d23facd899e0a1ea96d5baa81c6487f35c017f286ed4b1b1a6067746b"
+    assert context_key(request) == "1e037da435da180ff10a667004e79f5f3a32af4962506fa8735894d1a35e51f6"
+    assert params_key(request) == "526b6be1037d217cefbf80ac31e27a9f7f2dab1be1738f2d96d562a5df1bfc1a"
+    assert key.key == "833baa8e6e1f01dc642bc019d6f46277cf58fbd04e048c43172bfb85eba17005"
     assert exact_key(key, "What is the capital of France?") == \
-        "6f9809aae47024b20003a3617fb3597c8a5273dd9ccf8651b65dfa2486370662"
+        "2bd46b7785ef8e430cbd984eb9d1c1d1bf0f3f9ec7cfbf2761f5d9da9962eb31"
 
 
 def test_a_value_json_cannot_hold_is_refused_not_digested():

@@ -16,7 +16,9 @@ a key decides; only its leader talks to Redis:
   only if still ours (compare-and-delete) and "abandoned" is published, so the first replica to
   win the new SET NX leads.
 
-A key completed less than done_ms ago counts as in flight: a newcomer gets that answer.
+A key completed less than done_ms ago counts as in flight: a newcomer gets that answer, except
+for PURGE_MARKER_MS after an admin purge of its scope (`purge_marker`), when done answers are
+ignored, even ones written since (dedup then only by lease, so nothing purged is served again).
 Redis is never waited on for more than op_timeout_s; after a failure it is left alone for
 retry_after_s and the replica dedups on its own, so requests neither fail nor hang. Keys carry
 the hash tag `{scope}`, so one scope's keys share a Redis Cluster slot.

@@ -76,7 +76,7 @@ from sidecar.embedding.normalize import normalize_text
 if TYPE_CHECKING:
     from sidecar.cache.policy import CachePolicy
 
-KEY_VERSION = 1
+KEY_VERSION = 2                 # 2: superscripts and subscripts kept apart in exact keys
 SHARED_TENANT = "shared"
 MIN_SECRET_BYTES = 16
 
