@@ -10,7 +10,7 @@ import time
 import pytest
 
 from devtools.stack import free_port
-from sidecar.admission import Gate, GateConfig
+from sidecar.admission import Gate, GateConfig, LimiterConfig
 from sidecar.admission.tokens import (
     LocalTokenLimiter,
     RateLimitRule,
@@ -25,9 +25,9 @@ from sidecar.admission.tokens import (
     gcra_adjust,
     redis_keys,
 )
-from sidecar.admitting import Admission
+from sidecar.admitting import Admission, RouteAdmission
 from sidecar.chat import parse_chat_request
-from sidecar.context import RequestContext
+from sidecar.context import HOLD_LIMIT_S, RequestContext
 from sidecar.route_settings import parse_route_settings
 from sidecar.routing import RoutingDirector
 from sidecar.scheduling import Scheduler
@@ -399,3 +399,16 @@ async def test_a_request_degraded_to_no_fallback_gets_its_budget_back():
     await asyncio.sleep(0)                                                  # the refund runs
     director.on_finish(first)
     assert (await director.decide(request())).reply is None                 # the 2 a minute are not spent
+
+
+async def test_admission_holds_a_request_no_longer_than_the_sidecar_may_whatever_its_deadline():
+    gate = Gate(GateConfig(limiter=LimiterConfig(initial_limit=1, min_limit=1, max_limit=1)))
+    admission = Admission(gate, None, b"a test secret of 32 bytes, fixed")
+    held = await gate.acquire(["a"], "standard", "other")
+    # Ten minutes of budget, but it arrived HOLD_LIMIT_S - 0.05 s ago: 0.05 s of hold left.
+    ctx = RequestContext(headers={"authorization": "Bearer k1", "x-request-deadline-ms": "600000"},
+                         route_name="chat", started=time.monotonic() - HOLD_LIMIT_S + 0.05)
+    settings = RouteAdmission("", "standard", 600.0, RateLimits())
+    result = await asyncio.wait_for(admission.admit(ctx, settings, ["a"]), timeout=5)
+    assert (result.status, result.reason) == (503, "expired")
+    held.release()
