@@ -13,12 +13,13 @@ import pytest
 import redis
 from prometheus_client import REGISTRY
 from redis.asyncio import Redis as AsyncRedis
+from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from sidecar.cache.inflight import InFlight, Lead
 from sidecar.cache.inflight_redis import RedisInFlight
 from sidecar.cache.memory_store import MemoryStore
-from sidecar.cache.redis_store import RedisSettings, RedisStore
+from sidecar.cache.redis_store import REPUBLISH_BATCH, RedisSettings, RedisStore
 from sidecar.cache.store import Entry, StoreLimits, StoreUnavailable
 from tests.redis_server import RedisServer, free_port
 
@@ -608,3 +609,30 @@ async def test_redis_a_put_whose_stream_event_failed_reaches_the_replicas_later(
     assert failed and (await b.get_exact("t", "k")).answer == b"answer"
     hit = await eventually(lambda: b.nearest("t", unit(1), 0.99), timeout=5)
     assert hit is not None and hit.entry.entry_id == "k"            # b's semantic index has it
+
+
+@needs_redis
+async def test_redis_events_waiting_for_a_retry_go_a_few_at_a_time(redis_stores):
+    a, b = await redis_stores(), await redis_stores()
+    real, refusing, sizes = a._client.pipeline, [True], []
+
+    def pipeline(*args, **kw):                   # Redis out of memory: XADD refused, still up
+        pipe = real(*args, **kw)
+        execute = pipe.execute
+
+        async def maybe_refuse(*more, **kws):
+            sizes.append(len(pipe.command_stack))
+            if refusing[0]:
+                raise ResponseError("OOM command not allowed when used memory > 'maxmemory'")
+            return await execute(*more, **kws)
+        pipe.execute = maybe_refuse
+        return pipe
+    a._client.pipeline = pipeline
+    for i in range(100):
+        await a.put("t", f"k{i}", "p", unit(i), b"a", ttl_s=60)
+    assert a.healthy and max(sizes) <= REPUBLISH_BATCH + 1          # never the whole backlog at once
+    refusing[0] = False
+    for i in range(100, 103):                                        # the next puts drain it
+        await a.put("t", f"k{i}", "p", unit(i), b"a", ttl_s=60)
+    assert await eventually(lambda: b.nearest("t", unit(102), 0.99))      # the stream is in order
+    assert all([await b.nearest("t", unit(i), 0.99) for i in range(103)])
