@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import time
+import urllib.parse
 from dataclasses import dataclass
 from typing import Callable, Mapping, Protocol
 
@@ -44,8 +45,9 @@ def last_score(cluster: str) -> float | None:
 
 
 def is_loopback(peer: str) -> bool:
-    """grpc peer strings: 'ipv4:127.0.0.1:5000', 'ipv6:[::1]:5000', 'unix:/path'."""
-    kind, _, address = peer.partition(":")
+    """grpc peer strings: 'ipv4:127.0.0.1:5000', 'ipv6:%5B::1%5D:5000' (gRPC percent-encodes the
+    brackets), 'unix:/path'."""
+    kind, _, address = urllib.parse.unquote(peer).partition(":")
     if kind == "unix":
         return True
     host = address.rsplit(":", 1)[0].strip("[]")

@@ -63,6 +63,8 @@ def service(store=None, **kwargs):
 @pytest.mark.parametrize("peer, local", [
     ("ipv4:127.0.0.1:5000", True), ("ipv4:127.0.1.1:5000", True), ("ipv6:[::1]:5000", True),
     ("ipv6:[::ffff:127.0.0.1]:5000", True), ("unix:/tmp/sock", True),
+    ("ipv6:%5B::1%5D:43748", True), ("ipv6:%5B::ffff:127.0.0.1%5D:1", True),   # as gRPC writes them
+    ("ipv6:%5Bfe80::1%5D:43748", False),
     ("ipv4:10.0.0.7:5000", False), ("ipv6:[fe80::1]:5000", False), ("ipv4:128.0.0.1:1", False), ("", False),
 ])
 def test_is_loopback(peer, local):
