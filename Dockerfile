@@ -43,6 +43,7 @@ FROM build AS test
 COPY tests/ tests/
 COPY k8s/ k8s/
 COPY deploy/ deploy/
+COPY docs/ docs/
 COPY Dockerfile .dockerignore ./
 RUN bash scripts/system-deps.sh && make test-fast
 
