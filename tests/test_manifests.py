@@ -347,6 +347,9 @@ def test_gateway_pod(target):
         assert secret == "sluice-redis" or one(docs, "Secret", secret)
     if "SLUICE_REDIS_URL" in env:       # replicas sharing Redis share the tenant key, from a Secret
         assert "SLUICE_CACHE_SECRET" in from_secrets
+    # A full cache fits the container: ~4 KB an entry (answer, prompt, vector) over ~230 MiB.
+    limit = sidecar["resources"]["limits"]["memory"]
+    assert limit.endswith("Mi") and 230 + int(env["SLUICE_CACHE_MAX_ENTRIES"]) * 4 / 1024 < int(limit[:-2])
     # The sidecar's own parser accepts the ConfigMap, and knows every key in it.
     from sidecar.config import SidecarConfig
     from sidecar.embedding.settings import EmbeddingSettings
