@@ -96,6 +96,16 @@ class Ports:
                    upstream_a=8001, upstream_b=8002)
 
 
+# Settings a stack never takes from the shell that starts it: a developer's REDIS_URL would
+# point `make run` or the tests at a real Redis (and write into it). A stack that wants one
+# says so (sidecar_env).
+NOT_INHERITED = ("REDIS_URL", "SLUICE_REDIS_URL", "SLUICE_CACHE_SECRET", "SLUICE_CONFIG_FILE")
+
+
+def inherited_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k not in NOT_INHERITED}
+
+
 @dataclass
 class Stack:
     workdir: pathlib.Path
@@ -126,7 +136,7 @@ class Stack:
         self.workdir.mkdir(parents=True, exist_ok=True)
         logfile = open(self.workdir / f"{name}.log", "ab")
         proc = subprocess.Popen(cmd, stdout=logfile, stderr=subprocess.STDOUT, cwd=ROOT,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+                                env={**inherited_env(), "PYTHONUNBUFFERED": "1", **(env or {})})
         logfile.close()
         self.procs[name] = proc
         return proc
