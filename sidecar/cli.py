@@ -44,8 +44,7 @@ def _serve(args: argparse.Namespace) -> int:
     logging.getLogger("sluice.server").info("event loop: %s", loop_name)
     try:
         if config.metrics_listen:
-            host, _, port = config.metrics_listen.rpartition(":")
-            start_http_server(int(port), addr=host)
+            start_http_server(config.metrics_address[1], addr=config.metrics_address[0])
         with asyncio.Runner(loop_factory=new_loop) as runner:
             if args.noop:
                 runner.run(serve(config, App(RoutingDirector()), new_processor=NoopProcessor, load_config=load))

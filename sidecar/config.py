@@ -72,6 +72,12 @@ class SidecarConfig:
         if not 0.0 <= self.trace_sample_ratio <= 1.0:
             raise ConfigError(f"trace_sample_ratio: must be in [0, 1], got {self.trace_sample_ratio!r}")
 
+    @property
+    def metrics_address(self) -> tuple[str, int]:
+        """(host, port) of metrics_listen for an HTTP server: an IPv6 host without its brackets."""
+        host, _, port = self.metrics_listen.rpartition(":")
+        return host.removeprefix("[").removesuffix("]"), int(port)
+
     @classmethod
     def from_env(cls, environ=os.environ, **overrides) -> "SidecarConfig":
         """Defaults, then SLUICE_<FIELD> variables, then explicit overrides (CLI flags)."""

@@ -31,3 +31,8 @@ def test_env_then_overrides():
 def test_bad_values_name_the_field(environ, field):
     with pytest.raises(ConfigError, match=field):
         SidecarConfig.from_env(environ)
+
+
+def test_the_metrics_address_of_an_ipv6_listen_has_no_brackets():
+    assert SidecarConfig(metrics_listen="[::1]:9464").metrics_address == ("::1", 9464)
+    assert SidecarConfig(metrics_listen="0.0.0.0:9464").metrics_address == ("0.0.0.0", 9464)
