@@ -27,10 +27,22 @@ def load_nvml():
 
 
 def read_gpu(nvml, index: int) -> GpuLoad:
+    """Utilisation and memory of one GPU; a figure it cannot give (NOT_SUPPORTED, as with MIG)
+    is None, and only a GPU that gives neither raises."""
     handle = nvml.nvmlDeviceGetHandleByIndex(index)
-    utilisation = nvml.nvmlDeviceGetUtilizationRates(handle).gpu / 100.0
-    memory = nvml.nvmlDeviceGetMemoryInfo(handle)
-    return GpuLoad(utilisation=utilisation, memory_used=memory.used / memory.total if memory.total else None)
+    utilisation = _figure(lambda: nvml.nvmlDeviceGetUtilizationRates(handle).gpu / 100.0)
+    memory = _figure(lambda: nvml.nvmlDeviceGetMemoryInfo(handle))
+    used = memory.used / memory.total if memory is not None and memory.total else None
+    if utilisation is None and used is None:
+        raise RuntimeError(f"GPU {index} gives neither utilisation nor memory")
+    return GpuLoad(utilisation=utilisation, memory_used=used)
+
+
+def _figure(read: Callable[[], object]):
+    try:
+        return read()
+    except Exception:   # NVMLError (NOT_SUPPORTED, ...): this figure only
+        return None
 
 
 class GpuPoller:
@@ -59,17 +71,31 @@ class GpuPoller:
             self._task = asyncio.get_running_loop().create_task(self._run())
 
     def poll_once(self) -> None:
-        now = time.monotonic()
-        for cluster, index in list(self._targets.items()):
+        self._deliver(self._read_all(dict(self._targets)))
+
+    def _read_all(self, targets: dict[str, int]) -> list[tuple[str, int, GpuLoad | Exception]]:
+        """NVML calls only (they may block): run on a worker thread."""
+        readings: list[tuple[str, int, GpuLoad | Exception]] = []
+        for cluster, index in targets.items():
             try:
-                self._report(cluster, read_gpu(self._nvml, index), now)
+                readings.append((cluster, index, read_gpu(self._nvml, index)))
             except Exception as exc:   # a GPU that vanished or an index out of range
-                log.warning("cannot read GPU %d of cluster %s: %s", index, cluster, exc)
+                readings.append((cluster, index, exc))
+        return readings
+
+    def _deliver(self, readings: list[tuple[str, int, GpuLoad | Exception]]) -> None:
+        """On the event loop: the scheduler's state is not for other threads to change."""
+        now = time.monotonic()
+        for cluster, index, reading in readings:
+            if isinstance(reading, Exception):
+                log.warning("cannot read GPU %d of cluster %s: %s", index, cluster, reading)
                 self._targets.pop(cluster, None)
+            else:
+                self._report(cluster, reading, now)
 
     async def _run(self) -> None:
         while True:
-            await asyncio.to_thread(self.poll_once)
+            self._deliver(await asyncio.to_thread(self._read_all, dict(self._targets)))
             await asyncio.sleep(self._interval_s)
 
     async def close(self) -> None:

@@ -16,6 +16,20 @@ def test_reads_utilisation_and_memory_as_fractions():
     assert read_gpu(fake_nvml(), 0) == GpuLoad(utilisation=0.5, memory_used=0.75)
 
 
+def test_a_figure_the_gpu_cannot_give_leaves_the_other():
+    def not_supported(handle):
+        raise RuntimeError("NVML_ERROR_NOT_SUPPORTED")       # utilisation under MIG
+    nvml = fake_nvml()
+    nvml.nvmlDeviceGetUtilizationRates = not_supported
+    assert read_gpu(nvml, 0) == GpuLoad(utilisation=None, memory_used=0.75)
+    nvml.nvmlDeviceGetMemoryInfo = not_supported
+    seen = []
+    poller = GpuPoller(lambda cluster, load, now: seen.append(cluster), nvml=nvml)
+    poller._targets = {"a": 0}
+    poller.poll_once()                                      # neither figure: dropped, said once
+    assert seen == [] and poller._targets == {}
+
+
 def test_poller_reports_each_mapped_cluster_and_drops_missing_gpus():
     seen = []
     poller = GpuPoller(lambda cluster, load, now: seen.append((cluster, load)), nvml=fake_nvml())
