@@ -9,11 +9,15 @@ from sidecar.event_loop import loop_factory
 
 
 def name() -> str:
-    return loop_factory(SidecarConfig.from_env().event_loop)[1]
+    return loop_factory(_event_loop())[1]
 
 
 def run(coroutine):
     """asyncio.run(coroutine), on the sidecar's loop."""
-    new_loop, _ = loop_factory(SidecarConfig.from_env().event_loop)
+    new_loop, _ = loop_factory(_event_loop())
     with asyncio.Runner(loop_factory=new_loop) as runner:
         return runner.run(coroutine)
+
+
+def _event_loop() -> str:
+    return SidecarConfig.from_env(redis_url="").event_loop      # only the loop: Redis settings aside

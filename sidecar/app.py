@@ -40,6 +40,7 @@ class App:
 
 
 def build(config: SidecarConfig) -> App:
+    # A random key serves one replica alone: with Redis, SidecarConfig requires cache_secret.
     secret = config.cache_secret.encode() if config.cache_secret else os.urandom(32)
     # One fast-failing client (50 ms, no retries) for dedup leases and rate limits; the cache
     # store makes its own (it also needs a long-blocking one for its event stream).
@@ -59,8 +60,6 @@ def build(config: SidecarConfig) -> App:
         from sidecar.embedding import EmbeddingService, EmbeddingSettings
         embedder = EmbeddingService(EmbeddingSettings.from_env())
     if config.redis_url:
-        if not config.cache_secret:
-            log.warning("SLUICE_CACHE_SECRET is not set: replicas sharing Redis will not share tenants' entries")
         from sidecar.cache.inflight_redis import RedisInFlight
         from sidecar.cache.redis_store import RedisSettings, RedisStore
         store = RedisStore(RedisSettings(url=config.redis_url), _limits(config))

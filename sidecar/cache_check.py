@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 # What `make run` renders from envoy/envoy.yaml.tmpl.
-DEFAULT_ENVOY_CONFIG = Path(__file__).resolve().parents[1] / "build" / "envoy.yaml"
+DEFAULT_ENVOY_CONFIG = Path(__file__).resolve().parents[1] / "build" / "run" / "envoy.yaml"
 
 
 def add_subcommands(subparsers) -> None:
@@ -50,14 +50,14 @@ async def _run(args) -> int:
     from sidecar.route_settings import RouteSettingsError, parse_route_settings
 
     try:
-        config = load_config()
+        config = load_config(redis_url="")            # an in-memory store: Redis is not asked
         route = parse_route_settings(_route_metadata(args.route, args.envoy_config))
         settings = route_cache(route)
         semantic = settings.semantic and config.semantic
         embedder = EmbeddingService(EmbeddingSettings.from_env()) if config.cache and semantic else None
         if embedder is not None:
             await embedder.warm_up()
-    except (ValueError, TypeError, AttributeError, OSError, RouteSettingsError, ConfigError, ModelLoadError) as exc:
+    except (ValueError, TypeError, OSError, RouteSettingsError, ConfigError, ModelLoadError) as exc:
         print(f"sluice cache-check: {exc}", file=sys.stderr)
         return 2
     if not semantic:
@@ -106,16 +106,31 @@ def _route_metadata(route: str, envoy_config: str) -> dict:
     if not isinstance(config, dict):
         raise ValueError(f"--envoy-config {envoy_config}: not an Envoy config")
     names = []
-    for listener in config.get("static_resources", {}).get("listeners", []):
-        for chain in listener.get("filter_chains", []):
-            for network_filter in chain.get("filters", []):
-                for host in network_filter.get("typed_config", {}).get("route_config", {}).get("virtual_hosts", []):
-                    for envoy_route in host.get("routes", []):
-                        names.append(envoy_route.get("name"))
-                        if envoy_route.get("name") == route:
-                            return envoy_route.get("metadata", {}).get("filter_metadata", {}).get("sluice", {})
+    for envoy_route in _routes(config):
+        names.append(envoy_route.get("name"))
+        if envoy_route.get("name") == route:
+            return _at(envoy_route, "metadata", "filter_metadata", "sluice") or {}
     known = ", ".join(sorted({n for n in names if n})) or "none"
     raise ValueError(f"--route: no route named {route!r} in {envoy_config} (routes: {known})")
+
+
+def _routes(config: dict):
+    """Every route of every listener's HTTP connection manager, skipping what is not one."""
+    for listener in _list(_at(config, "static_resources", "listeners")):
+        for chain in _list(_at(listener, "filter_chains")):
+            for network_filter in _list(_at(chain, "filters")):
+                for host in _list(_at(network_filter, "typed_config", "route_config", "virtual_hosts")):
+                    yield from (r for r in _list(_at(host, "routes")) if isinstance(r, dict))
+
+
+def _at(value, *keys):
+    for key in keys:
+        value = value.get(key) if isinstance(value, dict) else None
+    return value
+
+
+def _list(value) -> list:
+    return value if isinstance(value, list) else []
 
 
 async def _check(director, settings, chat_a, chat_b, headers, answer,

@@ -57,12 +57,12 @@ class SidecarConfig:
             raise ConfigError("cache_secret: must be at least 16 bytes")
         if self.redis_url and not _is_redis_url(self.redis_url):
             raise ConfigError(f"redis_url: expected redis://[:password@]host:port/db, rediss://... or "
-                              f"unix://..., got {_without_password(self.redis_url)!r}")
+                              f"unix://..., got {redacted_url(self.redis_url)!r}")
         if self.redis_url and not self.cache_secret:
             # Else each replica draws its own key: the same caller is another tenant on every
             # replica, so the shared cache is never shared and rate limits multiply.
-            raise ConfigError("cache_secret: replicas sharing Redis (redis_url) need the same "
-                              "SLUICE_CACHE_SECRET (at least 16 bytes)")
+            raise ConfigError("cache_secret: replicas sharing Redis (SLUICE_REDIS_URL or REDIS_URL) "
+                              "need the same SLUICE_CACHE_SECRET (at least 16 bytes)")
         if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
             raise ConfigError(f"log_level: expected DEBUG, INFO, WARNING or ERROR, got {self.log_level!r}")
         if self.otlp_endpoint and not self.otlp_endpoint.startswith(("http://", "https://")):
@@ -119,7 +119,10 @@ def _is_host_port(value: str) -> bool:
 
 
 def _is_redis_url(url: str) -> bool:
-    parts = urllib.parse.urlsplit(url)
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:                  # "Invalid IPv6 URL"
+        return False
     if parts.scheme == "unix":
         return bool(parts.path)
     try:
@@ -129,9 +132,14 @@ def _is_redis_url(url: str) -> bool:
     return parts.scheme in ("redis", "rediss") and bool(parts.hostname) and port != 0
 
 
-def _without_password(url: str) -> str:
-    parts = urllib.parse.urlsplit(url)
-    return url.replace(parts.password, "***") if parts.password else url
+def redacted_url(url: str) -> str:
+    """The URL as it may be logged: no user or password."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:
+        return "<unparsable URL>"
+    host = parts.netloc.rpartition("@")[2]
+    return urllib.parse.urlunsplit(parts._replace(netloc=host))
 
 
 def _finite_non_negative(value: float) -> bool:

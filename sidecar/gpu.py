@@ -89,7 +89,8 @@ class GpuPoller:
         for cluster, index, reading in readings:
             if isinstance(reading, Exception):
                 log.warning("cannot read GPU %d of cluster %s: %s", index, cluster, reading)
-                self._targets.pop(cluster, None)
+                if self._targets.get(cluster) == index:     # not remapped while it was read
+                    self._targets.pop(cluster)
             else:
                 self._report(cluster, reading, now)
 

@@ -1,10 +1,9 @@
 """`sluice cache-check` runs the server's decision code on pairs of prompts."""
 import json
-import os
 import subprocess
 
 from devtools import envoy_config
-from devtools.stack import BIN, ROOT
+from devtools.stack import BIN, ROOT, inherited_env
 
 PAIRS = [
     {"a": "How do I reset my password?", "b": "How do I reset my password?"},
@@ -18,7 +17,7 @@ PAIRS = [
 def check(pairs, *args, **env) -> subprocess.CompletedProcess:
     stdin = "".join(json.dumps(p) + "\n" for p in pairs) + "not json\n"
     return subprocess.run([str(BIN / "sluice"), "cache-check", *args], input=stdin, capture_output=True,
-                          text=True, cwd=ROOT, timeout=120, env={**os.environ, **env})
+                          text=True, cwd=ROOT, timeout=120, env={**inherited_env(), **env})
 
 
 def run(pairs, *args, **env):
@@ -47,6 +46,7 @@ def test_route_settings_apply():
 
 
 def test_the_sidecar_wide_switches_apply_as_in_the_server():
+    assert run(PAIRS[:1], REDIS_URL="redis://127.0.0.1:1/0")[0]["tier"] == "exact"    # Redis is not asked
     cache_off = run(PAIRS[:1], SLUICE_CACHE="false")[0]
     assert cache_off == {"hit": False, "tier": None, "similarity": None, "reason": "cache_off"}
     exact, paraphrase = run(PAIRS[:2], SLUICE_SEMANTIC="false")[:2]

@@ -1,6 +1,7 @@
 import pytest
 
-from sidecar.config import ConfigError, SidecarConfig
+from devtools.stack import inherited_env
+from sidecar.config import ConfigError, SidecarConfig, redacted_url
 
 
 def test_env_then_overrides():
@@ -36,3 +37,22 @@ def test_bad_values_name_the_field(environ, field):
 def test_the_metrics_address_of_an_ipv6_listen_has_no_brackets():
     assert SidecarConfig(metrics_listen="[::1]:9464").metrics_address == ("::1", 9464)
     assert SidecarConfig(metrics_listen="0.0.0.0:9464").metrics_address == ("0.0.0.0", 9464)
+
+
+def test_a_stack_never_takes_redis_or_a_config_file_from_the_shell(monkeypatch):
+    """A developer's REDIS_URL must not point `make run` or the tests at a real Redis."""
+    for name in ("REDIS_URL", "SLUICE_REDIS_URL", "SLUICE_CACHE_SECRET", "SLUICE_CONFIG_FILE"):
+        monkeypatch.setenv(name, "from-the-shell")
+    monkeypatch.setenv("SLUICE_LOG_LEVEL", "DEBUG")
+    env = inherited_env()
+    assert not {"REDIS_URL", "SLUICE_REDIS_URL", "SLUICE_CACHE_SECRET", "SLUICE_CONFIG_FILE"} & set(env)
+    assert env["SLUICE_LOG_LEVEL"] == "DEBUG"                  # other settings still pass
+
+
+
+def test_a_redis_url_is_never_shown_with_its_password_and_a_malformed_one_is_a_config_error():
+    assert redacted_url("rediss://user:s3cret@redis.internal:6380/0") == "rediss://redis.internal:6380/0"
+    assert redacted_url("redis://r:6379/0") == "redis://r:6379/0"
+    with pytest.raises(ConfigError, match="redis_url") as error:
+        SidecarConfig.from_env({"SLUICE_REDIS_URL": "redis://:pw@[::1", "SLUICE_CACHE_SECRET": "s" * 16})
+    assert "pw" not in str(error.value)

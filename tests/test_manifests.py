@@ -326,6 +326,19 @@ def test_pods_are_restricted(target):
         assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
 
 
+def assert_a_full_cache_fits(sidecar: dict, env: dict) -> None:
+    """~4 KB an entry (answer, prompt, vector) over the ~230 MiB of a sidecar with its model."""
+    limit = sidecar["resources"]["limits"]["memory"]
+    assert limit.endswith("Mi") and 230 + int(env["SLUICE_CACHE_MAX_ENTRIES"]) * 4 / 1024 < int(limit[:-2])
+
+
+def test_the_shared_processors_full_cache_fits_too():
+    docs = render("processor")
+    pod = one(docs, "Deployment", "sluice-processor")["spec"]["template"]["spec"]
+    sidecar = pod["containers"][0]
+    assert_a_full_cache_fits(sidecar, configmap_data(docs, sidecar["envFrom"][0]["configMapRef"]["name"]))
+
+
 @pytest.mark.parametrize("target", ["overlays/dev", "overlays/production"])
 def test_gateway_pod(target):
     docs = render(target)
@@ -347,9 +360,7 @@ def test_gateway_pod(target):
         assert secret == "sluice-redis" or one(docs, "Secret", secret)
     if "SLUICE_REDIS_URL" in env:       # replicas sharing Redis share the tenant key, from a Secret
         assert "SLUICE_CACHE_SECRET" in from_secrets
-    # A full cache fits the container: ~4 KB an entry (answer, prompt, vector) over ~230 MiB.
-    limit = sidecar["resources"]["limits"]["memory"]
-    assert limit.endswith("Mi") and 230 + int(env["SLUICE_CACHE_MAX_ENTRIES"]) * 4 / 1024 < int(limit[:-2])
+    assert_a_full_cache_fits(sidecar, env)
     # The sidecar's own parser accepts the ConfigMap, and knows every key in it.
     from sidecar.config import SidecarConfig
     from sidecar.embedding.settings import EmbeddingSettings

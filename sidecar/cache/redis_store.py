@@ -54,6 +54,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
 from sidecar import metrics
+from sidecar.config import redacted_url
 from sidecar.cache.inflight_redis import PURGE_MARKER_MS, purge_marker
 from sidecar.cache.memory_store import MemoryStore
 from sidecar.cache.store import Entry, Neighbour, StoreLimits, StoreUnavailable
@@ -287,8 +288,7 @@ class RedisStore:
                         self._where(), op, type(exc).__name__, exc)
 
     def _where(self) -> str:
-        url = self.settings.url
-        return url.split("@", 1)[-1] if "@" in url else url  # never log a password
+        return redacted_url(self.settings.url)          # never log a password
 
     async def _run(self, op: str, call: Callable[[Any], Awaitable[Any]],
                    round_trips: int | None = 1) -> Any:
