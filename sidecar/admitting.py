@@ -82,7 +82,10 @@ class Admission:
     async def admit(self, ctx: RequestContext, settings: RouteAdmission,
                     clusters: Sequence[str]) -> Permit | Refusal | Degrade:
         """Rate limits, then a slot on one of `clusters` (best first); may wait in the queue."""
-        tenant = tenant_of(ctx.headers, self._secret) or ANONYMOUS
+        # The caller as the route names it: its tenant header (set by Envoy from a verified
+        # identity) when it has one, else Authorization, as the cache scope does.
+        tenant_header = ctx.route.cache.tenant_header if isinstance(ctx.route, RouteSettings) else ""
+        tenant = tenant_of(ctx.headers, self._secret, tenant_header=tenant_header.lower()) or ANONYMOUS
         ctx.tenant = tenant
         if self._tokens is not None and (settings.limits.requests_per_minute or settings.limits.tokens_per_minute):
             estimate = estimate_prompt_tokens(ctx.chat.text)

@@ -412,3 +412,22 @@ async def test_admission_holds_a_request_no_longer_than_the_sidecar_may_whatever
     result = await asyncio.wait_for(admission.admit(ctx, settings, ["a"]), timeout=5)
     assert (result.status, result.reason) == (503, "expired")
     held.release()
+
+
+async def test_per_tenant_limits_name_the_tenant_as_the_route_does():
+    """A route whose tenant comes from a header Envoy sets: two tenants behind one API key get
+    a budget each, and callers without Authorization are not all one 'anonymous' tenant."""
+    route = parse_route_settings({"name": "chat", "candidates": [{"cluster": "a"}],
+                                  "cache": {"tenant_header": "x-sluice-tenant"},
+                                  "admission": {"enabled": True, "requests_per_minute": 1}})
+    director = RoutingDirector(Scheduler(rng=random.Random(0)), scrape_interval_s=None)
+    director.admission = Admission(Gate(GateConfig()), LocalTokenLimiter(), b"a test secret of 32 bytes, fixed")
+
+    async def status(**headers) -> int:
+        ctx = RequestContext(headers=headers, route=route, route_name="chat", body=BODY, chat=parse_chat_request(BODY))
+        plan = await director.decide(ctx)
+        director.on_finish(ctx)
+        return plan.reply.status if plan.reply is not None else 200
+    shared_key = {"authorization": "Bearer one-key-for-the-whole-app"}
+    assert [await status(**shared_key, **{"x-sluice-tenant": t}) for t in ("acme", "globex", "acme")] == [200, 200, 429]
+    assert [await status(**{"x-sluice-tenant": t}) for t in ("initech", "umbrella")] == [200, 200]
