@@ -334,8 +334,7 @@ class CachingDirector:
         metrics.CACHE_FOLLOWERS.inc()
         outcome = await ticket.wait(_follow_for(ctx, policy.max_dedup_wait_s))
         if isinstance(outcome, Answered):
-            answer = readable(outcome.payload)
-            return None, answer          # unreadable: go upstream alone
+            return None, readable(outcome.payload)      # unreadable (None): go upstream alone
         if isinstance(outcome, Promoted):
             return outcome.lead, None
         return None, None                       # timed out: go upstream alone

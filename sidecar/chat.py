@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import sys
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Mapping
@@ -25,7 +26,8 @@ SAMPLING_FIELDS = (
 # yet) is kept in ChatRequest.other and keys the cache scope: a miss, never a wrong hit.
 ANSWER_NEUTRAL_FIELDS = frozenset({"stream", "stream_options", "user", "metadata", "store",
                                    "prompt_cache_key", "safety_identifier"})
-_READ_FIELDS = frozenset({"model", "messages", "tools", "tool_choice", *SAMPLING_FIELDS})
+# What does not go into ChatRequest.other: fields read into its own attributes, and the neutral ones.
+_NOT_OTHER = frozenset({"model", "messages", "tools", "tool_choice", *SAMPLING_FIELDS, *ANSWER_NEUTRAL_FIELDS})
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 _NUMERIC = ("temperature", "top_p", "presence_penalty", "frequency_penalty")
 _INTEGER = ("max_tokens", "max_completion_tokens", "n", "seed", "top_logprobs")
@@ -88,10 +90,7 @@ def _is_int(value: Any) -> bool:
 def _is_number(value: Any) -> bool:
     if isinstance(value, float):
         return math.isfinite(value)
-    return _is_int(value) and abs(value) <= _FLOAT_MAX     # a bigger int is no float (OverflowError)
-
-
-_FLOAT_MAX = 1.7976931348623157e308
+    return _is_int(value) and abs(value) <= sys.float_info.max     # a bigger int is no float
 
 
 def _finite_float(text: str) -> float:
@@ -190,8 +189,7 @@ def _parse(body: bytes) -> ChatRequest:
         model=model, messages=tuple(messages), stream=stream,
         include_usage=bool(stream_options.get("include_usage", False)), user=user,
         sampling=MappingProxyType(sampling), tools=tuple(tools), tool_choice=data.get("tool_choice"),
-        other=MappingProxyType({name: value for name, value in data.items()
-                                if name not in _READ_FIELDS and name not in ANSWER_NEUTRAL_FIELDS}),
+        other=MappingProxyType({name: value for name, value in data.items() if name not in _NOT_OTHER}),
     )
 
 

@@ -171,7 +171,7 @@ def context_key(chat: ChatRequest) -> str:
     messages_key = parts.context_key
     context = {"v": KEY_VERSION, "messages": messages_key, "tools": list(chat.tools),
                "tool_choice": chat.tool_choice, **{name: chat.sampling.get(name) for name in _CONTEXT_SAMPLING}}
-    if chat.other:          # only when sent: the keys of requests without such fields stay as they were
+    if chat.other:          # only when sent, as most requests send none
         context["other"] = dict(chat.other)
     return canonical_digest(context)
 
