@@ -1,7 +1,5 @@
 import asyncio
-import json
 import logging
-import random
 import shutil
 import socket
 import subprocess
@@ -30,9 +28,14 @@ from sidecar.chat import parse_chat_request
 from sidecar.context import HOLD_LIMIT_S, RequestContext
 from sidecar.route_settings import parse_route_settings
 from sidecar.routing import RoutingDirector
-from sidecar.scheduling import Scheduler
+from tests.test_processor import BODY, new_director
 
-BODY = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
+
+def admitting_director(gate: Gate | None = None) -> RoutingDirector:
+    """The routing director with admission: a gate and a local token limiter."""
+    director = new_director()
+    director.admission = Admission(gate or Gate(GateConfig()), LocalTokenLimiter(), b"a test secret of 32 bytes, fixed")
+    return director
 
 
 class Clock:
@@ -353,8 +356,7 @@ async def test_a_refund_gives_back_the_request_and_its_tokens():
 async def test_requests_the_gate_refuses_do_not_spend_the_tenants_budget():
     route = parse_route_settings({"name": "chat", "candidates": [{"cluster": "a", "max_in_flight": 1}],
                                   "admission": {"enabled": True, "requests_per_minute": 2}})
-    director = RoutingDirector(Scheduler(rng=random.Random(0)), scrape_interval_s=None)
-    director.admission = Admission(Gate(GateConfig()), LocalTokenLimiter(), b"a test secret of 32 bytes, fixed")
+    director = admitting_director()
 
     async def status(**headers) -> int:
         ctx = RequestContext(headers={"authorization": "Bearer k1", **headers}, route=route, route_name="chat",
@@ -370,8 +372,7 @@ async def test_requests_the_gate_refuses_do_not_spend_the_tenants_budget():
 async def test_bad_admission_settings_turn_admission_off_and_are_logged_once(caplog):
     route = parse_route_settings({"name": "chat", "candidates": [{"cluster": "a"}],
                                   "admission": {"enabled": True, "default_deadline_s": -1}})
-    director = RoutingDirector(Scheduler(rng=random.Random(0)), scrape_interval_s=None)
-    director.admission = Admission(Gate(GateConfig()), LocalTokenLimiter(), b"a test secret of 32 bytes, fixed")
+    director = admitting_director()
     for _ in range(3):
         ctx = RequestContext(headers={"authorization": "Bearer k1"}, route=route, route_name="chat",
                              body=BODY, chat=parse_chat_request(BODY))
@@ -385,9 +386,7 @@ async def test_bad_admission_settings_turn_admission_off_and_are_logged_once(cap
 async def test_a_request_degraded_to_no_fallback_gets_its_budget_back():
     route = parse_route_settings({"name": "chat", "candidates": [{"cluster": "a", "max_in_flight": 1}],
                                   "admission": {"enabled": True, "requests_per_minute": 2}})
-    director = RoutingDirector(Scheduler(rng=random.Random(0)), scrape_interval_s=None)
-    gate = Gate(GateConfig(degrade_after_s=0.02, degrade_classes=("standard",)))
-    director.admission = Admission(gate, LocalTokenLimiter(), b"a test secret of 32 bytes, fixed")
+    director = admitting_director(Gate(GateConfig(degrade_after_s=0.02, degrade_classes=("standard",))))
 
     def request():
         return RequestContext(headers={"authorization": "Bearer k1"}, route=route, route_name="chat",
@@ -420,8 +419,7 @@ async def test_per_tenant_limits_name_the_tenant_as_the_route_does():
     route = parse_route_settings({"name": "chat", "candidates": [{"cluster": "a"}],
                                   "cache": {"tenant_header": "x-sluice-tenant"},
                                   "admission": {"enabled": True, "requests_per_minute": 1}})
-    director = RoutingDirector(Scheduler(rng=random.Random(0)), scrape_interval_s=None)
-    director.admission = Admission(Gate(GateConfig()), LocalTokenLimiter(), b"a test secret of 32 bytes, fixed")
+    director = admitting_director()
 
     async def status(**headers) -> int:
         ctx = RequestContext(headers=headers, route=route, route_name="chat", body=BODY, chat=parse_chat_request(BODY))

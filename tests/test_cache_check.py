@@ -44,7 +44,6 @@ def test_route_settings_apply():
     assert bad.returncode == 2 and "ttl_s" in bad.stderr.lower() + bad.stderr
 
 
-
 def test_the_sidecar_wide_switches_apply_as_in_the_server():
     assert run(PAIRS[:1], REDIS_URL="redis://127.0.0.1:1/0")[0]["tier"] == "exact"    # Redis is not asked
     cache_off = run(PAIRS[:1], SLUICE_CACHE="false")[0]

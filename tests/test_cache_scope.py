@@ -16,7 +16,7 @@ from sidecar.cache.scope import (
     temperature_bucket,
     tenant_of,
 )
-from sidecar.chat import ChatRequest
+from sidecar.chat import ChatRequest, parse_chat_request
 
 SECRET = b"s" * 32
 AUTH_A = {"authorization": "Bearer sk-aaa"}
@@ -144,8 +144,6 @@ def test_what_keeps_the_scope(name, a, b):
 
 
 def test_every_body_field_but_the_known_neutral_ones_reaches_the_scope():
-    from sidecar.chat import parse_chat_request
-
     def parsed(**fields):
         return parse_chat_request(json.dumps({"model": "m", "messages": [
             {"role": "user", "content": "Is the sky blue?"}], **fields}).encode())
@@ -266,10 +264,7 @@ def test_time_words_prefilter_never_hides_a_match():
 def test_digests_are_pinned_across_versions():
     """Replicas share entries through Redis by these keys: a change must be a deliberate
     KEY_VERSION bump, never a side effect (version 2: superscripts kept apart in exact keys)."""
-    import json as _json
-
-    from sidecar.chat import parse_chat_request
-    body = _json.dumps({"model": "m", "messages": [
+    body = json.dumps({"model": "m", "messages": [
         {"role": "system", "content": "You are terse. ünï ✓"},
         {"role": "user", "content": [{"type": "text", "text": "What is the capital of France?"}]}],
         "temperature": 0.2, "stop": ["\n", "END"], "max_tokens": 64, "seed": 7,

@@ -4,7 +4,6 @@ import json
 import random
 import time
 
-from prometheus_client import REGISTRY
 
 from sidecar.cache.capture import capture_json
 from sidecar.cache.inflight import InFlight
@@ -16,6 +15,7 @@ from sidecar.route_settings import parse_route_settings
 from sidecar.routing import RoutingDirector
 from sidecar.scheduling import Scheduler
 from sidecar.server import EXTEND_AFTER_S, EXTENDED_MESSAGE_TIMEOUT_S
+from tests.test_admission_metrics import value
 
 ROUTE = parse_route_settings({"name": "chat", "candidates": [{"cluster": "a"}],
                               "cache": {"semantic": False}})
@@ -30,10 +30,6 @@ class AwaitOnlyStore(MemoryStore):
 
     async def get_exact(self, scope, exact_key):
         return MemoryStore.get_exact_now(self, scope, exact_key)
-
-
-def bypass_lookups() -> float:
-    return REGISTRY.get_sample_value("sluice_cache_requests_total", {"route": "chat", "result": "bypass"}) or 0.0
 
 
 def director(store=None):
@@ -119,12 +115,12 @@ def test_what_the_cache_may_neither_serve_nor_store_is_routed_at_once_like_decid
     for store in (UnaskedStore(), UnaskedAwaitOnlyStore()):
         d = director(store)
         now, later = request(**{"cache-control": "no-store"}), request(**{"cache-control": "no-store"})
-        before = bypass_lookups()
+        before = value("sluice_cache_requests_total", route="chat", result="bypass")
         plan = d.decide_now(now)
         assert plan is not None and plan.reply is None and plan.cluster == "a"
-        assert bypass_lookups() == before + 1
+        assert value("sluice_cache_requests_total", route="chat", result="bypass") == before + 1
         awaited = asyncio.run(d.decide(later))
-        assert bypass_lookups() == before + 2
+        assert value("sluice_cache_requests_total", route="chat", result="bypass") == before + 2
         assert plan.response_headers == awaited.response_headers and ("x-sluice-cache", "bypass") in plan.response_headers
         assert (now.cache_status, now.capture, now.cache_scope) == (later.cache_status, later.capture,
                                                                     later.cache_scope) == ("bypass", None, None)
@@ -166,19 +162,15 @@ def test_the_memo_of_a_tenant_header_route_keys_on_that_header():
 def test_a_bypass_waits_for_decide_when_routing_cannot_decide_at_once():
     d = director()
     d._inner.decide_now = lambda ctx: None                # e.g. an admission queue to wait in
-    before = bypass_lookups()
+    before = value("sluice_cache_requests_total", route="chat", result="bypass")
     ctx = request(**{"cache-control": "no-store"})
     assert d.decide_now(ctx) is None
-    assert bypass_lookups() == before                    # counted once, in decide
+    assert value("sluice_cache_requests_total", route="chat", result="bypass") == before                    # counted once, in decide
     assert asyncio.run(d.decide(ctx)).cluster == "a" and ctx.cache_status == "bypass"
 
 
 # Another version's stored format (replicas sharing Redis during a rolling upgrade) and junk.
 UNREADABLE = [json.dumps({"v": 999, "content": "a newer format"}).encode(), b"\x00not json"]
-
-
-def unreadable_count() -> float:
-    return REGISTRY.get_sample_value("sluice_cache_unreadable_total") or 0.0
 
 
 def store_raw(d, data: bytes, prompt="How do I reset my password?"):
@@ -192,12 +184,12 @@ def test_a_stored_answer_this_version_cannot_read_is_a_miss_and_is_replaced():
         for store in (MemoryStore(), AwaitOnlyStore()):
             d = director(store)
             store_raw(d, data)
-            before = unreadable_count()
+            before = value("sluice_cache_unreadable_total")
             ctx = request()
             assert d.decide_now(ctx) is None
             plan = asyncio.run(d.decide(ctx))
             assert plan.reply is None and plan.cluster == "a" and ctx.cache_status == "miss"
-            assert ctx.capture is not None and unreadable_count() > before
+            assert ctx.capture is not None and value("sluice_cache_unreadable_total") > before
             ctx.capture.abandon()
 
 

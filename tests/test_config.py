@@ -49,7 +49,6 @@ def test_a_stack_never_takes_redis_or_a_config_file_from_the_shell(monkeypatch):
     assert env["SLUICE_LOG_LEVEL"] == "DEBUG"                  # other settings still pass
 
 
-
 def test_a_redis_url_is_never_shown_with_its_password_and_a_malformed_one_is_a_config_error():
     assert redacted_url("rediss://user:s3cret@redis.internal:6380/0") == "rediss://redis.internal:6380/0"
     assert redacted_url("redis://r:6379/0") == "redis://r:6379/0"

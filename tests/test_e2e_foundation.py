@@ -182,4 +182,3 @@ def test_metrics_count_requests_by_route_cluster_and_outcome(stack):
     assert wait_for_metric(stack, "sluice_requests_total", before + 3, route="only-b",
                            cluster="upstream_b", outcome="routed", status_class="2xx") == before + 3
     assert metric(stack, "sluice_ext_proc_message_seconds_count", phase="RequestBody") > 0
-

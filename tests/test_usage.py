@@ -1,6 +1,7 @@
 import json
 
 from sidecar.usage import UsageMeter
+from tests.test_cache_capture import chunk, sse
 
 
 def test_json_answer_usage_is_read():
@@ -26,15 +27,6 @@ def test_an_error_body_gives_no_usage():
     assert UsageMeter(stream=False).feed(b'{"error": {"message": "boom"}}', True) is None
 
 
-def _sse(*chunks, done=True) -> bytes:
-    events = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks)
-    return (events + ("data: [DONE]\n\n" if done else "")).encode()
-
-
-def _choice(delta, finish=None, index=0):
-    return {"object": "chat.completion.chunk", "choices": [{"index": index, "delta": delta, "finish_reason": finish}]}
-
-
 USAGE_CHUNK = {"object": "chat.completion.chunk", "choices": [],
                "usage": {"prompt_tokens": 11, "completion_tokens": 500, "total_tokens": 511}}
 
@@ -43,10 +35,10 @@ def test_answers_the_cache_refuses_still_have_their_usage_read():
     """Tool calls, n > 1, a content filter's stop: not stored, but the tokens were spent."""
     tool_call = {"tool_calls": [{"index": 0, "id": "c", "type": "function",
                                  "function": {"name": "f", "arguments": "{}"}}]}
-    for chunks in ([_choice(tool_call), _choice({}, "tool_calls"), USAGE_CHUNK],
-                   [_choice({"content": "a"}), _choice({"content": "b"}, index=1), USAGE_CHUNK],
-                   [_choice({"content": "a"}, "content_filter"), USAGE_CHUNK]):
-        assert UsageMeter(stream=True).feed(_sse(*chunks), True) == (11, 500)
+    for chunks in ([chunk(**tool_call), chunk(finish_reason="tool_calls"), USAGE_CHUNK],
+                   [chunk("a"), chunk("b", index=1), USAGE_CHUNK],
+                   [chunk("a", "content_filter"), USAGE_CHUNK]):
+        assert UsageMeter(stream=True).feed(sse(*chunks), True) == (11, 500)
     body = json.dumps({"choices": [
         {"index": i, "message": {"role": "assistant", "content": "x"}, "finish_reason": "stop"} for i in range(2)],
         "usage": {"prompt_tokens": 11, "completion_tokens": 500}}).encode()
@@ -54,11 +46,11 @@ def test_answers_the_cache_refuses_still_have_their_usage_read():
 
 
 def test_a_stream_longer_than_any_buffer_keeps_only_counters():
-    piece = _sse(_choice({"content": "x" * 1000}), done=False)
+    piece = sse(chunk("x" * 1000), done=False)
     meter = UsageMeter(stream=True, max_bytes=4096)
     for _ in range(3000):                                    # ~3 MB, past the old 1 MiB cut-off
         assert meter.feed(piece, False) is None
-    assert meter.feed(_sse(USAGE_CHUNK), True) == (11, 500)
+    assert meter.feed(sse(USAGE_CHUNK), True) == (11, 500)
     estimated = UsageMeter(stream=True, max_bytes=4096)
     for _ in range(3000):
         estimated.feed(piece, False)
@@ -67,8 +59,8 @@ def test_a_stream_longer_than_any_buffer_keeps_only_counters():
 
 def test_without_usage_tool_arguments_and_every_choice_count():
     call = {"tool_calls": [{"index": 0, "function": {"name": "lookup", "arguments": '{"q": "weather"}'}}]}
-    chunks = [_choice(call), _choice({"content": "abcd" * 5}, index=1), _choice({}, "stop")]
-    prompt, completion = UsageMeter(stream=True, prompt_text="y" * 8).feed(_sse(*chunks), True)
+    chunks = [chunk(**call), chunk("abcd" * 5, index=1), chunk(finish_reason="stop")]
+    prompt, completion = UsageMeter(stream=True, prompt_text="y" * 8).feed(sse(*chunks), True)
     assert (prompt, completion) == (2, 11)                   # 6 + 16 + 20 characters, 4 a token
 
 
