@@ -27,6 +27,9 @@ class RouteAdmission:
     default_priority: str
     default_deadline_s: float
     limits: RateLimits
+    # The caller as the route names it: the cache's tenant header (set by Envoy from a verified
+    # identity) when the route has one, else Authorization, as the cache scope does.
+    tenant_header: str = ""
 
 
 def route_admission(route: RouteSettings) -> RouteAdmission | None:
@@ -40,7 +43,8 @@ def route_admission(route: RouteSettings) -> RouteAdmission | None:
         priority_header=a.priority_header.lower(), default_priority=a.default_priority or "standard",
         default_deadline_s=deadline,
         limits=RateLimits(requests_per_minute=a.requests_per_minute or None,
-                          tokens_per_minute=a.tokens_per_minute or None))
+                          tokens_per_minute=a.tokens_per_minute or None),
+        tenant_header=route.cache.tenant_header.lower())
 
 
 class Admission:
@@ -82,10 +86,7 @@ class Admission:
     async def admit(self, ctx: RequestContext, settings: RouteAdmission,
                     clusters: Sequence[str]) -> Permit | Refusal | Degrade:
         """Rate limits, then a slot on one of `clusters` (best first); may wait in the queue."""
-        # The caller as the route names it: its tenant header (set by Envoy from a verified
-        # identity) when it has one, else Authorization, as the cache scope does.
-        tenant_header = ctx.route.cache.tenant_header if isinstance(ctx.route, RouteSettings) else ""
-        tenant = tenant_of(ctx.headers, self._secret, tenant_header=tenant_header.lower()) or ANONYMOUS
+        tenant = tenant_of(ctx.headers, self._secret, tenant_header=settings.tenant_header) or ANONYMOUS
         ctx.tenant = tenant
         if self._tokens is not None and (settings.limits.requests_per_minute or settings.limits.tokens_per_minute):
             estimate = estimate_prompt_tokens(ctx.chat.text)

@@ -44,7 +44,8 @@ def _serve(args: argparse.Namespace) -> int:
     logging.getLogger("sluice.server").info("event loop: %s", loop_name)
     try:
         if config.metrics_listen:
-            start_http_server(config.metrics_address[1], addr=config.metrics_address[0])
+            host, port = config.metrics_address
+            start_http_server(port, addr=host)
         with asyncio.Runner(loop_factory=new_loop) as runner:
             if args.noop:
                 runner.run(serve(config, App(RoutingDirector()), new_processor=NoopProcessor, load_config=load))

@@ -146,7 +146,8 @@ class RoutingDirector:
         decision = await self._admit(ctx, plan, decision, admission)
         if not isinstance(decision, Decision):
             return decision                      # a refusal (Plan with a reply)
-        if not decision.available:
+        if not decision.available:               # degraded with no fallback to go to: a 503
+            self.admission.refund(ctx)
             return self._unavailable(ctx, decision, debug)
         return self._routed(ctx, plan, decision, self._clock(), debug)
 
@@ -211,11 +212,9 @@ class RoutingDirector:
                 code="rate_limited" if limited else "overloaded", headers=(("retry-after", retry),)))
         if isinstance(result, Degrade):
             fallbacks = [c for c in plan.candidates if c.role == "fallback"]
-            picked = (self.scheduler.pick(fallbacks, self._clock(), plan.policy) if fallbacks
-                      else Decision.unavailable(1.0, {}))
-            if picked.cluster is None:             # a 503 after all: nothing was served
-                self.admission.refund(ctx)
-            return picked
+            if not fallbacks:
+                return Decision.unavailable(1.0, {})
+            return self.scheduler.pick(fallbacks, self._clock(), plan.policy)
         ctx.permit = result
         if result.cluster == decision.cluster:
             return decision

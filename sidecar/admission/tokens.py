@@ -214,21 +214,18 @@ class LocalTokenLimiter:
         return decision
 
     async def refund(self, tenant: str, route: str, tokens: int) -> None:
-        self.refund_now(tenant, route, tokens)
+        """Give back what `check` took for a request that was then not served."""
+        self.adjust_now(tenant, route, -max(0, tokens), delta_requests=-1)
 
     def adjust_now(self, tenant: str, route: str, delta_tokens: int, delta_requests: int = 0) -> None:
         if delta_tokens:
             self._metrics.tokens(tenant, route, "added" if delta_tokens > 0 else "refunded", abs(delta_tokens))
-        now = self._clock()
+        now, limits = self._clock(), self._limits(tenant, route)
         for kind, units in (("rpm", delta_requests), ("tpm", delta_tokens)):
-            limit = self._limits(tenant, route).per_period(kind)
+            limit = limits.per_period(kind)
             if limit and units:
                 key = (tenant, route, kind)
                 self._tats[key] = gcra_adjust(self._tats.get(key, 0.0), now, units * self.config.period_s / limit)
-
-    def refund_now(self, tenant: str, route: str, tokens: int) -> None:
-        """Give back what `check` took for a request that was then not served."""
-        self.adjust_now(tenant, route, -max(0, tokens), delta_requests=-1)
 
     def _limits(self, tenant: str, route: str) -> RateLimits:
         limits = self.config.limits_for(tenant, route)
