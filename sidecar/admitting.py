@@ -67,13 +67,12 @@ class Admission:
             settings = route_admission(route)
         except ValueError as exc:
             log.error("invalid admission settings of route %s, admission off: %s", route_name, exc)
-            return None
-        if settings is not None:
-            # With admission on, a candidate's max_in_flight caps the gate's adaptive limit
-            # (requests then wait in the queue instead of being refused as saturated).
-            for candidate in route.candidates:
-                if candidate.max_in_flight:
-                    self.gate.bound_cluster(candidate.cluster, candidate.max_in_flight, route_name)
+            settings = None
+        # With admission on, a candidate's max_in_flight caps the gate's adaptive limit
+        # (requests then wait in the queue instead of being refused as saturated). The set is
+        # replaced whole, so a reload that drops a cap or turns admission off frees the cluster.
+        caps = {} if settings is None else {c.cluster: c.max_in_flight for c in route.candidates if c.max_in_flight}
+        self.gate.cap_route(route_name, caps)
         return settings
 
     def _set_route_limits(self, route_name: str, limits: RateLimits) -> None:

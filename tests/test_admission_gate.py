@@ -412,7 +412,7 @@ async def test_routes_sharing_a_cluster_get_the_strictest_cap_whichever_comes_la
     for order in (("strict", 1), ("loose", 8)), (("loose", 8), ("strict", 1)):
         gate, _ = gate_with()
         for route, cap in order:
-            gate.bound_cluster("a", cap, route)
+            gate.cap_route(route, {"a": cap})
         held = await gate.acquire(["a"], "standard", "t")
         waiting = asyncio.create_task(gate.acquire(["a"], "standard", "u"))
         await settle()
@@ -423,15 +423,26 @@ async def test_routes_sharing_a_cluster_get_the_strictest_cap_whichever_comes_la
 
 async def test_a_raised_cap_lets_a_queued_waiter_in_before_any_newcomer():
     gate, _ = gate_with()
-    gate.bound_cluster("a", 1, "r")
+    gate.cap_route("r", {"a": 1})
     held = await gate.acquire(["a"], "standard", "t")
     waiting = asyncio.create_task(gate.acquire(["a"], "standard", "u"))
     await settle()
-    gate.bound_cluster("a", 2, "r")                                   # the route now allows two
+    gate.cap_route("r", {"a": 2})                                     # the route now allows two
     await settle()
     assert waiting.done() and isinstance(waiting.result(), Permit)
     held.release()
     waiting.result().release()
+
+
+async def test_a_cap_the_route_no_longer_sets_is_lifted():
+    gate, _ = gate_with(limiter=fixed(4))
+    gate.cap_route("r", {"a": 1, "b": 1})
+    gate.cap_route("other", {"b": 2})
+    assert (gate.limit("a"), gate.limit("b")) == (1, 1)
+    gate.cap_route("r", {"b": 3})                       # reloaded: no cap on a, a looser one on b
+    assert (gate.limit("a"), gate.limit("b")) == (4, 2)
+    gate.cap_route("other", {})                         # admission off on the other route
+    assert gate.limit("b") == 3
 
 
 async def test_hold_until_bounds_the_wait_whatever_the_deadline():

@@ -369,6 +369,24 @@ async def test_requests_the_gate_refuses_do_not_spend_the_tenants_budget():
     assert [await status(), await status(), await status()] == [200, 200, 429]
 
 
+async def test_a_reloaded_route_without_max_in_flight_no_longer_caps_its_cluster():
+    capped, reloaded = (parse_route_settings({"name": "chat", "candidates": [{"cluster": "a", **cap}],
+                                              "admission": {"enabled": True}})
+                        for cap in ({"max_in_flight": 1}, {}))
+    director = admitting_director()
+
+    def request(route):
+        return RequestContext(headers={"authorization": "Bearer k1", "x-request-deadline-ms": "50"}, route=route,
+                              route_name="chat", body=BODY, chat=parse_chat_request(BODY))
+    first = request(capped)
+    assert (await director.decide(first)).reply is None
+    assert (await director.decide(request(capped))).reply.status == 503        # the one slot is taken
+    second = request(reloaded)
+    assert (await director.decide(second)).reply is None                        # the cap went with the reload
+    director.on_finish(first)
+    director.on_finish(second)
+
+
 async def test_bad_admission_settings_turn_admission_off_and_are_logged_once(caplog):
     route = parse_route_settings({"name": "chat", "candidates": [{"cluster": "a"}],
                                   "admission": {"enabled": True, "default_deadline_s": -1}})

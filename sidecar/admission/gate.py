@@ -248,17 +248,29 @@ class Gate:
 
     # -- inside ------------------------------------------------------------------------------
 
-    def bound_cluster(self, cluster: str, max_limit: int, route: str = "") -> None:
-        """Cap a cluster's adaptive limit with a route's max_in_flight for it. Routes sharing a
-        cluster share its limiter, so the strictest cap any of them sets holds (whichever
-        route was seen last won before). A changed cap restarts the cluster's limiter (its
-        requests in flight stay counted), and a raised one lets waiters in at once."""
-        caps = self._caps.setdefault(cluster, {})
-        caps[route] = max_limit
-        max_limit = min(caps.values())
+    def cap_route(self, route: str, caps: Mapping[str, int]) -> None:
+        """A route's max_in_flight per cluster (its whole set: a cluster it no longer names, or
+        names without a cap, is freed of it). Routes sharing a cluster share its limiter, so
+        the strictest cap any of them sets holds. A changed cap restarts the cluster's limiter
+        (its requests in flight stay counted), and a raised one lets waiters in at once."""
+        touched = {cluster for cluster, by_route in self._caps.items() if route in by_route} | set(caps)
+        for cluster in touched:
+            by_route = self._caps.setdefault(cluster, {})
+            by_route.pop(route, None)
+            if caps.get(cluster):
+                by_route[route] = caps[cluster]
+            if not by_route:
+                del self._caps[cluster]
+            self._apply_cap(cluster)
+
+    def _apply_cap(self, cluster: str) -> None:
         base = self.config.limiter_for(cluster)
-        config = dataclasses.replace(base, max_limit=max_limit, min_limit=min(base.min_limit, max_limit),
-                                     initial_limit=min(base.initial_limit, max_limit))
+        caps = self._caps.get(cluster)
+        config = base
+        if caps:
+            max_limit = min(caps.values())
+            config = dataclasses.replace(base, max_limit=max_limit, min_limit=min(base.min_limit, max_limit),
+                                         initial_limit=min(base.initial_limit, max_limit))
         current = self._limiters.get(cluster)
         if current is None or current.config != config:
             self._limiters[cluster] = ConcurrencyLimiter(config)
