@@ -100,8 +100,22 @@ def _finite_float(text: str) -> float:
     return value
 
 
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
+    # A key given twice is read by the sidecar as its last value, but by some upstream parsers
+    # as its first: the answer to one question could be stored under another's key.
+    data = dict(pairs)
+    if len(data) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise BadRequest(f"request body repeats the key {json.dumps(key)[:80]} in one JSON object")
+            seen.add(key)
+    return data
+
+
 # One decoder for every request: json.loads with an argument builds a new one each call.
-_DECODER = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite_float)
+_DECODER = json.JSONDecoder(object_pairs_hook=_unique_keys, parse_constant=_reject_constant,
+                            parse_float=_finite_float)
 # Deepest nesting of objects and arrays accepted. Real requests (JSON schemas in tools and
 # response_format included) stay far below; deeper ones would exhaust Python's recursion
 # limit in the code that digests a request for cache keys.
@@ -134,6 +148,8 @@ def _parse(body: bytes) -> ChatRequest:
         raise BadRequest("request body is empty; expected a JSON chat completion request")
     try:
         data = _DECODER.decode(body.decode("utf-8-sig"))   # a BOM is tolerated, as json.loads does
+    except BadRequest:
+        raise
     except UnicodeDecodeError:
         raise BadRequest("request body is not valid UTF-8") from None
     except json.JSONDecodeError as exc:

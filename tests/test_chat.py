@@ -67,6 +67,18 @@ def test_rejects_bad_bodies_naming_the_field(raw, param):
     assert str(err.value)
 
 
+@pytest.mark.parametrize("raw, key", [
+    (b'{"model": "a", "messages": [{"role": "user", "content": "x"}], "model": "b"}', '"model"'),
+    (b'{"model": "m", "messages": [{"role": "user", "content": "x", "content": "y"}]}', '"content"'),
+    (b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "metadata": {"k": 1, "k": 2}}', '"k"'),
+])
+def test_a_key_repeated_in_one_object_is_refused_by_name(raw, key):
+    """Parsers differ on which value a repeated key has (Python's the last, others the first),
+    so the sidecar could key an answer by one question while the upstream answers another."""
+    with pytest.raises(BadRequest, match=f"repeats the key {key}"):
+        parse_chat_request(raw)
+
+
 def test_nesting_up_to_the_limit_is_accepted():
     schema = b'{"a":' * (MAX_NESTING - 1) + b"1" + b"}" * (MAX_NESTING - 1)   # inside the body's object
     raw = b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "response_format": ' + schema + b"}"
