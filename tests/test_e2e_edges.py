@@ -1,11 +1,15 @@
 """Envoy-side limits and sidecar failure modes, each with its own stack."""
+import http.client
 import json
+import socket
 import threading
 import time
 
 import openai
 import pytest
 
+from devtools import envoy_config
+from devtools.stack import Stack
 from tests.e2e import ask, client, post, upstream_stats
 
 
@@ -68,3 +72,40 @@ def test_sigterm_drains_open_requests(make_stack):
         t.join(30)
     stopper.join(30)
     assert len(results) == 4 and all(isinstance(r, str) and r for r in results), results
+
+
+class TrailersStack(Stack):
+    """Envoy passing HTTP/1.1 request trailers on (off by default; HTTP/2 clients always can)."""
+
+    def write_envoy_config(self):
+        path = super().write_envoy_config()
+        config = envoy_config.yaml.safe_load(path.read_text())
+        for listener in config["static_resources"]["listeners"]:
+            hcm = listener["filter_chains"][0]["filters"][0]["typed_config"]
+            hcm.setdefault("http_protocol_options", {})["enable_trailers"] = True
+        return envoy_config.write(config, path)
+
+
+def chunked_with_trailers(port: int, body: bytes) -> tuple[int, dict]:
+    """A chunked POST whose body is followed by a trailer: status and response headers."""
+    request = (b"POST /v1/chat/completions HTTP/1.1\r\nhost: localhost\r\nauthorization: Bearer test-key\r\n"
+               b"content-type: application/json\r\ntransfer-encoding: chunked\r\ntrailer: x-checksum\r\n\r\n"
+               + b"%x\r\n" % len(body) + body + b"\r\n0\r\nx-checksum: 1234\r\n\r\n")
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(request)
+        response = http.client.HTTPResponse(sock)
+        response.begin()
+        response.read()
+        return response.status, {k.lower(): v for k, v in response.getheaders()}
+
+
+def test_a_request_with_trailers_is_decided_on_like_any_other(tmp_path):
+    """In BUFFERED mode Envoy sends such a body with end_of_stream false (the trailers end the
+    stream): the sidecar still routes it and answers it from cache, not passes it undecided."""
+    body = json.dumps({"model": "demo-model", "messages": [{"role": "user", "content": "trailers?"}]}).encode()
+    with TrailersStack(tmp_path, sidecar_env={"SLUICE_CACHE": "true", "SLUICE_SEMANTIC": "false"}) as stack:
+        first = chunked_with_trailers(stack.ports.http, body)
+        second = chunked_with_trailers(stack.ports.http, body)
+    assert first[0] == second[0] == 200
+    assert "x-sluice-cluster" in first[1] and first[1]["x-sluice-cache"] == "miss"
+    assert second[1]["x-sluice-cache"] == "exact"
