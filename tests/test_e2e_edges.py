@@ -10,7 +10,7 @@ import pytest
 
 from devtools import envoy_config
 from devtools.stack import Stack
-from tests.e2e import ask, client, post, upstream_stats
+from tests.e2e import ask, chat_route, client, post, upstream_stats
 
 
 def test_local_rate_limit_gives_openai_429(make_stack):
@@ -109,3 +109,31 @@ def test_a_request_with_trailers_is_decided_on_like_any_other(tmp_path):
     assert first[0] == second[0] == 200
     assert "x-sluice-cluster" in first[1] and first[1]["x-sluice-cache"] == "miss"
     assert second[1]["x-sluice-cache"] == "exact"
+
+
+def test_request_log_lines_are_flushed_while_a_long_drain_runs(make_stack):
+    """A request that ends during the drain is in the log within a flush interval, not only
+    when the last slow stream lets the sidecar exit (lost if the pod is killed first)."""
+    stack = make_stack(upstream_args={"a": ["--ttft-ms", "800", "--tokens", "2"],
+                                      "b": ["--ttft-ms", "6000", "--tokens", "2"]},
+                       routes=[chat_route("quick", "/quick/", [{"cluster": "upstream_a"}], rewrite="/"),
+                               chat_route("slow", "/slow/", [{"cluster": "upstream_b"}], rewrite="/")],
+                       sidecar_args=["--drain-delay", "0.2", "--grace", "20"])
+    # Three quick ones end together: the first line is written at once (the last write was
+    # long ago), the other two wait in the buffer for the periodic flush.
+    calls = [threading.Thread(target=ask, args=(client(stack, path),)) for path in ("/slow/v1",) + ("/quick/v1",) * 3]
+    for call in calls:
+        call.start()
+    time.sleep(0.3)                                         # all are waiting on their upstream
+    stopper = threading.Thread(target=stack.stop_sidecar)
+    stopper.start()
+    for call in calls[1:]:
+        call.join(10)                                       # the quick ones are answered mid-drain
+    time.sleep(2.0)                                         # two flush intervals
+    draining = stopper.is_alive()
+    logged = [json.loads(line) for line in (stack.workdir / "sidecar.log").read_text().splitlines()
+              if '"logger":"sluice.access"' in line]
+    for thread in (calls[0], stopper):                      # the slow one, then the exit
+        thread.join(30)
+    assert draining, "the slow request should still hold the drain open"
+    assert [entry["route"] for entry in logged] == ["quick"] * 3
