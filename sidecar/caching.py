@@ -25,7 +25,7 @@ import numpy as np
 
 from sidecar import metrics, tracing
 from sidecar.cache.answer import CachedAnswer, decode_answer
-from sidecar.cache.capture import Refusal, SseCapture, capture_json, response_refusal
+from sidecar.cache.capture import IDENTITY_ENCODING, Refusal, SseCapture, capture_json, response_refusal
 from sidecar.cache.equivalence import EquivalenceSettings, same_question
 from sidecar.cache.inflight import Answered, Follow, Lead, Near, Promoted
 from sidecar.cache.policy import TIME_SENSITIVE_WORDS, CachePolicy, cache_decision
@@ -377,9 +377,11 @@ class CachingDirector:
         if capture is None:
             return dataclasses.replace(plan, response_headers=plan.response_headers + extra)
         # A compressed answer could not be captured: ask the upstream for identity encoding.
+        request_headers = plan.request_headers
+        if IDENTITY_ENCODING not in request_headers:        # the usage meter may have asked
+            request_headers += (IDENTITY_ENCODING,)
         return dataclasses.replace(
-            plan, response_headers=plan.response_headers + extra,
-            request_headers=plan.request_headers + (("accept-encoding", "identity"),),
+            plan, response_headers=plan.response_headers + extra, request_headers=request_headers,
             response_body=BodyMode.STREAMED if capture.stream else BodyMode.BUFFERED)
 
     # --- response -----------------------------------------------------------------------

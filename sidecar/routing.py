@@ -19,6 +19,7 @@ from sidecar import metrics, tracing
 from sidecar.admission import Degrade, Permit, Refusal, estimate_prompt_tokens
 from sidecar.admitting import Admission, RouteAdmission
 from sidecar.cache.answer import compact_json
+from sidecar.cache.capture import IDENTITY_ENCODING, is_encoded
 from sidecar.context import Outcome, RequestContext
 from sidecar.events import BodyMode, Plan
 from sidecar.usage import UsageMeter
@@ -166,12 +167,13 @@ class RoutingDirector:
         if decision.degraded:
             metrics.child(metrics.DEGRADED, ctx.route_name).inc()
             response_headers.append(("x-sluice-degraded", "1"))
+        request_headers = ((TIMEOUT_HEADER, str(timeout_ms)),)
         response_body = None
         if ctx.token_estimate is not None:   # a token budget: read the answer's real usage
             ctx.usage_meter = UsageMeter(ctx.chat.stream, ctx.chat.text)
+            request_headers += (IDENTITY_ENCODING,)
             response_body = BodyMode.STREAMED if ctx.chat.stream else BodyMode.BUFFERED
-        return Plan(cluster=decision.cluster, body=body,
-                    request_headers=((TIMEOUT_HEADER, str(timeout_ms)),),
+        return Plan(cluster=decision.cluster, body=body, request_headers=request_headers,
                     response_headers=tuple(response_headers), response_body=response_body)
 
     def _unavailable(self, ctx: RequestContext, decision: Decision, debug: tuple) -> Plan:
@@ -226,6 +228,8 @@ class RoutingDirector:
     def on_response_headers(self, ctx: RequestContext) -> None:
         now = self._clock()
         ctx.response_headers_at = now
+        if ctx.usage_meter is not None and is_encoded(ctx.response_headers):
+            ctx.usage_meter = None           # compressed after all: the estimate stands
         if ctx.decision is not None:
             self.scheduler.on_first_byte(ctx.decision, now - ctx.sent_at, now)
 

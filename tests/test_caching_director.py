@@ -1,5 +1,6 @@
 """The caching director without a server: which requests it answers at once (decide_now)."""
 import asyncio
+import gzip
 import json
 import random
 import time
@@ -243,6 +244,26 @@ def test_the_answers_usage_is_read_for_token_budgets_whatever_the_cache_does_wit
         return ctx.usage
     assert asyncio.run(usage_read(no_cache, ANSWER)) == (5, 3)
     assert asyncio.run(usage_read(ROUTE, two_choices)) == (11, 500)
+
+
+def test_an_answer_read_for_its_usage_is_asked_for_uncompressed_and_skipped_if_not():
+    """Clients such as the openai SDK accept gzip: a compressed answer would give the token
+    budget nothing to read, so the meter asks for identity encoding (once, with the capture)."""
+    no_cache = parse_route_settings({"name": "chat", "candidates": [{"cluster": "a"}], "cache": {"enabled": False}})
+
+    async def plan_and_usage(route, encoding):
+        d = director()
+        ctx = request(**{"accept-encoding": "gzip, deflate"})
+        ctx.route, ctx.token_estimate = route, 7
+        plan = await d.decide(ctx)
+        ctx.response_headers = {":status": "200", "content-type": "application/json", **encoding}
+        d.on_response_headers(ctx)
+        d.on_response_body(ctx, gzip.compress(ANSWER) if encoding else ANSWER, True)
+        d.on_finish(ctx)
+        return [h for h in plan.request_headers if h[0] == "accept-encoding"], ctx.usage
+    for route in (no_cache, ROUTE):
+        assert asyncio.run(plan_and_usage(route, {})) == ([("accept-encoding", "identity")], (5, 3))
+        assert asyncio.run(plan_and_usage(route, {"content-encoding": "gzip"}))[1] is None   # ignored: no guess
 
 
 def test_a_tenant_header_envoy_does_not_strip_is_warned_about(caplog):

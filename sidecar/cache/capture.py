@@ -51,11 +51,21 @@ def estimate_tokens(text: str) -> int:
     return math.ceil(len(text) / CHARS_PER_TOKEN)
 
 
+# Asked of the upstream for every answer the sidecar reads: clients such as the openai SDK
+# accept gzip, and a compressed body can be neither captured nor metered.
+IDENTITY_ENCODING = ("accept-encoding", "identity")
+
+
+def is_encoded(headers: Mapping[str, str]) -> bool:
+    """The response body is compressed (or otherwise content-encoded)."""
+    return (headers.get("content-encoding") or "identity").strip().lower() != "identity"
+
+
 def response_refusal(headers: Mapping[str, str], stream: bool) -> Refusal | None:
     """Whether a response's headers allow capturing its body at all (None: they do)."""
     if headers.get(":status") != "200":
         return Refusal("status")
-    if (headers.get("content-encoding") or "identity").strip().lower() != "identity":
+    if is_encoded(headers):
         return Refusal("encoded")
     content_type = (headers.get("content-type") or "").split(";")[0].strip().lower()
     if content_type != ("text/event-stream" if stream else "application/json"):
