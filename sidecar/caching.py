@@ -372,6 +372,11 @@ class CachingDirector:
             if capture is not None:
                 capture.abandon()
             return plan
+        if capture is not None and ctx.decision is not None and ctx.decision.degraded:
+            # A fallback's answer (often another model's) must not be served later as the
+            # answer of the model asked for, nor relayed to twins: they go on their own.
+            self._refuse(ctx, capture, Refusal("degraded"))
+            capture = None
         ctx.capture = capture
         extra = ((CACHE_HEADER, status), *_debug(ctx))
         if capture is None:

@@ -266,6 +266,32 @@ def test_an_answer_read_for_its_usage_is_asked_for_uncompressed_and_skipped_if_n
         assert asyncio.run(plan_and_usage(route, {"content-encoding": "gzip"}))[1] is None   # ignored: no guess
 
 
+def test_a_fallback_models_answer_is_neither_stored_nor_relayed_to_twins():
+    """Degraded to the fallback (a weight-0 primary stands in for open breakers), the answer
+    is another model's: a later request for the model asked for must not be served it."""
+    route = parse_route_settings({"name": "chat", "cache": {"semantic": False}, "candidates": [
+        {"cluster": "big", "model": "m", "weight": 0}, {"cluster": "small", "role": "fallback", "model": "tiny"}]})
+
+    async def scenario():
+        d = director()
+        leader, twin = request(), request()
+        leader.route = twin.route = route
+        plan = await d.decide(leader)
+        assert plan.cluster == "small" and ("x-sluice-degraded", "1") in plan.response_headers
+        assert (await asyncio.wait_for(d.decide(twin), timeout=5)).cluster == "small"   # not held for it
+        for ctx in (leader, twin):
+            ctx.response_headers = {":status": "200", "content-type": "application/json"}
+            d.on_response_headers(ctx)
+            d.on_response_body(ctx, ANSWER, True)
+            d.on_finish(ctx)
+        await asyncio.sleep(0.01)
+        later = request()
+        later.route = route
+        return d.decide_now(later)
+    later_plan = asyncio.run(scenario())
+    assert later_plan is None or later_plan.reply is None                # a miss, not the fallback's answer
+
+
 def test_a_tenant_header_envoy_does_not_strip_is_warned_about(caplog):
     d = director()
     for header, warned in (("x-sluice-tenant", False), ("x-tenant-id", True)):
