@@ -103,6 +103,9 @@ def test_json_without_usage_is_estimated():
     (completion(choice("x", "stop", tool_calls=[{"id": "t"}])), "tool_calls"),
     (completion(choice("x", "stop", function_call={"name": "f"})), "tool_calls"),
     (completion(choice("x", "stop", audio={"id": "a"})), "not_text"),
+    (completion(choice("x", "stop", reasoning_content="First, ...")), "not_text"),    # a hit would drop them
+    (completion(choice("x", "stop", annotations=[{"type": "url_citation"}])), "not_text"),
+    (completion(choice("x", "stop", refusal="I can't")), "not_text"),
     (completion(choice("x", "content_filter")), "finish_reason"),
     (completion(choice("x", None)), "finish_reason"),
     (completion(choice(None)), "no_content"),
@@ -114,6 +117,12 @@ def test_json_without_usage_is_estimated():
 ])
 def test_json_refusals(body, reason):
     assert capture_json(body, NOW) == Refusal(reason)
+
+
+def test_empty_extra_fields_are_plain_text():
+    body = completion(choice("x", "stop", refusal=None, annotations=[], reasoning_content=None, tool_calls=[]))
+    assert capture_json(body, NOW).content == "x"
+    assert capture_sse(sse(chunk("x", reasoning_content=None), chunk(finish_reason="stop"))).content == "x"
 
 
 def test_json_too_large():
@@ -134,6 +143,7 @@ def test_json_too_large():
     (sse(chunk(tool_calls=[{"index": 0, "id": "t"}]), chunk(finish_reason="stop")), "tool_calls"),
     (sse(chunk(function_call={"name": "f"}), chunk(finish_reason="stop")), "tool_calls"),
     (sse(chunk(audio={"id": "a"}), chunk(finish_reason="stop")), "not_text"),
+    (sse(chunk(reasoning="Hmm"), chunk("x", "stop")), "not_text"),
     (sse(chunk("a"), chunk("b", index=1), chunk(finish_reason="stop")), "n_gt_1"),
     (sse(chunk("a"), {"error": {"message": "upstream died"}}), "error"),
     (sse(chunk("a")).replace(b"data: [DONE]", b"event: error\ndata: {}"), "error"),

@@ -12,7 +12,8 @@ content type the request asked for); both capture paths then refuse (`Refusal.re
 | no_choice     | no choices                                 | no chunk with a choice              |
 | n_gt_1        | more than one choice                       | a choice index other than 0         |
 | tool_calls    | message.tool_calls / function_call         | delta.tool_calls / function_call    |
-| not_text      | message.audio                              | delta.audio                         |
+| not_text      | any other message field with a value:      | the same in a delta                 |
+|               | audio, refusal, reasoning, annotations, ...|                                     |
 | finish_reason | finish_reason not "stop" / "length"        | the same (missing: "partial")       |
 | no_content    | content missing, not a string, or empty    | no content at all                   |
 | partial       |                                            | `data: [DONE]` never came, or no    |
@@ -94,16 +95,23 @@ def _answer(content: str, finish_reason: str, model: Any, usage: tuple[int, int]
                         created_at=now, usage_estimated=estimated)
 
 
+# A stored answer keeps a message's role and content only.
+_KEPT_FIELDS = frozenset(("role", "content"))
+
+
 def _part_refusal(part: Any) -> Refusal | None:
-    """What in one message or delta makes the answer more than text."""
+    """What in one message or delta makes the answer more than text: tool calls, or any other
+    field with a value (audio, refusal, reasoning_content, annotations, ...), which a hit
+    would silently drop."""
     if not isinstance(part, dict):
         return Refusal("invalid_json")
     if part.get("tool_calls") or part.get("function_call"):
         return Refusal("tool_calls")
-    if part.get("audio"):
-        return Refusal("not_text")
     if part.get("role") not in (None, "assistant"):
         return Refusal("invalid_json")
+    for name, value in part.items():
+        if name not in _KEPT_FIELDS and value is not None and value != "" and value != [] and value != {}:
+            return Refusal("not_text")
     return None
 
 
