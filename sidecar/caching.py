@@ -420,8 +420,9 @@ class CachingDirector:
 
     def _finish(self, ctx: RequestContext, capture: Capture) -> None:
         now = self._clock()
-        answer = (capture.sse.finish(now, prompt_text=capture.prompt) if capture.sse is not None
-                  else capture_json(bytes(capture.body), now, prompt_text=capture.prompt))
+        prompt = ctx.chat.text            # the whole chat, for the estimate when there is no usage
+        answer = (capture.sse.finish(now, prompt_text=prompt) if capture.sse is not None
+                  else capture_json(bytes(capture.body), now, prompt_text=prompt))
         if isinstance(answer, Refusal):
             return self._refuse(ctx, capture, answer)
         capture.finished = True

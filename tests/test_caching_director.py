@@ -6,7 +6,7 @@ import random
 import time
 
 
-from sidecar.cache.capture import capture_json
+from sidecar.cache.capture import capture_json, estimate_tokens
 from sidecar.cache.inflight import InFlight
 from sidecar.cache.memory_store import MemoryStore
 from sidecar.caching import CacheRuntime, CachingDirector, _follow_for
@@ -17,6 +17,7 @@ from sidecar.routing import RoutingDirector
 from sidecar.scheduling import Scheduler
 from sidecar.server import EXTEND_AFTER_S, EXTENDED_MESSAGE_TIMEOUT_S
 from tests.test_admission_metrics import value
+from tests.test_cache_capture import chunk, sse
 
 ROUTE = parse_route_settings({"name": "chat", "candidates": [{"cluster": "a"}],
                               "cache": {"semantic": False}})
@@ -290,6 +291,31 @@ def test_a_fallback_models_answer_is_neither_stored_nor_relayed_to_twins():
         return d.decide_now(later)
     later_plan = asyncio.run(scenario())
     assert later_plan is None or later_plan.reply is None                # a miss, not the fallback's answer
+
+
+def test_without_usage_from_the_upstream_the_whole_chat_counts_as_prompt():
+    """A stream without include_usage: prompt tokens are estimated from every message (a long
+    system prompt included), not from the last user turn the cache keys on."""
+    system = "You are a support bot for ACME. " * 100
+    body = json.dumps({"model": "m", "stream": True, "messages": [
+        {"role": "system", "content": system}, {"role": "user", "content": "Hi?"}]}).encode()
+    answer = sse(chunk("Hello!"), chunk(finish_reason="stop"))
+
+    async def miss_then_hit():
+        d = director()
+        ctx = request()
+        ctx.body, ctx.chat = body, parse_chat_request(body)
+        await d.decide(ctx)
+        ctx.response_headers = {":status": "200", "content-type": "text/event-stream"}
+        d.on_response_headers(ctx)
+        d.on_response_body(ctx, answer, True)
+        await asyncio.sleep(0)
+        hit = request()
+        hit.body = body.replace(b'"stream": true', b'"stream": false')
+        hit.chat = parse_chat_request(hit.body)
+        return ctx, json.loads(d.decide_now(hit).reply.body)["usage"]
+    ctx, served = asyncio.run(miss_then_hit())
+    assert ctx.usage[0] == served["prompt_tokens"] == estimate_tokens(ctx.chat.text) > 800
 
 
 def test_a_tenant_header_envoy_does_not_strip_is_warned_about(caplog):
