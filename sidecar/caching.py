@@ -409,6 +409,8 @@ class CachingDirector:
             return
         if capture.sse is not None:
             capture.sse.feed(chunk)
+            if capture.sse.refused:          # known mid-stream (a tool call, an error event):
+                return self._refuse(ctx, capture, capture.sse.refused)   # twins need not wait
         elif len(capture.body) + len(chunk) <= self._rt.max_capture_bytes:
             capture.body += chunk
         else:

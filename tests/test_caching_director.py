@@ -318,6 +318,34 @@ def test_without_usage_from_the_upstream_the_whole_chat_counts_as_prompt():
     assert ctx.usage[0] == served["prompt_tokens"] == estimate_tokens(ctx.chat.text) > 800
 
 
+def test_twins_are_released_as_soon_as_the_leaders_stream_cannot_be_stored():
+    """A tool call on a route that allows tools: known at the first chunk, not at [DONE]
+    (a generation can take the twins' whole max_dedup_wait_s)."""
+    route = parse_route_settings({"name": "chat", "candidates": [{"cluster": "a"}],
+                                  "cache": {"semantic": False, "allow_tools": True}})
+    body = json.dumps({"model": "m", "stream": True, "messages": [{"role": "user", "content": "Book a table"}],
+                       "tools": [{"type": "function", "function": {"name": "book"}}]}).encode()
+
+    def streamed():
+        ctx = request()
+        ctx.route, ctx.body, ctx.chat = route, body, parse_chat_request(body)
+        return ctx
+
+    async def scenario():
+        d = director()
+        leader = streamed()
+        await d.decide(leader)
+        twin = asyncio.create_task(d.decide(streamed()))
+        await asyncio.sleep(0.01)
+        assert not twin.done()                                          # it follows the leader
+        leader.response_headers = {":status": "200", "content-type": "text/event-stream"}
+        d.on_response_headers(leader)
+        d.on_response_body(leader, sse(chunk(tool_calls=[{"index": 0, "id": "t"}]), done=False), False)
+        plan = await asyncio.wait_for(twin, timeout=2)
+        assert plan.reply is None and plan.cluster == "a"                # upstream on its own
+    asyncio.run(scenario())
+
+
 def test_a_tenant_header_envoy_does_not_strip_is_warned_about(caplog):
     d = director()
     for header, warned in (("x-sluice-tenant", False), ("x-tenant-id", True)):
