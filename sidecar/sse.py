@@ -1,11 +1,15 @@
 """Server-sent events out of a byte stream that arrives in arbitrary pieces.
 
-The EventSource rules that matter for chat streams: lines end in LF or CRLF and may be split
-anywhere across feed() calls; the `data:` lines of one event are joined with "\\n"; an empty
-line ends an event; lines starting with ":" are comments; `event:` names the event.
+The EventSource rules that matter for chat streams: lines end in LF, CRLF or a lone CR and
+may be split anywhere across feed() calls (a CRLF too); one UTF-8 BOM at the start of the
+stream is dropped; the `data:` lines of one event are joined with "\\n"; an empty line ends
+an event; lines starting with ":" are comments; `event:` names the event.
 Keeps only the event being read. Pure: no I/O.
 """
 from __future__ import annotations
+
+
+_BOM = b"\xef\xbb\xbf"
 
 
 class SseEvents:
@@ -13,14 +17,29 @@ class SseEvents:
         self._line = b""                     # an incomplete line
         self._data: list[bytes] = []         # data lines of the event being read
         self._event = b""                    # its `event:` field
+        self._started = False                # past a possible BOM
+        self._after_cr = False               # the last chunk ended in CR: a LF next is its CRLF
 
     def feed(self, chunk: bytes) -> list[tuple[bytes, bytes]]:
         """(event name, data) of each event this chunk completes, in order."""
-        lines = (self._line + chunk).split(b"\n")
+        if not chunk:
+            return []
+        if self._after_cr and chunk.startswith(b"\n"):
+            chunk = chunk[1:]
+        text = self._line + chunk
+        if not self._started:
+            if len(text) < len(_BOM) and _BOM.startswith(text):
+                self._line = text            # too short to tell yet
+                return []
+            self._started = True
+            text = text.removeprefix(_BOM)
+        self._after_cr = text.endswith(b"\r")
+        if b"\r" in text:
+            text = text.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        lines = text.split(b"\n")
         self._line = lines.pop()
         events = []
         for line in lines:
-            line = line.removesuffix(b"\r")
             if not line:
                 if self._data or self._event:
                     events.append((self._event, b"\n".join(self._data)))

@@ -76,6 +76,22 @@ def test_sse_byte_by_byte_with_crlf_and_comments():
     assert capture.finish(NOW) == CachedAnswer("Hello", "stop", "up", 3, 2, NOW)
 
 
+@pytest.mark.parametrize("framing", ["bom", "cr", "bom+crlf"])
+def test_sse_bom_and_lone_cr_line_ends_whole_or_byte_by_byte(framing):
+    """EventSource drops one leading BOM (read as part of the first field name, it lost the
+    first event's text) and ends lines at a lone CR too."""
+    body = sse(chunk("The answer is"), chunk(" 42.", "stop"))
+    if "cr" in framing:
+        body = body.replace(b"\n", b"\r\n" if "crlf" in framing else b"\r")
+    if "bom" in framing:
+        body = b"\xef\xbb\xbf" + body
+    for pieces in ([body], [body[i:i + 1] for i in range(len(body))]):
+        capture = SseCapture()
+        for piece in pieces:
+            capture.feed(piece)
+        assert capture.finish(NOW).content == "The answer is 42.", framing
+
+
 # ---------------------------------------------------------------- JSON rules
 
 def test_json_captures_length_and_usage():
