@@ -22,8 +22,11 @@ ROUTE_NAME_ATTRIBUTE = "xds.route_name"
 METADATA_NAMESPACE = "sluice"
 SIDECAR_REPLY_KEY = "sidecar_reply"
 
+# BUFFERED asks for BUFFERED_PARTIAL: the whole body in one message when it fits Envoy's
+# buffer, its first part otherwise (the rest flows on). A plain BUFFERED response past the
+# limit stalls upstream reads until the route's timeout: a 504 for a long logprobs answer.
 _BODY_MODES = {BodyMode.NONE: mode_pb2.ProcessingMode.NONE,
-               BodyMode.BUFFERED: mode_pb2.ProcessingMode.BUFFERED,
+               BodyMode.BUFFERED: mode_pb2.ProcessingMode.BUFFERED_PARTIAL,
                BodyMode.STREAMED: mode_pb2.ProcessingMode.STREAMED}
 
 

@@ -137,3 +137,19 @@ def test_request_log_lines_are_flushed_while_a_long_drain_runs(make_stack):
         thread.join(30)
     assert draining, "the slow request should still hold the drain open"
     assert [entry["route"] for entry in logged] == ["quick"] * 3
+
+
+def test_a_json_answer_larger_than_envoys_buffer_is_passed_on_whole_and_not_stored(make_stack):
+    """The sidecar reads JSON answers it may store (or meter) buffered. Past Envoy's buffer
+    limit a fully buffered body stalls until the route's timeout (a 504); BUFFERED_PARTIAL
+    hands the sidecar the first part and streams the rest to the client."""
+    big = ["--ttft-ms", "0", "--tokens", "60000", "--tokens-per-s", "100000000"]
+    stack = make_stack(upstream_args={"a": big, "b": big}, envoy_vars={"MAX_BODY_BYTES": 65536},
+                       sidecar_env={"SLUICE_CACHE": "true", "SLUICE_SEMANTIC": "false"})
+    sizes, tiers = [], []
+    for _ in range(2):
+        completion, headers = ask(client(stack), "a long one, please", max_tokens=60000)
+        sizes.append(len(completion.choices[0].message.content))
+        tiers.append(headers["x-sluice-cache"])
+    assert sizes[0] == sizes[1] > 65536
+    assert tiers == ["miss", "miss"]                         # too large to store, never cut short
