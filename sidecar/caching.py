@@ -424,7 +424,8 @@ class CachingDirector:
         now = self._clock()
         prompt = ctx.chat.text            # the whole chat, for the estimate when there is no usage
         answer = (capture.sse.finish(now, prompt_text=prompt) if capture.sse is not None
-                  else capture_json(bytes(capture.body), now, prompt_text=prompt))
+                  else capture_json(bytes(capture.body), now, prompt_text=prompt,
+                                    max_bytes=self._rt.max_capture_bytes))
         if isinstance(answer, Refusal):
             return self._refuse(ctx, capture, answer)
         capture.finished = True
