@@ -10,7 +10,6 @@ import time
 
 import numpy as np
 import pytest
-import redis
 from prometheus_client import REGISTRY
 from redis.asyncio import Redis as AsyncRedis
 from redis.exceptions import ResponseError
@@ -439,11 +438,9 @@ async def test_redis_unreachable_at_start_does_not_fail_start(tmp_path):
 
 @needs_redis
 async def test_redis_keys_share_the_scope_hash_tag(redis_server, redis_stores):
-    import redis.asyncio as aioredis
-
     store = await redis_stores()
     await store.put("tenant/model", "abc", "p", unit(1), b"a", ttl_s=60)
-    client = aioredis.Redis.from_url(redis_server.url)
+    client = AsyncRedis.from_url(redis_server.url)
     try:
         keys = sorted(k.decode() for k in await client.keys("sluice:*"))
         assert keys == ["sluice:events", "sluice:{tenant/model}:e:abc", "sluice:{tenant/model}:ids"]
@@ -536,16 +533,33 @@ async def test_redis_cluster_every_operation_stays_in_its_scope_slot(redis_clust
 
 # -- data this version cannot read: another version's, or corrupt; never a failed request --
 
-def _raw_redis(server: RedisServer, *command: bytes | str) -> None:
-    """One command to the module's redis-server (the store's own client is async)."""
-    redis.Redis(port=server.port).execute_command(*command)
+async def _raw_redis(server: RedisServer, *command: bytes | str) -> None:
+    """One command to the module's redis-server, past the store."""
+    async with AsyncRedis(port=server.port) as client:
+        await client.execute_command(*command)
+
+
+def _before_each_pipeline(store, hook) -> None:
+    """hook(pipe) runs before each of the store's pipelines is sent; it may raise as Redis would."""
+    real = store._client.pipeline
+
+    def pipeline(*args, **kw):
+        pipe = real(*args, **kw)
+        execute = pipe.execute
+
+        async def hooked(*more, **kws):
+            hook(pipe)
+            return await execute(*more, **kws)
+        pipe.execute = hooked
+        return pipe
+    store._client.pipeline = pipeline
 
 
 @needs_redis
 async def test_redis_an_entry_with_a_junk_time_is_a_miss(redis_server, redis_stores):
     store = await redis_stores()
     await store.put("t", "k", "p", None, b"answer", ttl_s=60)
-    _raw_redis(redis_server, "HSET", "sluice:{t}:e:k", "t", "not-a-time")
+    await _raw_redis(redis_server, "HSET", "sluice:{t}:e:k", "t", "not-a-time")
     assert await store.get_exact("t", "k") is None
 
 
@@ -554,13 +568,13 @@ async def test_redis_a_malformed_vector_or_event_is_skipped_not_a_stuck_index(re
     writer = await redis_stores()
     await writer.put("s0", "first", "p", unit(0), b"a", ttl_s=60)     # the stream is not empty
     expires = str(int(time.time() * 1000) + 60_000)
-    _raw_redis(redis_server, "HSET", "sluice:{s2}:e:bad", "p", "p", "a", "a", "t", "1", "x", expires,
+    await _raw_redis(redis_server, "HSET", "sluice:{s2}:e:bad", "p", "p", "a", "a", "t", "1", "x", expires,
                "v", np.zeros(DIM, np.float32).tobytes())                 # a zero vector
-    _raw_redis(redis_server, "ZADD", "sluice:{s2}:ids", "1", "bad")
+    await _raw_redis(redis_server, "ZADD", "sluice:{s2}:ids", "1", "bad")
     before = _metric("sluice_cache_unreadable_total")
     late = await redis_stores()                                         # loads past the bad vector
     assert await late.nearest("s0", unit(0), 0.99) is not None
-    _raw_redis(redis_server, "XADD", "sluice:events", "*", "op", "put", "s", "s3", "k", "odd", "v", "abc")
+    await _raw_redis(redis_server, "XADD", "sluice:events", "*", "op", "put", "s", "s3", "k", "odd", "v", "abc")
     await writer.put("s1", "after", "p", unit(1), b"a", ttl_s=60)       # follows past the bad event
     hit = await eventually(lambda: late.nearest("s1", unit(1), 0.99))
     assert hit is not None and hit.entry.entry_id == "after"
@@ -591,20 +605,13 @@ async def test_redis_a_put_whose_stream_event_failed_reaches_the_replicas_later(
     a, b = await redis_stores(), await redis_stores()
     await a.put("t", "earlier", "p", unit(9), b"x", ttl_s=60)       # the stream is not empty
     assert await eventually(lambda: b.nearest("t", unit(9), 0.99))
-    real, failed = a._client.pipeline, []
+    failed = []
 
-    def pipeline(*args, **kw):                                      # the event's round trip fails once
-        pipe = real(*args, **kw)
-        execute = pipe.execute
-
-        async def fail_once(*more, **kws):
-            if not failed:
-                failed.append(True)
-                raise RedisTimeoutError("as if the deadline hit between the entry and its event")
-            return await execute(*more, **kws)
-        pipe.execute = fail_once
-        return pipe
-    a._client.pipeline = pipeline
+    def fail_once(pipe):                                            # the event's round trip fails once
+        if not failed:
+            failed.append(True)
+            raise RedisTimeoutError("as if the deadline hit between the entry and its event")
+    _before_each_pipeline(a, fail_once)
     await a.put("t", "k", "p", unit(1), b"answer", ttl_s=60)
     assert failed and (await b.get_exact("t", "k")).answer == b"answer"
     hit = await eventually(lambda: b.nearest("t", unit(1), 0.99), timeout=5)
@@ -614,20 +621,13 @@ async def test_redis_a_put_whose_stream_event_failed_reaches_the_replicas_later(
 @needs_redis
 async def test_redis_events_waiting_for_a_retry_go_a_few_at_a_time(redis_stores):
     a, b = await redis_stores(), await redis_stores()
-    real, refusing, sizes = a._client.pipeline, [True], []
+    refusing, sizes = [True], []
 
-    def pipeline(*args, **kw):                   # Redis out of memory: XADD refused, still up
-        pipe = real(*args, **kw)
-        execute = pipe.execute
-
-        async def maybe_refuse(*more, **kws):
-            sizes.append(len(pipe.command_stack))
-            if refusing[0]:
-                raise ResponseError("OOM command not allowed when used memory > 'maxmemory'")
-            return await execute(*more, **kws)
-        pipe.execute = maybe_refuse
-        return pipe
-    a._client.pipeline = pipeline
+    def maybe_refuse(pipe):                      # Redis out of memory: XADD refused, still up
+        sizes.append(len(pipe.command_stack))
+        if refusing[0]:
+            raise ResponseError("OOM command not allowed when used memory > 'maxmemory'")
+    _before_each_pipeline(a, maybe_refuse)
     for i in range(100):
         await a.put("t", f"k{i}", "p", unit(i), b"a", ttl_s=60)
     assert a.healthy and max(sizes) <= REPUBLISH_BATCH + 1          # never the whole backlog at once
