@@ -248,6 +248,8 @@ class RoutingDirector:
         # the cluster's latency (counting it would shrink the limits that made it wait).
         sent = ctx.response_headers_at is not None and ctx.sent_at is not None
         ttfb = ctx.response_headers_at - ctx.sent_at if sent else None
+        if ctx.usage is None and ctx.usage_meter is not None:
+            ctx.usage = ctx.usage_meter.cut_short()
         if self.admission is not None:
             self.admission.settle(ctx)
         if ctx.permit is not None:          # the slot goes back whatever happened

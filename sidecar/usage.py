@@ -56,6 +56,18 @@ class UsageMeter:
             self._read_body()
         return self._result()
 
+    def cut_short(self) -> tuple[int, int] | None:
+        """The usage of an answer whose end was never read: a client gone mid-stream, or a
+        JSON body past Envoy's buffer (only its first part reaches the sidecar). What it
+        carried so far, at the least: the tokens were generated all the same."""
+        if self._done:
+            return None
+        self._done = True
+        if self._events is None and self._body_size:
+            self._saw_choice = True
+            self._chars = self._body_size             # JSON overhead counted too: an upper bound
+        return self._result()
+
     # ------------------------------------------------------------ internals
 
     def _feed_stream(self, chunk: bytes) -> bool:

@@ -233,18 +233,21 @@ def test_the_answers_usage_is_read_for_token_budgets_whatever_the_cache_does_wit
     two_choices = json.dumps({"object": "chat.completion", "model": "m", "choices": [
         {"index": i, "message": {"role": "assistant", "content": "x"}, "finish_reason": "stop"} for i in range(2)],
         "usage": {"prompt_tokens": 11, "completion_tokens": 500, "total_tokens": 511}}).encode()
-    async def usage_read(route, answer):
+    async def usage_read(route, answer, end=True):
         d = director()
         ctx = request()
         ctx.route, ctx.token_estimate = route, 7                # admission charged an estimate
         await d.decide(ctx)
         ctx.response_headers = {":status": "200", "content-type": "application/json"}
         d.on_response_headers(ctx)
-        d.on_response_body(ctx, answer, True)
+        d.on_response_body(ctx, answer, end)
         d.on_finish(ctx)
         return ctx.usage
     assert asyncio.run(usage_read(no_cache, ANSWER)) == (5, 3)
     assert asyncio.run(usage_read(ROUTE, two_choices)) == (11, 500)
+    # Only its first part ever came (past Envoy's buffer): charged for that much at least.
+    cut = asyncio.run(usage_read(no_cache, b'{"choices": [{"message": {"content": "' + b"x" * 40_000, end=False))
+    assert cut is not None and cut[1] >= 10_000
 
 
 def test_an_answer_read_for_its_usage_is_asked_for_uncompressed_and_skipped_if_not():

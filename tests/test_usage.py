@@ -68,3 +68,17 @@ def test_an_error_event_or_a_body_without_choices_gives_no_usage():
     assert UsageMeter(stream=True).feed(b"event: error\ndata: {}\n\n", True) is None
     assert UsageMeter(stream=True).feed(b"data: {\"object\": \"x\"}\n\n", True) is None
     assert UsageMeter(stream=False).feed(b"not json", True) is None
+
+
+def test_an_answer_cut_short_is_charged_what_it_carried():
+    """A client gone mid-stream, or a JSON body past Envoy's buffer (its first part only):
+    the tokens were generated, so the budget is charged for them, not the prompt alone."""
+    stream = UsageMeter(stream=True, prompt_text="x" * 40)
+    assert stream.feed(sse(chunk("y" * 400), done=False), False) is None
+    assert stream.cut_short() == (10, 100)
+    big_json = UsageMeter(stream=False)
+    assert big_json.feed(b'{"choices": [{"message": {"content": "' + b"z" * 4000, False) is None
+    prompt, completion = big_json.cut_short()
+    assert completion >= 1000
+    assert big_json.cut_short() is None                                 # once
+    assert UsageMeter(stream=True).cut_short() is None                   # nothing came: the estimate stands
