@@ -105,6 +105,17 @@ SUITE = (
     ("miss", "Explain the difference between TCP and UDP", "Explain the difference between HTTP and HTTPS"),
     ("miss", "Who wrote Pride and Prejudice?", "Who wrote Sense and Sensibility?"),
     ("miss", "What year did the Berlin Wall fall?", "What year was the Berlin Wall built?"),
+    ("miss", "css align text to the left", "css align text to the right"),
+    ("miss", "sort a list of dicts by key in ascending order", "sort a list of dicts by key in descending order"),
+    ("miss", "Wie aktiviere ich die Zwei-Faktor-Authentifizierung?", "Wie deaktiviere ich die Zwei-Faktor-Authentifizierung?"),
+    ("miss", "is .5 mg of melatonin a safe dose", "is 5 mg of melatonin a safe dose"),
+    ("miss", "what is 10 minus 3", "what is 3 minus 10"),
+    ("miss", "set a timeout of 30 seconds in python requests", "set a timeout of 30 minutes in python requests"),
+    ("miss", "how many teaspoons in a tablespoon", "how many tablespoons in a teaspoon"),
+    ("miss", "translate good morning to spanish", "translate good morning from spanish"),
+    ("miss", "what does == do in javascript", "what does === do in javascript"),
+    ("miss", "give me a gluten-free pancake recipe", "give me a pancake recipe with gluten"),
+    ("miss", "如何打开防火墙？", "如何关闭防火墙？"),
     ("narrower", "How do I center a div in CSS?", "How do I center a div vertically in CSS?"),
     ("narrower", "best laptop", "best laptop for programming"),
     ("hit", "how to reset my password", "how do I reset my password"),
@@ -127,6 +138,10 @@ SUITE = (
     ("hit", "what is machine learning", "what is machine learning?"),
     ("hit", "Best way to learn Spanish quickly", "What is the best way to learn Spanish fast?"),
     ("hit", "Can you explain how vaccines work?", "Explain how vaccines work"),
+    ("hit", "how to center a div horizontally", "how to horizontally center a div"),
+    ("hit", "write an essay of about 100 words on climate change", "write an essay of about a hundred words on climate change"),
+    ("hit", "what is 3 plus 5", "what is 5 plus 3"),
+    ("hit", "What's 2+2?", "what is 2 + 2"),
 )
 
 # Token alignment (sidecar/cache/alignment.py), measured on top of the default checks.
@@ -141,9 +156,9 @@ ALIGN_KEEP_RECALL = 0.95
 STRICT_CONTENT = dict(extra_word_cost=0.02, max_extra_words=2, substitution_margin=1.0)
 NO_CHECKS = dict(check_numbers=False, check_negation=False, check_question_words=False,
                  check_comparisons=False, check_entities=False, check_word_order=False,
-                 check_content_words=False)
+                 check_symbols=False, check_content_words=False)
 CHECKS = ("check_numbers", "check_negation", "check_question_words", "check_comparisons",
-          "check_entities", "check_word_order", "check_content_words")
+          "check_entities", "check_word_order", "check_symbols", "check_content_words")
 
 
 @dataclass(frozen=True)
@@ -538,25 +553,39 @@ def markdown(report: dict) -> str:
         "",
         *_table(["reason", "check"], [
             ["`below_threshold`", "cosine < τ"],
-            ["`numbers_differ`", "the sets of numbers differ: digits and number words (`25` = `twenty-five`, "
-             "`$3bn` = `3 billion`, `1,000` = `1000`), ordinals (`3rd` = `third`); a lone `one` is ignored"],
+            ["`numbers_differ`", "the numbers differ: digits and number words (`25` = `twenty-five`, "
+             "`$3bn` = `3 billion`, `1,000` = `1000`, `a hundred` = `100`), ordinals (`3rd` = `third`), with "
+             "their sign, a leading decimal point (`.5` is not `5`), fractions (`1/2`) and percent (`15% of "
+             "80` is not `80% of 15`); or the same numbers in another order, unless both prompts join them "
+             "symmetrically (`plus`, `and`, `+`, `vs`, …: `10 minus 3` is not `3 minus 10`); or one number "
+             "with other units (`30 seconds` / `30 minutes`, `100 fahrenheit in celsius` / `100 celsius in "
+             "fahrenheit`); a lone `one` is ignored"],
             ["`negation_differs`", "different count of negation cues (`not`, `n't`, `never`, `no`, `without`, "
-             "…, a few German/French/Spanish/Italian ones)"],
+             "`gluten-free`, `free of`, …, a few German/French/Spanish/Italian ones)"],
             ["`question_word_differs`", "both have interrogatives and their classes differ: `why`, `when`, "
              "`where`, `who`, and {`what`, `which`, `how`} as one class; `which/who/when/where` count only "
              "at a sentence start (else they are relative pronouns); Spanish, French, German, Italian forms "
              "that are not also common words elsewhere"],
             ["`comparison_differs`", "a polar word is swapped for its opposite class (`best`↔`worst`, "
-             "`more`↔`less`, `before`↔`after`, `buy`↔`sell`, `legal`↔`illegal`, …); `good`/`best`/`top` "
-             "are one class"],
+             "`more`↔`less`, `before`↔`after`, `buy`↔`sell`, `left`↔`right`, `ascending`↔`descending`, "
+             "`enable`↔`disable`, `formal`↔`casual`, `client`↔`server`, … about 70 classes); `good`/`best`/`top` "
+             "are one class; or a word only one prompt has is another's opposite by prefix, in any language "
+             "(`able`/`unable`, `aktivieren`/`deaktivieren`, `activer`/`désactiver`, `encrypt`/`decrypt`)"],
             ["`entities_differ`", "a name in one prompt (capitalised word not at a sentence start, acronym, "
              "camel-case, `C++`) matches no word of the other (same word, stem, or prefix of ≥ 4 letters)"],
-            ["`order_differs`", "the same words in swapped roles after `to`/`from`/`into`/`than`/`vs`/"
-             "`against` (`celsius to fahrenheit` / `fahrenheit to celsius`)"],
+            ["`order_differs`", "the same words in swapped roles after `to`/`from`/`into`/`in`/`than`/`vs`/"
+             "`against` (`celsius to fahrenheit` / `fahrenheit to celsius`, `teaspoons in a tablespoon` / "
+             "`tablespoons in a teaspoon`; `to` after `how`, `want`, … is an infinitive, not a direction), or "
+             "one thing after `to` in one prompt and `from` in the other (`translate to Spanish`)"],
+            ["`symbols_differ`", "both prompts have operator symbols and they differ, in order (`==` / `===`, "
+             "`*args` / `**args`, `i++` / `++i`); sentence punctuation, hyphens and slashes inside words, "
+             "prose dashes, backticks and currency signs are not operators, spacing is free (`2+2` = `2 + 2`)"],
             ["`content_differs`", "more than `max_extra_words` content words that only one prompt has (any, "
              "once a prompt is longer than `long_prompt_words`: the embedding reads only its last 256 "
-             "tokens); or cosine < τ + `extra_word_cost` × that count (+ `substitution_margin` when both "
-             "prompts have such words)"],
+             "tokens); a content word of one last sentence that the other's last sentence lacks, once a "
+             "prompt has `tail_prompt_words` words (the instruction after a long context: elsewhere in it, "
+             "almost any word matches); or cosine < τ + `extra_word_cost` × that count (+ "
+             "`substitution_margin` when both prompts have such words)"],
         ]),
         "",
         "Defaults, `EquivalenceSettings()`:",
@@ -622,7 +651,8 @@ def markdown(report: dict) -> str:
                 [[f"`{reason}`", *(f"{full['checks'][s]['counts'].get('stopped:' + reason, 0)} / "
                                    f"{full['checks'][s]['counts'].get('lost:' + reason, 0)}" for s in sources)]
                  for reason in ("numbers_differ", "negation_differs", "question_word_differs",
-                                "comparison_differs", "entities_differ", "order_differs", "content_differs")]),
+                                "comparison_differs", "entities_differ", "order_differs", "symbols_differ",
+                                "content_differs")]),
         "",
         "One check switched off at a time (overall):",
         "",

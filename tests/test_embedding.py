@@ -143,6 +143,17 @@ async def test_nothing_to_embed_is_a_clear_value_error(model, text):
     await batcher.close()
 
 
+@pytest.mark.parametrize("text", ["如何打开防火墙？", "How do I reset my password? 谢谢谢谢"])
+async def test_text_the_model_mostly_cannot_read_is_not_embedded(model, text):
+    """Most CJK characters are [UNK] to this model: "open" and "close the firewall" in
+    Chinese embed identically. Past MAX_UNKNOWN_SHARE such a prompt gets exact hits only."""
+    batcher = batcher_for(model)
+    with pytest.raises(ValueError, match="too few of the text's tokens"):
+        await batcher.embed(text)
+    assert (await batcher.embed("How do I reset my password when the link has expired? 谢谢")).shape  # 2 of 14
+    await batcher.close()
+
+
 async def test_a_megabyte_of_text_is_embedded_by_its_end_quickly(model):
     tail = " Given all of that, how do I reset my password?"
     text = ("Lorem ipsum dolor sit amet, consectetur adipiscing elit. " * 20_000)[:1_000_000] + tail

@@ -17,6 +17,10 @@ from sidecar.cache.equivalence import (EquivalenceSettings, Requirement, Verdict
 DEFAULT = EquivalenceSettings()
 HIGH = 0.99  # above the default threshold plus any default margin
 
+LONG_CONTEXT = ("We run a small online shop selling handmade candles. Orders ship from our workshop "
+                "within two days, and most customers receive them within a week. Last month a courier "
+                "lost several parcels and we refunded every one of them the same day. ")
+
 # (a, b, cosine, hit, reason) under the default settings.
 CASES = [
     # Rewordings of one question are served.
@@ -75,6 +79,50 @@ CASES = [
     ("convert celsius to fahrenheit", "convert fahrenheit to celsius", HIGH, False, "order_differs"),
     ("flights from Paris to London", "flights from London to Paris", HIGH, False, "order_differs"),
     ("Is tea healthier than coffee?", "Is coffee healthier than tea?", HIGH, False, "order_differs"),
+    # Opposites in lower case, and by prefix in any language.
+    ("css align text to the left", "css align text to the right", HIGH, False, "comparison_differs"),
+    ("sort a list of dicts by key in ascending order", "sort a list of dicts by key in descending order",
+     HIGH, False, "comparison_differs"),
+    ("write a formal email declining a meeting", "write a casual email declining a meeting",
+     HIGH, False, "comparison_differs"),
+    ("Wie aktiviere ich die Zwei-Faktor-Authentifizierung?", "Wie deaktiviere ich die Zwei-Faktor-Authentifizierung?",
+     HIGH, False, "comparison_differs"),
+    ("Comment activer le mode sombre ?", "Comment désactiver le mode sombre ?", HIGH, False, "comparison_differs"),
+    # Numbers: sign, decimal point, fractions, percent, order, units.
+    ("is .5 mg of melatonin a safe dose", "is 5 mg of melatonin a safe dose", HIGH, False, "numbers_differ"),
+    ("convert -40 celsius to fahrenheit", "convert 40 celsius to fahrenheit", HIGH, False, "numbers_differ"),
+    ("what is 1/2 + 3/4", "what is 1/4 + 3/2", HIGH, False, "numbers_differ"),
+    ("what is 15% of 80", "what is 80% of 15", HIGH, False, "numbers_differ"),
+    ("what is 10 minus 3", "what is 3 minus 10", HIGH, False, "numbers_differ"),
+    ("what is 2 to the power of 10", "what is 10 to the power of 2", HIGH, False, "numbers_differ"),
+    ("set a timeout of 30 seconds in requests", "set a timeout of 30 minutes in requests",
+     HIGH, False, "numbers_differ"),
+    ("what is 100 fahrenheit in celsius", "what is 100 celsius in fahrenheit", HIGH, False, "numbers_differ"),
+    ("what is 3 plus 5", "what is 5 plus 3", HIGH, True, "ok"),
+    ("compare python 2 and python 3", "compare python 3 and python 2", HIGH, True, "ok"),
+    ("write an essay of about 100 words on climate change",
+     "write an essay of about a hundred words on climate change", HIGH, True, "ok"),
+    ("what happened in the 19th century in france", "what happened in the nineteenth century in france",
+     HIGH, True, "ok"),
+    # Directions.
+    ("how many teaspoons in a tablespoon", "how many tablespoons in a teaspoon", HIGH, False, "order_differs"),
+    ("translate good morning to spanish", "translate good morning from spanish", HIGH, False, "order_differs"),
+    ("how to center a div horizontally", "how to horizontally center a div", HIGH, True, "ok"),   # infinitive
+    # Operators.
+    ("what does == do in javascript", "what does === do in javascript", HIGH, False, "symbols_differ"),
+    ("what does i++ do in c", "what does ++i do in c", HIGH, False, "symbols_differ"),
+    ("what does *args mean in python", "what does **args mean in python", HIGH, False, "symbols_differ"),
+    ("What's 2+2?", "what is 2 + 2", HIGH, True, "ok"),
+    ("what does 2>&1 mean in bash", "what does 2>&1 mean in bash?", HIGH, True, "ok"),
+    ("how do I use two-factor auth with os.path", "how do I use two-factor auth with os.path!", HIGH, True, "ok"),
+    # "-free" is "without".
+    ("give me a gluten-free pancake recipe", "give me a pancake recipe with gluten", HIGH, False, "negation_differs"),
+    ("give me a gluten-free pancake recipe", "give me a pancake recipe without gluten", HIGH, True, "ok"),
+    # After a long context the last sentence, the instruction, must match word for word.
+    (LONG_CONTEXT + "Write a polite reply to a customer whose parcel is late.",
+     LONG_CONTEXT + "Write a firm reply to a customer whose parcel is late.", HIGH, False, "content_differs"),
+    (LONG_CONTEXT + "Write a polite reply to a customer whose parcel is late.",
+     LONG_CONTEXT + "Please write a polite reply to the customer whose parcel is late!", HIGH, True, "ok"),
 ]
 
 
@@ -96,6 +144,7 @@ def test_order_of_the_prompts_does_not_matter(a, b, cosine, hit, reason):
     ("check_question_words", "Why do cats purr?", "How do cats purr?"),
     ("check_comparisons", "What are the best books on statistics?", "What are the worst books on statistics?"),
     ("check_word_order", "convert celsius to fahrenheit", "convert fahrenheit to celsius"),
+    ("check_symbols", "what does == do in javascript", "what does === do in javascript"),
 ])
 def test_each_check_has_a_switch(switch, a, b):
     assert not same_question(a, b, HIGH, DEFAULT).hit

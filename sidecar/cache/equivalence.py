@@ -41,6 +41,7 @@ class EquivalenceSettings:
     check_comparisons: bool = True
     check_entities: bool = True
     check_word_order: bool = True
+    check_symbols: bool = True
     check_content_words: bool = True
     # Content words that only one prompt has ("how do I center a div [vertically]") raise
     # the cosine needed: + extra_word_cost for each, counted on the side with more ...
@@ -58,6 +59,10 @@ class EquivalenceSettings:
     # difference earlier in a long prompt leaves the cosine near 1.  Past this many
     # words (either prompt), every content word must match, whatever the knobs above.
     long_prompt_words: int = 150
+    # A prompt of this many words or more is mostly context, which makes almost every word
+    # of the other prompt "match" somewhere: its last sentence (the instruction or
+    # question) must then match the other's last sentence, content word for content word.
+    tail_prompt_words: int = 40
     # Token alignment (sidecar/cache/alignment.py): a hit also needs each prompt to have at
     # most max_unaligned_tokens content tokens whose nearest token in the other prompt
     # (the model's per-token vectors) is below alignment_floor.  It needs the two prompts'
@@ -76,7 +81,7 @@ class EquivalenceSettings:
                 raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)!r}")
         if not -1.0 <= self.alignment_floor <= 1.0:
             raise ValueError(f"alignment_floor: must be in [-1, 1], got {self.alignment_floor!r}")
-        for name in ("max_extra_words", "long_prompt_words", "max_unaligned_tokens"):
+        for name in ("max_extra_words", "long_prompt_words", "tail_prompt_words", "max_unaligned_tokens"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)!r}")
 
@@ -102,7 +107,11 @@ class Requirement:
 class Profile:
     """What the checks need to know about one prompt (see `profile`)."""
 
-    numbers: frozenset[str]          # canonical values: "1698.02", "30000000000", "3th"
+    numbers: frozenset[str]          # canonical values: "1698.02", "30000000000", "3th", "-40", "15%", "1/2"
+    number_order: tuple[str, ...]    # the same, in the order written
+    units: frozenset[tuple[str, str]]  # (value, unit) where a unit follows: ("30", "s"), ("100", "f")
+    symmetric: bool                  # has a connector under which numbers may swap: and, plus, vs, +, ...
+    operators: tuple[str, ...]       # operator symbols in order, with the side(s) they touch
     negations: int                   # count of negation cues
     question_words: frozenset[str]   # interrogative classes: "what", "why", "when", ...
     comparisons: frozenset[str]      # classes of polar words: "+good" (best), "-more" (lower)
@@ -112,6 +121,7 @@ class Profile:
     words: frozenset[str]            # every lower-cased word and its stem, for matching
     sorted_words: tuple[str, ...]    # the same, sorted, for prefix look-ups
     length: int                      # words, numbers left out
+    tail: str                        # the last sentence
 
 
 # ---------------------------------------------------------------- word tables
@@ -124,13 +134,19 @@ _TENS = {w: 10 * i for i, w in enumerate(
 _SCALES = {"hundred": 100, "thousand": 10**3, "k": 10**3, "million": 10**6, "mn": 10**6,
            "billion": 10**9, "bn": 10**9, "trillion": 10**12, "tn": 10**12}
 _ORDINALS = {w: i + 1 for i, w in enumerate(
-    "first second third fourth fifth sixth seventh eighth ninth tenth eleventh twelfth".split())}
+    "first second third fourth fifth sixth seventh eighth ninth tenth eleventh twelfth thirteenth "
+    "fourteenth fifteenth sixteenth seventeenth eighteenth nineteenth twentieth".split())}
+_ORDINALS.update({w: 10 * i for i, w in enumerate(
+    "_ _ _ thirtieth fortieth fiftieth sixtieth seventieth eightieth ninetieth".split()) if w != "_"})
+_ORDINALS.update(hundredth=100, thousandth=1000)
 _NUMBER_WORDS = frozenset(_UNITS) | frozenset(_TENS) | frozenset(_SCALES) | {"dozen", "percent", "per", "cent"}
 
 _NEGATIONS = frozenset(
     "not no never none nobody nothing nowhere neither nor without cannot "
     "nicht kein keine keinen keiner nie niemals jamais pas nunca nada nadie ningún ninguna "
-    "non mai dont cant wont isnt doesnt didnt aint".split())
+    "non mai sans dont cant wont isnt doesnt didnt aint".split())
+# "gluten-free", "free of sugar": "without", spelled another way.
+_FREE = re.compile(r"[^\W\d_]-free\b|\bfree of\b")
 
 # Interrogative -> class.  "what", "which" and "how" often ask the same thing
 # ("what is the best way to ..." / "how do I ..."), so they share a class.
@@ -156,7 +172,7 @@ _RELATIVES = frozenset({"which", "who", "whom", "whose", "when", "where", "quand
 # are opposites, words in one class are near enough ("good"/"best"/"top").
 _COMPARISONS = {w: cls for cls, words in {
     "+good": "good great best better top nice excellent",
-    "-good": "bad worst worse poor terrible awful",
+    "-good": "bad worst worse poor terrible awful bottom",
     "+more": "more most higher highest greater greatest increase increased increases maximum max",
     "-more": "less least fewer fewest lower lowest decrease decreased decreases minimum min",
     "+big": "big bigger biggest large larger largest huge",
@@ -191,6 +207,57 @@ _COMPARISONS = {w: cls for cls, words in {
     "-safe": "dangerous unsafe",
     "+true": "true",
     "-true": "false",
+    # Lower-case opposites of everyday chat and code questions.
+    "+left": "left", "-left": "right",
+    "+asc": "ascending asc", "-asc": "descending desc",
+    "+inclusive": "inclusive", "-inclusive": "exclusive",
+    "+keep": "keep keeping kept", "-keep": "discard discarding lose losing drop",
+    "+enable": "enable enabled enabling", "-enable": "disable disabled disabling",
+    "+allow": "allow allowed allowing", "-allow": "deny denied block blocked forbid",
+    "+encrypt": "encrypt encrypted encryption encode encoding", "-encrypt": "decrypt decrypted decryption decode decoding",
+    "+upload": "upload uploading", "-upload": "download downloading",
+    "+north": "north northern", "-north": "south southern",
+    "+east": "east eastern", "-east": "west western",
+    "+input": "input inputs", "-input": "output outputs",
+    "+formal": "formal", "-formal": "informal casual",
+    "+polite": "polite", "-polite": "rude",
+    "+simple": "layman", "-simple": "technical",
+    "+brief": "brief briefly concise", "-brief": "detail detailed",
+    "+inner": "inner", "-inner": "outer",
+    "+horizontal": "horizontal horizontally", "-horizontal": "vertical vertically",
+    "+upper": "uppercase upper", "-upper": "lowercase",
+    "+open": "open opening", "-open": "close closing",
+    "+start": "start starting", "-start": "stop stopping",
+    "+push": "push", "-push": "pull",
+    "+read": "read reading", "-read": "write writing",
+    "+get": "getter", "-get": "setter",
+    "+local": "local locally", "-local": "remote remotely",
+    "+add": "add adding insert", "-add": "remove removing delete deleting",
+    "+accept": "accept accepted", "-accept": "reject rejected",
+    "+include": "include including", "-include": "exclude excluding",
+    "+internal": "internal", "-internal": "external",
+    "+public": "public", "-public": "private",
+    "+client": "client", "-client": "server",
+    "+sync": "sync synchronous synchronously", "-sync": "async asynchronous asynchronously",
+    "+static": "static", "-static": "dynamic",
+    "+mutable": "mutable", "-mutable": "immutable",
+    "+head": "head prefix", "-head": "tail suffix",
+    "+above": "above", "-above": "below",
+    "+inside": "inside", "-inside": "outside",
+    "+hot": "hot", "-hot": "cold",
+    "+plus": "plus addition", "-plus": "minus subtract subtraction",
+    "+multiply": "multiply multiplied multiplication", "-multiply": "divide divided division",
+    "+recursive": "recursive recursion recursively", "-recursive": "iterative iteration iteratively",
+    "+hire": "hire hiring", "-hire": "fire firing",
+    "+compress": "compress compressed compression zip", "-compress": "decompress decompressed decompression unzip",
+    "+lock": "lock", "-lock": "unlock",
+    "+install": "install installing", "-install": "uninstall uninstalling",
+    "+connect": "connect connecting", "-connect": "disconnect disconnecting",
+    "+serialize": "serialize serialization", "-serialize": "deserialize deserialization",
+    "+valid": "valid", "-valid": "invalid",
+    "+success": "success successful", "-success": "failure failed",
+    "+show": "show", "-show": "hide",
+    "+exactly": "exactly", "-exactly": "least",
 }.items() for w in words.split()}
 
 _STOPWORDS = frozenset("""
@@ -210,7 +277,32 @@ things someone something anyone anything everyone everything somebody anybody s 
 STOPWORDS = _STOPWORDS  # also the words that token alignment skips
 
 # "A to B", "from A", "better than B", "A against B": swapping A and B changes the question.
-_DIRECTIONS = frozenset("from to into than vs versus against".split())
+_DIRECTIONS = frozenset("from to into in than vs versus against".split())
+# "how to center a div": an infinitive, not a direction.
+_INFINITIVE_AFTER = frozenset("how want wants need needs have has going able trying try way ways like".split())
+# Numbers may trade places under these ("3 + 5", "the sum of 3 and 5"), nowhere else
+# ("10 minus 3", "2 to the power of 10").
+_SYMMETRIC = frozenset("and or between vs versus compare sum plus times product".split())
+_SYMMETRIC_SIGN = re.compile(r"\d\s*[+*×x]\s*\d")
+
+# Units after a number, by canonical name: "30 seconds" is not "30 minutes".
+_UNIT_NAMES = {
+    "s": "s sec secs second seconds", "ms": "ms millisecond milliseconds", "us": "microsecond microseconds",
+    "ns": "ns nanosecond nanoseconds", "min": "min mins minute minutes", "h": "h hr hrs hour hours",
+    "day": "day days", "week": "week weeks", "month": "month months", "year": "year years yr yrs",
+    "mm": "mm millimeter millimeters millimetre millimetres", "cm": "cm centimeter centimeters centimetre centimetres",
+    "m": "m meter meters metre metres", "km": "km kilometer kilometers kilometre kilometres kilometer kilometern",
+    "in": "inch inches", "ft": "ft foot feet", "yd": "yd yard yards", "mi": "mi mile miles meilen",
+    "mg": "mg milligram milligrams", "g": "g gram grams", "kg": "kg kilogram kilograms kilo kilos",
+    "lb": "lb lbs pound pounds", "oz": "oz ounce ounces", "t": "ton tons tonne tonnes",
+    "ml": "ml milliliter milliliters millilitre millilitres", "l": "l liter liters litre litres",
+    "gal": "gallon gallons", "cup": "cup cups", "tbsp": "tbsp tablespoon tablespoons", "tsp": "tsp teaspoon teaspoons",
+    "kb": "kb kilobyte kilobytes", "mb": "mb megabyte megabytes", "gb": "gb gigabyte gigabytes",
+    "tb": "tb terabyte terabytes", "byte": "byte bytes", "bit": "bit bits",
+    "mph": "mph", "kmh": "kmh kph", "c": "celsius centigrade", "f": "fahrenheit", "k": "kelvin",
+    "usd": "usd dollar dollars", "eur": "eur euro euros", "gbp": "gbp", "jpy": "jpy yen",
+}
+_UNITS_OF = {name: unit for unit, names in _UNIT_NAMES.items() for name in names.split()}
 
 # Titles and company suffixes: present or absent, they name the same thing.
 _NOT_ENTITIES = frozenset(
@@ -224,7 +316,7 @@ _TOKEN = re.compile(
     r"(?P<acronym>(?:[^\W\d_]\.){2,})"              # U.S., e.g.
     r"|(?P<code>[A-Za-z]\+\+|[A-Za-z]#)"             # C++, C#
     r"|(?P<ordinal>\d+(?:st|nd|rd|th)\b)"           # 3rd
-    r"|(?P<number>\d+(?:[.,]\d+)*)"
+    r"|(?P<number>(?:(?<![\w.])-)?(?:\d+(?:[.,]\d+)*|(?<![\w.])\.\d+)(?:/\d+)*)"   # -40, .5, 1/2
     r"|(?P<word>[^\W\d_]+(?:['’][^\W\d_]+)*)"
     r"|(?P<percent>%)"
     r"|(?P<stop>[.!?:;]+)")
@@ -238,10 +330,11 @@ class _Token:
     starts_sentence: bool
 
 
-def _tokens(text: str) -> list[_Token]:
+def _tokens(normalized: str) -> list[_Token]:
+    """The tokens of normalize_text's output (the text as embedded: NFKC, invisibles removed)."""
     out: list[_Token] = []
     sentence_start = True
-    for m in _TOKEN.finditer(normalize_text(text)):  # as embedded: NFKC, invisibles removed
+    for m in _TOKEN.finditer(normalized):
         kind = m.lastgroup
         raw = m.group()
         if kind == "stop":
@@ -281,7 +374,7 @@ def _stem(word: str) -> str:
 # ---------------------------------------------------------------- numbers
 
 def _canonical_number(text: str, scale: int = 1) -> str:
-    if re.fullmatch(r"\d{1,3}(?:,\d{3})+(?:\.\d+)?", text):
+    if re.fullmatch(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?", text):
         text = text.replace(",", "")
     try:
         value = Decimal(text)
@@ -290,19 +383,29 @@ def _canonical_number(text: str, scale: int = 1) -> str:
     return format((value * scale).normalize(), "f")
 
 
-def _numbers(tokens: list[_Token]) -> frozenset[str]:
-    """Digits and number words as canonical values: "twenty-five" == "25", "$3bn" == "3 billion".
+def _numbers(tokens: list[_Token]) -> list[tuple[str, int]]:
+    """Digits and number words as canonical values, in order, each with the index of its
+    last token: "twenty-five" == "25", "$3bn" == "3 billion", "a hundred" == "100"; a
+    percent sign or word stays with its number ("15% of 80" is not "80% of 15").
 
     A lone "one" is skipped: it is more often a pronoun ("which one") than a count.
     """
-    found: set[str] = set()
+    found: list[tuple[str, int]] = []
     total: int | None = None  # a run of number words: total + current
     current = 0
+    last = 0                  # index of the run's last token
+
+    def add(value: str, end: int) -> None:
+        following = tokens[end + 1].lower if end + 1 < len(tokens) else ""
+        if following == "percent" or (following == "per" and end + 2 < len(tokens)
+                                       and tokens[end + 2].lower == "cent"):
+            value += "%"
+        found.append((value, end))
 
     def flush() -> None:
         nonlocal total, current
         if total is not None:
-            found.add(str(total + current))
+            add(str(total + current), last)
         total, current = None, 0
 
     for i, tok in enumerate(tokens):
@@ -310,32 +413,80 @@ def _numbers(tokens: list[_Token]) -> frozenset[str]:
         after = tokens[i + 1].lower if i + 1 < len(tokens) else ""
         if tok.kind == "ordinal":
             flush()
-            found.add(_canonical_number(word[:-2]) + "th")
+            found.append((_canonical_number(word[:-2]) + "th", i))
         elif tok.kind == "number":
             flush()
             if after in _SCALES and _SCALES[after] >= 1000:
-                found.add(_canonical_number(word, _SCALES[after]))
+                add(_canonical_number(word, _SCALES[after]), i + 1)
             else:
-                found.add(_canonical_number(word))
+                add(_canonical_number(word), i)
         elif word in _UNITS or word in _TENS:
             if word == "one" and total is None and after not in _SCALES:
                 continue
             total = total or 0
             current += _UNITS.get(word, 0) + _TENS.get(word, 0)
+            last = i
         elif word in _SCALES and total is not None:
             current = max(current, 1) * _SCALES[word]
             if _SCALES[word] >= 1000:
                 total, current = total + current, 0
+            last = i
+        elif word in _SCALES and _SCALES[word] >= 100 and i and tokens[i - 1].lower in ("a", "an") \
+                and len(word) > 2:   # "a hundred", "a million" (not "a k")
+            total, current, last = 0, _SCALES[word], i
         elif word == "and" and total is not None:
             continue
         else:
             flush()
             if word in _ORDINALS:
-                found.add(f"{_ORDINALS[word]}th")
+                found.append((f"{_ORDINALS[word]}th", i))
             elif word == "dozen":
-                found.add("12")
+                found.append(("12", i))
     flush()
-    return frozenset(found)
+    return found
+
+
+def _units(tokens: list[_Token], numbers: list[tuple[str, int]]) -> frozenset[tuple[str, str]]:
+    """(value, unit) for each number a unit follows within two tokens ("100 degrees fahrenheit")."""
+    units = set()
+    for value, end in numbers:
+        for tok in tokens[end + 1:end + 3]:
+            unit = _UNITS_OF.get(tok.lower)
+            if unit is not None:
+                units.add((value.rstrip("%"), unit))
+                break
+    return frozenset(units)
+
+
+# ---------------------------------------------------------------- symbols
+
+# Runs of anything but letters, digits, spaces, quotes, prose punctuation, backticks and
+# currency signs.
+_SYMBOL_RUN = re.compile(r"[^\w\s'’\"“”«»¿¡，。？！、：；,–—`$€£¥]+")
+
+
+def _operators(text: str) -> tuple[str, ...]:
+    """Operator symbols in order ("==", "===", ">&", "**"); an increment or decrement marked
+    by the side it touches ("i++" is "L++", "++i" is "++R"). Sentence punctuation after a word,
+    hyphens, dots and slashes inside words (two-factor, os.path, and/or), prose dashes,
+    parentheses and a percent after a number are not operators."""
+    out = []
+    for m in _SYMBOL_RUN.finditer(text):
+        run, start, end = m.group(), m.start(), m.end()
+        before = text[start - 1] if start else " "
+        after = text[end] if end < len(text) else " "
+        if before.isalnum() and after.isspace():
+            run = run.rstrip(".:!?;")
+        if not run or run in ("(", ")", "()") or (run == "%" and before.isdigit()):
+            continue
+        if run in ("-", ".", "/") and before.isalnum() and after.isalnum():
+            continue
+        if run in ("-", "--", "...") and before.isspace() and after.isspace():
+            continue
+        if run in ("++", "--"):         # "i++" is not "++i"; elsewhere spacing is free ("2+2")
+            run = ("L" if before.isalnum() else "") + run + ("R" if after.isalnum() else "")
+        out.append(run)
+    return tuple(out)
 
 
 # ---------------------------------------------------------------- profile
@@ -351,10 +502,14 @@ def _is_entity(tok: _Token) -> bool:
     return inner_caps or (tok.text[0].isupper() and not tok.starts_sentence)
 
 
+_SENTENCE_END = re.compile(r"(?<=[.!?:。？！])\s+|\n+")
+
+
 @lru_cache(maxsize=16384)
 def profile(text: str) -> Profile:
     """Everything the checks need from one prompt; cached, as stored prompts recur."""
-    tokens = _tokens(text)
+    normalized = normalize_text(text)
+    tokens = _tokens(normalized)
     words = [t.lower for t in tokens if t.kind not in ("number", "ordinal")]
     questions = set()
     for i, tok in enumerate(tokens):
@@ -367,7 +522,7 @@ def profile(text: str) -> Profile:
     entities = frozenset(t.lower for t in tokens if not t.text.islower() and _is_entity(t))
     directions = set()
     for i, tok in enumerate(tokens):
-        if tok.lower in _DIRECTIONS:
+        if tok.lower in _DIRECTIONS and not (tok.lower == "to" and i and tokens[i - 1].lower in _INFINITIVE_AFTER):
             follower = next((t.lower for t in tokens[i + 1:i + 4] if t.lower not in _STOPWORDS), None)
             if follower:
                 directions.add((tok.lower, _stem(follower)))
@@ -378,9 +533,16 @@ def profile(text: str) -> Profile:
         and w not in _ORDINALS and w not in _COMPARISONS and w not in entities
         and not w.endswith("n't") and len(w) > 1)
     all_words = frozenset(stems) | frozenset(stems.values())
+    numbers = _numbers(tokens)
+    lowered = normalized.lower()
+    sentences = [part for part in _SENTENCE_END.split(normalized.strip()) if part.strip()]
     return Profile(
-        numbers=_numbers(tokens),
-        negations=sum(1 for w in words if w in _NEGATIONS or w.endswith("n't")),
+        numbers=frozenset(value for value, _ in numbers),
+        number_order=tuple(value for value, _ in numbers),
+        units=_units(tokens, numbers),
+        symmetric=bool(_SYMMETRIC.intersection(words)) or bool(_SYMMETRIC_SIGN.search(lowered)),
+        operators=_operators(normalized),
+        negations=sum(1 for w in words if w in _NEGATIONS or w.endswith("n't")) + len(_FREE.findall(lowered)),
         question_words=frozenset(questions),
         comparisons=frozenset(_COMPARISONS[w] for w in stems if w in _COMPARISONS),
         entities=entities,
@@ -389,6 +551,7 @@ def profile(text: str) -> Profile:
         words=all_words,
         sorted_words=tuple(sorted(all_words)),
         length=len(words),
+        tail=sentences[-1] if sentences else normalized,
     )
 
 
@@ -427,6 +590,61 @@ def _swapped(a: Profile, b: Profile) -> bool:
     return False
 
 
+def _numbers_differ(a: Profile, b: Profile) -> bool:
+    """Other values, the same values in another order (unless both prompts join them
+    symmetrically: "3 + 5", "3 and 5"), or one value with other units."""
+    if a.numbers != b.numbers:
+        return True
+    if a.number_order != b.number_order and not (a.symmetric and b.symmetric):
+        return True
+    units_a, units_b = dict(a.units), dict(b.units)
+    return any(units_b.get(value, unit) != unit for value, unit in units_a.items())
+
+
+# A word and its opposite by prefix, in several languages: able/unable, aktivieren/
+# deaktivieren, activer/désactiver, encrypt/decrypt (swapped prefixes).
+_NEGATING_PREFIXES = ("un", "dis", "de", "des", "dés", "in", "im", "il", "ir", "non", "anti", "απ")
+_SWAPPING_PREFIXES = ("en", "de", "dis", "in", "ex", "im")
+
+
+def _prefix_opposite_in(word: str, others: set[str]) -> bool:
+    """`others` holds `word` negated by a prefix, or `word` with its prefix swapped."""
+    for prefix in _NEGATING_PREFIXES:
+        if len(word) >= 4 and (prefix + word in others or f"{prefix}-{word}" in others):
+            return True
+    for p in _SWAPPING_PREFIXES:
+        if word.startswith(p) and len(word) - len(p) >= 4:
+            rest = word[len(p):]
+            if any(q != p and q + rest in others for q in _SWAPPING_PREFIXES):
+                return True
+    return False
+
+
+def _opposed_words(a: Profile, b: Profile) -> bool:
+    """Each prompt has a word the other lacks, and the two are opposites by prefix."""
+    only_a = {w for w in a.content if not _matches(w, b)}
+    if not only_a:
+        return False
+    only_b = {w for w in b.content if not _matches(w, a)}
+    return any(_prefix_opposite_in(x, only_b) for x in only_a) or any(_prefix_opposite_in(y, only_a) for y in only_b)
+
+
+def _flipped(a: Profile, b: Profile) -> bool:
+    """The same thing after "to" in one and "from" in the other ("translate to Spanish")."""
+    for prep, word in a.directions - b.directions:
+        if prep in ("to", "into") and ("from", word) in b.directions:
+            return True
+        if prep == "from" and (("to", word) in b.directions or ("into", word) in b.directions):
+            return True
+    return False
+
+
+def _tail_differs(a: Profile, b: Profile) -> bool:
+    """The last sentences (the instruction after a long context) differ in a content word."""
+    last_a, last_b = profile(a.tail), profile(b.tail)
+    return _unmatched(last_a.content, last_b) > 0 or _unmatched(last_b.content, last_a) > 0
+
+
 def requirement(a_text: str, b_text: str, settings: EquivalenceSettings) -> Requirement:
     """The least cosine at which the answer for one prompt may serve the other.
 
@@ -435,24 +653,28 @@ def requirement(a_text: str, b_text: str, settings: EquivalenceSettings) -> Requ
     """
     a, b = profile(a_text), profile(b_text)
     never = float("inf")
-    if settings.check_numbers and a.numbers != b.numbers:
+    if settings.check_numbers and _numbers_differ(a, b):
         return Requirement(never, "numbers_differ")
     if settings.check_negation and a.negations != b.negations:
         return Requirement(never, "negation_differs")
     if settings.check_question_words and a.question_words and b.question_words \
             and a.question_words != b.question_words:
         return Requirement(never, "question_word_differs")
-    if settings.check_comparisons and a.comparisons - b.comparisons \
-            and b.comparisons - a.comparisons:
+    if settings.check_comparisons and ((a.comparisons - b.comparisons and b.comparisons - a.comparisons)
+                                       or _opposed_words(a, b)):
         return Requirement(never, "comparison_differs")  # "best" for "worst"; an extra one counts below
     if settings.check_entities and (_unmatched(a.entities, b) or _unmatched(b.entities, a)):
         return Requirement(never, "entities_differ")
-    if settings.check_word_order and (_swapped(a, b) or _swapped(b, a)):
+    if settings.check_word_order and (_swapped(a, b) or _swapped(b, a) or _flipped(a, b) or _flipped(b, a)):
         return Requirement(never, "order_differs")
+    if settings.check_symbols and a.operators and b.operators and a.operators != b.operators:
+        return Requirement(never, "symbols_differ")
     if settings.check_content_words:
         extra_a, extra_b = _extra_words(a, b), _extra_words(b, a)
         long = max(a.length, b.length) > settings.long_prompt_words
         if max(extra_a, extra_b) > (0 if long else settings.max_extra_words):
+            return Requirement(never, "content_differs")
+        if max(a.length, b.length) >= settings.tail_prompt_words and _tail_differs(a, b):
             return Requirement(never, "content_differs")
         raise_by = settings.extra_word_cost * max(extra_a, extra_b)
         if extra_a and extra_b:

@@ -27,6 +27,8 @@ _WINDOW_CHARS_PER_TOKEN = 8
 # characters) the text is no prompt, and tokenizing it whole would hold the worker for
 # seconds; its end is then tokenized as found, first word cut or not.
 _MAX_CHARS_PER_TOKEN = 128
+# Past this share of [UNK] tokens a vector says too little about the text to match on.
+MAX_UNKNOWN_SHARE = 0.15
 
 
 def load_tokenizer(path: Path, max_tokens: int) -> Tokenizer:
@@ -44,8 +46,9 @@ def load_tokenizer(path: Path, max_tokens: int) -> Tokenizer:
 def encode_tail(tokenizer: Tokenizer, text: str, max_tokens: int) -> list[int]:
     """Token ids of normalize_text(text), keeping the end when it is too long.
 
-    Raises NothingToEmbed when nothing is left, or when every token is [UNK] (a vector
-    of unknown tokens says nothing about the prompt, and all such prompts would match).
+    Raises NothingToEmbed when nothing is left, or when more than MAX_UNKNOWN_SHARE of the
+    tokens are [UNK] (a vector of unknown tokens says little about the prompt, and such
+    prompts of one length would match).
     """
     # Trailing whitespace is stripped by the normaliser anyway; left in, a long run of it
     # filled every window and a real question before it had "nothing to embed".
@@ -72,5 +75,13 @@ def _check_content(tokenizer: Tokenizer, encoding) -> None:
     if not content:
         raise NothingToEmbed("nothing to embed: the text is empty once normalised")
     unknown = tokenizer.token_to_id("[UNK]")
-    if unknown is not None and all(i == unknown for i in content):
+    if unknown is None:
+        return
+    unknown_count = content.count(unknown)
+    if unknown_count == len(content):
         raise NothingToEmbed("nothing to embed: the model knows none of the text's tokens")
+    if unknown_count > MAX_UNKNOWN_SHARE * len(content):
+        # Most CJK characters are [UNK] to this model: "open the firewall" and "close the
+        # firewall" in Chinese embed identically (cosine 1.0). Such prompts get exact hits only.
+        raise NothingToEmbed(f"nothing to embed: the model knows too few of the text's tokens "
+                             f"({unknown_count} of {len(content)} unknown)")
