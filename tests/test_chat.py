@@ -48,6 +48,9 @@ def test_multipart_content_text():
     (body(temperature="hot"), "temperature"),
     (body(temperature=True), "temperature"),
     (body(max_tokens=1.5), "max_tokens"),
+    (body(max_tokens=10 ** 400), "max_tokens"),              # no float holds it: the timeout maths broke
+    (body(max_completion_tokens=2 ** 63), "max_completion_tokens"),
+    (body(seed=-2 ** 64), "seed"),
     (body(stop=[1]), "stop"),
     (body(tools="all"), "tools"),
     (b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "temperature": NaN}', None),
@@ -77,6 +80,10 @@ def test_a_key_repeated_in_one_object_is_refused_by_name(raw, key):
     so the sidecar could key an answer by one question while the upstream answers another."""
     with pytest.raises(BadRequest, match=f"repeats the key {key}"):
         parse_chat_request(raw)
+
+
+def test_64_bit_integers_are_accepted():
+    assert parse_chat_request(body(seed=2 ** 63 - 1, max_tokens=2 ** 63 - 1)).sampling["seed"] == 2 ** 63 - 1
 
 
 def test_nesting_up_to_the_limit_is_accepted():
