@@ -102,6 +102,11 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):
         except ProtocolError as exc:
             metrics.PROTOCOL_ERRORS.inc()
             log.error("ext_proc protocol error: %s", exc)
+        except Exception:
+            # A bug: the stream fails and Envoy applies failure_mode_allow (open: the request
+            # goes on undecided). Never silently.
+            log.exception("ext_proc stream failed; Envoy handles the request per failure_mode_allow")
+            raise
         finally:
             # Runs on normal end, client disconnect (cancellation) and errors alike.
             metrics.OPEN_STREAMS.dec()

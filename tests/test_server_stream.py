@@ -109,3 +109,16 @@ async def test_a_client_gone_during_a_decision_is_finished_after_the_decision_un
     for _ in range(20):
         await asyncio.sleep(0)
     assert director.taken_when_finished == [True]      # once, after it took what it took
+
+
+async def test_a_director_bug_fails_the_stream_loudly(caplog):
+    """Envoy then applies failure_mode_allow; the sidecar's log says why, with the traceback."""
+    def bug():
+        raise OverflowError("int too large to convert to float")
+    director = FinishCounting(during=bug)
+    with pytest.raises(OverflowError):
+        await asyncio.wait_for(replies_until_stream_ends(
+            ExternalProcessor(director), chat_messages(chat_body("hi"))[:2]), timeout=5)
+    failed = [r for r in caplog.records if "ext_proc stream failed" in r.getMessage()]
+    assert failed and failed[0].exc_info is not None
+    assert director.finished == 1                # its bookkeeping still ran
