@@ -8,7 +8,9 @@ work); the server asks the director and hands the Plan back through `apply()`.
 from __future__ import annotations
 
 import enum
+import re
 from typing import Callable
+from urllib.parse import unquote
 
 from sidecar.chat import BadRequest, parse_chat_request
 from sidecar.context import Outcome, RequestContext
@@ -85,6 +87,10 @@ class RequestProcessor:
         settings_name = event.route.name if isinstance(event.route, RouteSettings) else ""
         ctx.route_name = settings_name or event.route_name or "default"
         path = event.headers.get(":path", "").split("?", 1)[0]
+        if "%" in path or "//" in path:
+            # Envoy normalises paths (envoy/envoy.yaml.tmpl); behind one that does not, the
+            # upstream would still decode "/v1/chat/%63ompletions" to the chat endpoint.
+            path = re.sub("/{2,}", "/", unquote(path))
         is_chat = event.headers.get(":method") == "POST" and path.endswith(CHAT_PATH_SUFFIX)
         if is_chat and event.end_of_stream:
             return self._reject(BadRequest("request body is empty; expected a JSON chat completion request"))

@@ -153,3 +153,14 @@ def test_a_json_answer_larger_than_envoys_buffer_is_passed_on_whole_and_not_stor
         tiers.append(headers["x-sluice-cache"])
     assert sizes[0] == sizes[1] > 65536
     assert tiers == ["miss", "miss"]                         # too large to store, never cut short
+
+
+def test_an_encoded_or_doubled_chat_path_is_processed_like_the_plain_one(make_stack):
+    """The upstream decodes "%63" to "c": a path the sidecar did not know as the chat path
+    went past routing, tenant limits and cache. Envoy normalises it first."""
+    stack = make_stack(sidecar_env={"SLUICE_CACHE": "true", "SLUICE_SEMANTIC": "false"})
+    body = json.dumps({"model": "demo-model", "messages": [{"role": "user", "content": "encoded?"}]}).encode()
+    tiers = [post(stack, path, body, {"authorization": "Bearer k1"})[1].get("x-sluice-cache")
+             for path in ("/v1/chat/completions", "/v1/chat/%63ompletions", "/v1/chat//completions",
+                          "/v1/chat/completion%73?x=1")]
+    assert tiers == ["miss", "exact", "exact", "exact"]

@@ -162,9 +162,12 @@ def test_bad_chat_bodies_get_openai_400(body):
     assert processor.context.outcome is Outcome.BAD_REQUEST and processor.state is State.DONE
 
 
-def test_query_string_does_not_hide_chat_path():
-    headers = {**CHAT, ":path": "/v1/chat/completions?api-version=1"}
-    _, (reply,) = run([RequestHeaders(headers, False)])
+@pytest.mark.parametrize("path", ["/v1/chat/completions?api-version=1", "/v1/chat/%63ompletions",
+                                  "/v1/chat/completion%73?x=1", "/v1/chat//completions"])
+def test_neither_a_query_string_nor_encoding_hides_the_chat_path(path):
+    """The upstream decodes "%63" to "c": passed through, such a request would skip routing,
+    limits and cache (Envoy normalises paths too; this holds behind one that does not)."""
+    _, (reply,) = run([RequestHeaders({**CHAT, ":path": path}, False)])
     assert reply == Continue(Phase.REQUEST_HEADERS)
 
 
