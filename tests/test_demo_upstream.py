@@ -224,6 +224,12 @@ def test_answers_are_deterministic_per_prompt_and_seed(up):
     assert up.chat("what is a sluice?").choices[0].message.content == seeded
 
 
+def test_a_lone_surrogate_in_the_prompt_is_answered(up):
+    """Legal JSON; a 500 here could open a breaker in tests and demos."""
+    reply = up.post("/v1/chat/completions", {"model": "demo-model", "messages": [{"role": "user", "content": "\ud800"}]})
+    assert reply.status == 200 and reply.json()["choices"][0]["message"]["content"]
+
+
 def test_non_stream_waits_ttft_plus_generation(up):
     up.configure(ttft_ms=100, tokens=10, tokens_per_s=100)
     start = time.monotonic()

@@ -27,7 +27,8 @@ _MASK64 = (1 << 64) - 1
 def completion_tokens(prompt: str, count: int, seed: int | None) -> tuple[str, ...]:
     """The answer to `prompt`: same prompt and seed, same words; one word per token."""
     key = b"" if seed is None else str(seed).encode()
-    digest = hashlib.blake2b(prompt.encode(), digest_size=8, key=key).digest()
+    # surrogatepass: JSON may carry a lone surrogate (\ud800); it is still a prompt.
+    digest = hashlib.blake2b(prompt.encode("utf-8", "surrogatepass"), digest_size=8, key=key).digest()
     return _words(int.from_bytes(digest, "little") or 1, count)
 
 
