@@ -183,7 +183,7 @@ def test_long_text_keeps_its_end(tokenizer):
 @pytest.mark.parametrize("text", [
     "word " * 3000,
     "lorem ipsum dolor sit amet, " * 800 + "the end",
-    "中文字符测试" * 2000,                         # CJK: no spaces, one token a character
+    "中国人大学生" * 2000,                         # CJK: no spaces, one token a character (all in the vocabulary)
     "x" * 150 + " " + "y " * 2000,                 # a long word, then many short ones
     "supercalifragilistic " * 1500,                # several tokens a word
     "a\u200b" * 20000 + "visible " * 600,          # a sea of removed characters
