@@ -25,7 +25,7 @@ def test_defaults():
     policy = CachePolicy()
     assert policy.enabled and policy.dedup and not policy.shared and not policy.allow_tools
     assert (policy.semantic_threshold, policy.ttl_s, policy.max_temperature,
-            policy.max_dedup_wait_s) == (0.94, 86400, 1.0, 30)
+            policy.max_dedup_wait_s) == (0.93, 86400, 1.0, 30)
     assert policy.time_sensitive_words == TIME_SENSITIVE_WORDS
 
 

@@ -34,7 +34,7 @@ class EquivalenceSettings:
     and no hit on its suite of different-question prompts.
     """
 
-    threshold: float = 0.94
+    threshold: float = 0.93
     check_numbers: bool = True
     check_negation: bool = True
     check_question_words: bool = True
@@ -51,10 +51,10 @@ class EquivalenceSettings:
     # When *both* prompts have a word the other lacks (a substitution: "install docker on
     # ubuntu" / "on windows", and every lower-cased name the entity check cannot see),
     # the cosine must clear the threshold by this much more; >= 1 means never a hit.
-    # The labelled pairs do not reward these three (their label-1 pairs reword freely),
+    # The labelled pairs reward little of these three (their label-1 pairs reword freely),
     # so the defaults are loose; extra_word_cost=0.02, max_extra_words=2,
     # substitution_margin=1.0 is the strict setting the report also measures.
-    substitution_margin: float = 0.0
+    substitution_margin: float = 0.02
     # The embedding reads only the last 256 tokens (about 190 words) of a prompt, so a
     # difference earlier in a long prompt leaves the cosine near 1.  Past this many
     # words (either prompt), every content word must match, whatever the knobs above.
@@ -214,7 +214,8 @@ _COMPARISONS = {w: cls for cls, words in {
     "+keep": "keep keeping kept", "-keep": "discard discarding lose losing drop",
     "+enable": "enable enabled enabling", "-enable": "disable disabled disabling",
     "+allow": "allow allowed allowing", "-allow": "deny denied block blocked forbid",
-    "+encrypt": "encrypt encrypted encryption encode encoding", "-encrypt": "decrypt decrypted decryption decode decoding",
+    "+encrypt": "encrypt encrypted encryption", "-encrypt": "decrypt decrypted decryption",
+    "+encode": "encode encoded encoding", "-encode": "decode decoded decoding",
     "+upload": "upload uploading", "-upload": "download downloading",
     "+north": "north northern", "-north": "south southern",
     "+east": "east eastern", "-east": "west western",

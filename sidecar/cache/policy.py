@@ -89,7 +89,7 @@ _CJK = re.compile("[\u1100-\u11ff\u3040-\u30ff\u3130-\u318f\u3400-\u4dbf\u4e00-\
 @dataclass(frozen=True)
 class CachePolicy:
     enabled: bool = True
-    semantic_threshold: float = 0.94       # τ: minimum cosine; tuned in docs/semantic-quality.md
+    semantic_threshold: float = 0.93       # τ: minimum cosine; tuned in docs/semantic-quality.md
     ttl_s: float = 86400.0
     allow_tools: bool = False
     max_temperature: float = 1.0
