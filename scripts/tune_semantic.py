@@ -561,16 +561,18 @@ def markdown(report: dict) -> str:
              "with other units (`30 seconds` / `30 minutes`, `100 fahrenheit in celsius` / `100 celsius in "
              "fahrenheit`); a lone `one` is ignored"],
             ["`negation_differs`", "different count of negation cues (`not`, `n't`, `never`, `no`, `without`, "
-             "`gluten-free`, `free of`, …, a few German/French/Spanish/Italian ones)"],
+             "`free` as in `gluten-free`, …, a few German/French/Spanish/Italian ones)"],
             ["`question_word_differs`", "both have interrogatives and their classes differ: `why`, `when`, "
              "`where`, `who`, and {`what`, `which`, `how`} as one class; `which/who/when/where` count only "
              "at a sentence start (else they are relative pronouns); Spanish, French, German, Italian forms "
              "that are not also common words elsewhere"],
-            ["`comparison_differs`", "a polar word is swapped for its opposite class (`best`↔`worst`, "
-             "`more`↔`less`, `before`↔`after`, `buy`↔`sell`, `left`↔`right`, `ascending`↔`descending`, "
-             "`enable`↔`disable`, `formal`↔`casual`, `client`↔`server`, … about 70 classes); `good`/`best`/`top` "
-             "are one class; or a word only one prompt has is another's opposite by prefix, in any language "
-             "(`able`/`unable`, `aktivieren`/`deaktivieren`, `activer`/`désactiver`, `encrypt`/`decrypt`)"],
+            ["`comparison_differs`", "each prompt has a polar word the other lacks, and the two are a word "
+             "and its opposite (`left`↔`right`, `ascending`↔`descending`, `enable`↔`disable`, `formal`↔`casual`, "
+             "`client`↔`server`, … about 50 pairs of classes) or both gradable, where any two differ "
+             "(`best`, `worst`, `more`, `less`, `fastest`, `cheapest`, `before`, `after`, `buy`, `sell`, `exactly`, "
+             "…; `good`/`best`/`top` are one class); or a word only one prompt has is another's opposite by "
+             "prefix, in any language (`able`/`unable`, `aktivieren`/`deaktivieren`, `activer`/`désactiver`, "
+             "`encrypt`/`decrypt`; `dis`, `de`, `in`, `im` only before 5 letters or more: not `play`/`display`)"],
             ["`entities_differ`", "a name in one prompt (capitalised word not at a sentence start, acronym, "
              "camel-case, `C++`) matches no word of the other (same word, stem, or prefix of ≥ 4 letters)"],
             ["`order_differs`", "the same words in swapped roles after `to`/`from`/`into`/`in`/`than`/`vs`/"

@@ -411,10 +411,12 @@ class CachingDirector:
             capture.sse.feed(chunk)
             if capture.sse.refused:          # known mid-stream (a tool call, an error event):
                 return self._refuse(ctx, capture, capture.sse.refused)   # twins need not wait
-        elif len(capture.body) + len(chunk) <= self._rt.max_capture_bytes:
-            capture.body += chunk
-        else:
+        elif not end_of_stream or len(capture.body) + len(chunk) > self._rt.max_capture_bytes:
+            # JSON comes BUFFERED_PARTIAL: one message, and one without the end only when the
+            # answer outgrew Envoy's buffer (the rest flows on to the client, not to us).
             return self._refuse(ctx, capture, Refusal("too_large"))
+        else:
+            capture.body += chunk
         # A stream is complete at `data: [DONE]`: the end of the body may reach us only after
         # the client has the whole answer (and asked again).
         if end_of_stream or (capture.sse is not None and capture.sse.done):

@@ -334,19 +334,30 @@ def test_twins_are_released_as_soon_as_the_leaders_stream_cannot_be_stored():
         ctx.route, ctx.body, ctx.chat = route, body, parse_chat_request(body)
         return ctx
 
-    async def scenario():
-        d = director()
-        leader = streamed()
-        await d.decide(leader)
-        twin = asyncio.create_task(d.decide(streamed()))
-        await asyncio.sleep(0.01)
-        assert not twin.done()                                          # it follows the leader
-        leader.response_headers = {":status": "200", "content-type": "text/event-stream"}
-        d.on_response_headers(leader)
-        d.on_response_body(leader, sse(chunk(tool_calls=[{"index": 0, "id": "t"}]), done=False), False)
-        plan = await asyncio.wait_for(twin, timeout=2)
-        assert plan.reply is None and plan.cluster == "a"                # upstream on its own
-    asyncio.run(scenario())
+    tool_call = sse(chunk(tool_calls=[{"index": 0, "id": "t"}]), done=False)
+    asyncio.run(twin_goes_upstream_once_the_leader_sends(streamed, "text/event-stream", tool_call))
+
+
+def test_twins_are_released_when_a_json_answer_comes_only_in_part():
+    """Past Envoy's buffer, BUFFERED_PARTIAL sends the first part without end_of_stream and
+    nothing more: the answer cannot be stored, so twins need not wait for the download."""
+    asyncio.run(twin_goes_upstream_once_the_leader_sends(request, "application/json", ANSWER[:40]))
+
+
+async def twin_goes_upstream_once_the_leader_sends(new_request, content_type: str, first_chunk: bytes):
+    """A twin follows its leader until the leader's answer shows it cannot be stored."""
+    d = director()
+    leader = new_request()
+    await d.decide(leader)
+    twin = asyncio.create_task(d.decide(new_request()))
+    await asyncio.sleep(0.01)
+    assert not twin.done()                                          # it follows the leader
+    leader.response_headers = {":status": "200", "content-type": content_type}
+    d.on_response_headers(leader)
+    d.on_response_body(leader, first_chunk, False)
+    plan = await asyncio.wait_for(twin, timeout=2)
+    assert plan.reply is None and plan.cluster == "a"                # upstream on its own
+    d.on_finish(leader)
 
 
 def test_a_tenant_header_envoy_does_not_strip_is_warned_about(caplog):

@@ -6,6 +6,7 @@ function of two texts, a cosine and settings.
 """
 import dataclasses
 import math
+import time
 
 import numpy as np
 import pytest
@@ -115,7 +116,30 @@ CASES = [
     ("What's 2+2?", "what is 2 + 2", HIGH, True, "ok"),
     ("what does 2>&1 mean in bash", "what does 2>&1 mean in bash?", HIGH, True, "ok"),
     ("how do I use two-factor auth with os.path", "how do I use two-factor auth with os.path!", HIGH, True, "ok"),
+    # Synonyms from unrelated classes are no opposites; gradable ones still differ.
+    ("How do I drop duplicates in pandas?", "How do I remove duplicates in pandas?", HIGH, True, "ok"),
+    ("How to open a JSON file in Python?", "How to read a JSON file in Python?", HIGH, True, "ok"),
+    ("What's the right way to center a div?", "What's the best way to center a div?", HIGH, True, "ok"),
+    ("What is the least common multiple of 4 and 6?", "What is the lowest common multiple of 4 and 6?",
+     HIGH, True, "ok"),
+    ("what is the probability of exactly one six in four rolls",
+     "what is the probability of at least one six in four rolls", HIGH, False, "comparison_differs"),
+    ("What is the fastest car?", "What is the cheapest car?", HIGH, False, "comparison_differs"),
+    ("explain recursion in simple terms", "explain recursion in technical terms", HIGH, False, "comparison_differs"),
+    ("how to undo the last git commit keeping the changes", "how to undo the last git commit losing the changes",
+     HIGH, False, "comparison_differs"),
+    ("what does ?. do in typescript", "what does ?? do in typescript", HIGH, False, "symbols_differ"),
+    # Prefixes that also begin unrelated words, and spelling variants, are no opposites.
+    ("How do I play a video in HTML?", "How do I display a video in HTML?", HIGH, True, "ok"),
+    ("How do I write a formal enquiry email?", "How do I write a formal inquiry email?", HIGH, True, "ok"),
+    # Prose punctuation is no operator.
+    ("What does x += 1 do in Python?", "What does x += 1 do in Python ?", HIGH, True, "ok"),
+    ('What is the difference between "==" and "is"?', "What is the difference between == and is?",
+     HIGH, True, "ok"),
+    ("How does x += 1 work, e.g., in a loop?", "How does x += 1 work, for example in a loop?", HIGH, True, "ok"),
     # "-free" is "without".
+    ("Give me gluten-free pancake recipes", "Give me gluten free pancake recipes", HIGH, True, "ok"),
+    ("Where can I learn Python free of charge?", "Where can I learn Python for free?", HIGH, True, "ok"),
     ("give me a gluten-free pancake recipe", "give me a pancake recipe with gluten", HIGH, False, "negation_differs"),
     ("give me a gluten-free pancake recipe", "give me a pancake recipe without gluten", HIGH, True, "ok"),
     # After a long context the last sentence, the instruction, must match word for word.
@@ -134,6 +158,17 @@ def test_same_question(a, b, cosine, hit, reason):
 @pytest.mark.parametrize("a, b, cosine, hit, reason", CASES)
 def test_order_of_the_prompts_does_not_matter(a, b, cosine, hit, reason):
     assert same_question(b, a, cosine, DEFAULT) == same_question(a, b, cosine, DEFAULT)
+
+
+@pytest.mark.parametrize("text", [
+    "a " + "hundred " * 2200,                 # a number past the 4,300 digits str() takes
+    "one " + "thousand " * 2000,
+    "x" * 200_000 + " and y",                  # one huge word: the prefix match is bounded
+])
+def test_adversarial_prompts_are_profiled_quickly_without_error(text):
+    start = time.perf_counter()
+    verdict = same_question(text, text + " please", HIGH, DEFAULT)
+    assert verdict.reason in ("ok", "content_differs") and time.perf_counter() - start < 5
 
 
 # Switching a check off lets its pair through.

@@ -144,9 +144,8 @@ _NUMBER_WORDS = frozenset(_UNITS) | frozenset(_TENS) | frozenset(_SCALES) | {"do
 _NEGATIONS = frozenset(
     "not no never none nobody nothing nowhere neither nor without cannot "
     "nicht kein keine keinen keiner nie niemals jamais pas nunca nada nadie ningún ninguna "
-    "non mai sans dont cant wont isnt doesnt didnt aint".split())
-# "gluten-free", "free of sugar": "without", spelled another way.
-_FREE = re.compile(r"[^\W\d_]-free\b|\bfree of\b")
+    # "free" as in "gluten-free", "gluten free", "free of sugar": "without", spelled another way.
+    "non mai sans free dont cant wont isnt doesnt didnt aint".split())
 
 # Interrogative -> class.  "what", "which" and "how" often ask the same thing
 # ("what is the best way to ..." / "how do I ..."), so they share a class.
@@ -181,8 +180,8 @@ _COMPARISONS = {w: cls for cls, words in {
     "-long": "short shorter shortest",
     "+fast": "fast faster fastest quick quicker quickest quickly",
     "-fast": "slow slower slowest slowly",
-    "+easy": "easy easier easiest simple",
-    "-easy": "hard harder hardest difficult",
+    "+easy": "easy easier easiest simple layman",
+    "-easy": "hard harder hardest difficult technical",
     "+cheap": "cheap cheaper cheapest",
     "-cheap": "expensive costly",
     "+after": "after later late afterwards",
@@ -207,11 +206,12 @@ _COMPARISONS = {w: cls for cls, words in {
     "-safe": "dangerous unsafe",
     "+true": "true",
     "-true": "false",
-    # Lower-case opposites of everyday chat and code questions.
+    # Lower-case opposites of everyday chat and code questions: a word and its opposite
+    # differ; unlike the gradable classes above, two unrelated ones do not.
     "+left": "left", "-left": "right",
     "+asc": "ascending asc", "-asc": "descending desc",
     "+inclusive": "inclusive", "-inclusive": "exclusive",
-    "+keep": "keep keeping kept", "-keep": "discard discarding lose losing drop",
+    "+keep": "keep keeping kept", "-keep": "discard discarding",
     "+enable": "enable enabled enabling", "-enable": "disable disabled disabling",
     "+allow": "allow allowed allowing", "-allow": "deny denied block blocked forbid",
     "+encrypt": "encrypt encrypted encryption", "-encrypt": "decrypt decrypted decryption",
@@ -222,7 +222,6 @@ _COMPARISONS = {w: cls for cls, words in {
     "+input": "input inputs", "-input": "output outputs",
     "+formal": "formal", "-formal": "informal casual",
     "+polite": "polite", "-polite": "rude",
-    "+simple": "layman", "-simple": "technical",
     "+brief": "brief briefly concise", "-brief": "detail detailed",
     "+inner": "inner", "-inner": "outer",
     "+horizontal": "horizontal horizontally", "-horizontal": "vertical vertically",
@@ -258,8 +257,14 @@ _COMPARISONS = {w: cls for cls, words in {
     "+valid": "valid", "-valid": "invalid",
     "+success": "success successful", "-success": "failure failed",
     "+show": "show", "-show": "hide",
-    "+exactly": "exactly", "-exactly": "least",
+    "+exact": "exactly",
 }.items() for w in words.split()}
+
+# "lose" is in "-win"; it is also the opposite of "keep" ("keeping the changes").
+_KEEP_LOSE = {"+keep", "-win"}
+# Classes of which any two differ: "the fastest" and "the cheapest" are different questions.
+_GRADABLE = frozenset("good more big long fast easy cheap after old buy import win pro positive male legal safe "
+                      "true exact".split())
 
 _STOPWORDS = frozenset("""
 way ways ever please tell explain exactly actually basically probably simply said say says
@@ -384,6 +389,9 @@ def _canonical_number(text: str, scale: int = 1) -> str:
     return format((value * scale).normalize(), "f")
 
 
+_LARGEST_NUMBER = 10**36
+
+
 def _numbers(tokens: list[_Token]) -> list[tuple[str, int]]:
     """Digits and number words as canonical values, in order, each with the index of its
     last token: "twenty-five" == "25", "$3bn" == "3 billion", "a hundred" == "100"; a
@@ -428,7 +436,8 @@ def _numbers(tokens: list[_Token]) -> list[tuple[str, int]]:
             current += _UNITS.get(word, 0) + _TENS.get(word, 0)
             last = i
         elif word in _SCALES and total is not None:
-            current = max(current, 1) * _SCALES[word]
+            # Capped: "a hundred hundred hundred ..." would pass the 4,300 digits str() takes.
+            current = min(max(current, 1) * _SCALES[word], _LARGEST_NUMBER)
             if _SCALES[word] >= 1000:
                 total, current = total + current, 0
             last = i
@@ -463,6 +472,7 @@ def _units(tokens: list[_Token], numbers: list[tuple[str, int]]) -> frozenset[tu
 
 # Runs of anything but letters, digits, spaces, quotes, prose punctuation, backticks and
 # currency signs.
+_PROSE_PUNCTUATION = frozenset(".:!?;")
 _SYMBOL_RUN = re.compile(r"[^\w\s'’\"“”«»¿¡，。？！、：；,–—`$€£¥]+")
 
 
@@ -478,6 +488,9 @@ def _operators(text: str) -> tuple[str, ...]:
         after = text[end] if end < len(text) else " "
         if before.isalnum() and after.isspace():
             run = run.rstrip(".:!?;")
+        if set(run) <= _PROSE_PUNCTUATION and not after.isalnum() and (
+                not before.isspace() or not text[end:].strip()):     # '"is"?', "e.g.,", "Python ?" at the end
+            continue
         if not run or run in ("(", ")", "()") or (run == "%" and before.isdigit()):
             continue
         if run in ("-", ".", "/") and before.isalnum() and after.isalnum():
@@ -543,7 +556,7 @@ def profile(text: str) -> Profile:
         units=_units(tokens, numbers),
         symmetric=bool(_SYMMETRIC.intersection(words)) or bool(_SYMMETRIC_SIGN.search(lowered)),
         operators=_operators(normalized),
-        negations=sum(1 for w in words if w in _NEGATIONS or w.endswith("n't")) + len(_FREE.findall(lowered)),
+        negations=sum(1 for w in words if w in _NEGATIONS or w.endswith("n't")),
         question_words=frozenset(questions),
         comparisons=frozenset(_COMPARISONS[w] for w in stems if w in _COMPARISONS),
         entities=entities,
@@ -558,6 +571,9 @@ def profile(text: str) -> Profile:
 
 # ---------------------------------------------------------------- the checks
 
+_LONGEST_PREFIX = 40
+
+
 def _matches(word: str, other: Profile) -> bool:
     """Same word, same stem, or one stem a prefix of the other ("Afghan"/"Afghanistan")."""
     stem = _stem(word)
@@ -569,8 +585,9 @@ def _matches(word: str, other: Profile) -> bool:
     i = bisect_left(other.sorted_words, stem)
     if i < len(other.sorted_words) and other.sorted_words[i].startswith(stem):
         return True
-    # ... or a word of the other's (4 letters or more) that this stem starts with.
-    return any(stem[:n] in other.words for n in range(4, len(stem)))
+    # ... or a word of the other's (4 to _LONGEST_PREFIX letters) that this stem starts with;
+    # bounded, as a 1 MB "word" would otherwise take minutes.
+    return any(stem[:n] in other.words for n in range(4, min(len(stem), _LONGEST_PREFIX)))
 
 
 def _unmatched(mine: frozenset[str], other: Profile) -> int:
@@ -603,20 +620,21 @@ def _numbers_differ(a: Profile, b: Profile) -> bool:
 
 
 # A word and its opposite by prefix, in several languages: able/unable, aktivieren/
-# deaktivieren, activer/désactiver, encrypt/decrypt (swapped prefixes).
-_NEGATING_PREFIXES = ("un", "dis", "de", "des", "dés", "in", "im", "il", "ir", "non", "anti", "απ")
-_SWAPPING_PREFIXES = ("en", "de", "dis", "in", "ex", "im")
+# deaktivieren, activer/désactiver, encrypt/decrypt (swapped prefixes). The prefixes that
+# also begin unrelated words (play/display, form/inform) need a longer rest.
+_NEGATING_PREFIXES = {"un": 4, "non": 4, "anti": 4, "il": 4, "ir": 4, "des": 4, "dés": 4, "απ": 4,
+                      "dis": 5, "de": 5, "in": 5, "im": 5}
+_SWAPPED_PREFIXES = (("en", "de"), ("en", "dis"), ("in", "ex"), ("im", "ex"))
 
 
 def _prefix_opposite_in(word: str, others: set[str]) -> bool:
     """`others` holds `word` negated by a prefix, or `word` with its prefix swapped."""
-    for prefix in _NEGATING_PREFIXES:
-        if len(word) >= 4 and (prefix + word in others or f"{prefix}-{word}" in others):
+    for prefix, shortest in _NEGATING_PREFIXES.items():
+        if len(word) >= shortest and (prefix + word in others or f"{prefix}-{word}" in others):
             return True
-    for p in _SWAPPING_PREFIXES:
-        if word.startswith(p) and len(word) - len(p) >= 4:
-            rest = word[len(p):]
-            if any(q != p and q + rest in others for q in _SWAPPING_PREFIXES):
+    for p, q in _SWAPPED_PREFIXES:
+        for mine, theirs in ((p, q), (q, p)):
+            if word.startswith(mine) and len(word) - len(mine) >= 4 and theirs + word[len(mine):] in others:
                 return True
     return False
 
@@ -628,6 +646,16 @@ def _opposed_words(a: Profile, b: Profile) -> bool:
         return False
     only_b = {w for w in b.content if not _matches(w, a)}
     return any(_prefix_opposite_in(x, only_b) for x in only_a) or any(_prefix_opposite_in(y, only_a) for y in only_b)
+
+
+def _compared_differently(a: Profile, b: Profile) -> bool:
+    """Each prompt has a polar word the other lacks, and the two are a word and its opposite
+    ("left"/"right"), or both gradable ("fastest"/"cheapest" ask different things; "open"/
+    "read" a file, "drop"/"remove" a column ask one)."""
+    only_a = a.comparisons - b.comparisons
+    only_b = b.comparisons - a.comparisons if only_a else ()
+    return any(x[1:] == y[1:] or (x[1:] in _GRADABLE and y[1:] in _GRADABLE) or {x, y} == _KEEP_LOSE
+               for x in only_a for y in only_b)
 
 
 def _flipped(a: Profile, b: Profile) -> bool:
@@ -661,8 +689,7 @@ def requirement(a_text: str, b_text: str, settings: EquivalenceSettings) -> Requ
     if settings.check_question_words and a.question_words and b.question_words \
             and a.question_words != b.question_words:
         return Requirement(never, "question_word_differs")
-    if settings.check_comparisons and ((a.comparisons - b.comparisons and b.comparisons - a.comparisons)
-                                       or _opposed_words(a, b)):
+    if settings.check_comparisons and (_compared_differently(a, b) or _opposed_words(a, b)):
         return Requirement(never, "comparison_differs")  # "best" for "worst"; an extra one counts below
     if settings.check_entities and (_unmatched(a.entities, b) or _unmatched(b.entities, a)):
         return Requirement(never, "entities_differ")
