@@ -26,7 +26,7 @@ import numpy as np
 from sidecar import metrics, tracing
 from sidecar.cache.answer import CachedAnswer, decode_answer
 from sidecar.cache.capture import IDENTITY_ENCODING, Refusal, SseCapture, capture_json, response_refusal
-from sidecar.cache.equivalence import EquivalenceSettings, same_question
+from sidecar.cache.equivalence import EquivalenceSettings, Verdict, same_question
 from sidecar.cache.inflight import Answered, Follow, Lead, Near, Promoted
 from sidecar.cache.policy import TIME_SENSITIVE_WORDS, CachePolicy, cache_decision
 from sidecar.cache.replay import completion_id, hit_headers, json_body, sse_body
@@ -56,6 +56,20 @@ def readable(data: bytes) -> CachedAnswer | None:
         if _unreadable_warning.due():
             log.warning("cached answer unreadable, served as a miss: %s", exc)
         return None
+
+
+_check_failure_warning = Throttle()
+
+
+def checked_same_question(a: str, b: str, cosine: float, settings: EquivalenceSettings) -> Verdict:
+    """same_question, and a miss should it fail on some odd prompt: a stored prompt is
+    every later neighbour's, and an error would fail their streams too."""
+    try:
+        return same_question(a, b, cosine, settings)
+    except Exception:
+        if _check_failure_warning.due():
+            log.exception("same-question check failed, served as a miss")
+        return Verdict(False, "check_failed")
 
 
 def _follow_for(ctx: RequestContext, route_limit_s: float) -> float:
@@ -316,7 +330,7 @@ class CachingDirector:
         if neighbour.entry.entry_id == key:       # stored while this request was embedding
             return Lookup("exact", "exact", neighbour.entry, 1.0, vector)
         checks = dataclasses.replace(self._rt.equivalence, threshold=policy.semantic_threshold)
-        verdict = same_question(neighbour.entry.prompt, prompt, neighbour.similarity, checks)
+        verdict = checked_same_question(neighbour.entry.prompt, prompt, neighbour.similarity, checks)
         metrics.child(metrics.CACHE_SEMANTIC_VERDICTS, verdict.reason).inc()
         return Lookup("semantic" if verdict.hit else None, verdict.reason, neighbour.entry,
                       neighbour.similarity, vector)
@@ -327,7 +341,7 @@ class CachingDirector:
         if vector is not None:
             settings = dataclasses.replace(self._rt.equivalence, threshold=policy.semantic_threshold)
             near = Near(vector, policy.semantic_threshold, prompt,
-                        same=lambda leader, cosine: same_question(leader, prompt, cosine, settings).hit)
+                        same=lambda leader, cosine: checked_same_question(leader, prompt, cosine, settings).hit)
         ticket = await self._rt.inflight.join(scope, key, near)
         if not isinstance(ticket, Follow):
             return ticket, None

@@ -375,3 +375,14 @@ def test_no_deadline_holds_a_request_past_envoys_one_message_timeout_extension()
     assert HOLD_LIMIT_S < EXTEND_AFTER_S + EXTENDED_MESSAGE_TIMEOUT_S - 2       # room to spare
     ctx = request(**{"x-request-deadline-ms": "600000"})                      # ten minutes
     assert _follow_for(ctx, route_limit_s=300.0) <= HOLD_LIMIT_S            # the queue: test_admission_gate
+
+
+def test_a_same_question_check_that_fails_is_a_miss_not_a_failed_request(monkeypatch, caplog):
+    import sidecar.caching as caching
+
+    def broken(*args):
+        raise ValueError("Exceeds the limit (4300 digits)")
+    monkeypatch.setattr(caching, "same_question", broken)
+    verdict = caching.checked_same_question("a", "b", 0.99, caching.EquivalenceSettings())
+    assert verdict == caching.Verdict(False, "check_failed")
+    assert any("same-question check failed" in r.getMessage() for r in caplog.records)
