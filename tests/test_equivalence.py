@@ -129,6 +129,9 @@ CASES = [
     ("how to undo the last git commit keeping the changes", "how to undo the last git commit losing the changes",
      HIGH, False, "comparison_differs"),
     ("what does ?. do in typescript", "what does ?? do in typescript", HIGH, False, "symbols_differ"),
+    # Emoji are [UNK] to the model, so only this check tells them apart.
+    ("Write a birthday message 🎉", "Write a birthday message 🎂", 1.0, False, "symbols_differ"),
+    ("Write a birthday message 🎉", "Write a birthday message", 1.0, True, "ok"),
     # Prefixes that also begin unrelated words, and spelling variants, are no opposites.
     ("How do I play a video in HTML?", "How do I display a video in HTML?", HIGH, True, "ok"),
     ("How do I write a formal enquiry email?", "How do I write a formal inquiry email?", HIGH, True, "ok"),

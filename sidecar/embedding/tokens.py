@@ -13,6 +13,7 @@ prompt, below).
 """
 from __future__ import annotations
 
+import unicodedata
 from pathlib import Path
 
 from tokenizers import Tokenizer
@@ -56,12 +57,17 @@ def encode_tail(tokenizer: Tokenizer, text: str, max_tokens: int) -> list[int]:
     window = max_tokens * _WINDOW_CHARS_PER_TOKEN
     while True:
         start = max(0, len(text) - window)
-        encoding = tokenizer.encode(normalize_text(text[start:]))
+        normalized = normalize_text(text[start:])
+        encoding = tokenizer.encode(normalized)
         if start == 0 or _first_word_dropped(encoding) or window >= max_tokens * _MAX_CHARS_PER_TOKEN:
             break
         window *= 4  # too few words in the window (long words, invisible characters)
-    _check_content(tokenizer, encoding)
+    _check_content(tokenizer, encoding, normalized)
     return encoding.ids
+
+
+def _symbols_only(span: str) -> bool:
+    return bool(span) and all(unicodedata.category(c)[0] == "S" for c in span)
 
 
 def _first_word_dropped(encoding) -> bool:
@@ -70,16 +76,19 @@ def _first_word_dropped(encoding) -> bool:
     return bool(encoding.overflowing) and bool(kept) and min(kept) > 0
 
 
-def _check_content(tokenizer: Tokenizer, encoding) -> None:
+def _check_content(tokenizer: Tokenizer, encoding, normalized: str) -> None:
     content = [i for i, special in zip(encoding.ids, encoding.special_tokens_mask) if not special]
     if not content:
         raise NothingToEmbed("nothing to embed: the text is empty once normalised")
     unknown = tokenizer.token_to_id("[UNK]")
     if unknown is None:
         return
-    unknown_count = content.count(unknown)
-    if unknown_count == len(content):
+    if content.count(unknown) == len(content):
         raise NothingToEmbed("nothing to embed: the model knows none of the text's tokens")
+    # Unknown symbols (emoji, ∑) do not count: two prompts that differ in them alone are told
+    # apart by the same-question check's symbol comparison, not by the vector.
+    unknown_count = sum(1 for i, (begin, end) in zip(encoding.ids, encoding.offsets)
+                        if i == unknown and not _symbols_only(normalized[begin:end]))
     if unknown_count > MAX_UNKNOWN_SHARE * len(content):
         # Most CJK characters are [UNK] to this model: "open the firewall" and "close the
         # firewall" in Chinese embed identically (cosine 1.0). Such prompts get exact hits only.
