@@ -576,7 +576,7 @@ def markdown(report: dict) -> str:
             ["`entities_differ`", "a name in one prompt (capitalised word not at a sentence start, acronym, "
              "camel-case, `C++`) matches no word of the other (same word, stem, or prefix of ≥ 4 letters)"],
             ["`order_differs`", "the same words in swapped roles after `to`/`from`/`into`/`in`/`than`/`vs`/"
-             "`against` (`celsius to fahrenheit` / `fahrenheit to celsius`, `teaspoons in a tablespoon` / "
+             "`against`/`en`/`nach` (`celsius to fahrenheit` / `fahrenheit to celsius`, `teaspoons in a tablespoon` / "
              "`tablespoons in a teaspoon`; `to` after `how`, `want`, … is an infinitive, not a direction), or "
              "one thing after `to` in one prompt and `from` in the other (`translate to Spanish`)"],
             ["`symbols_differ`", "both prompts have operator symbols and they differ, in order (`==` / `===`, "

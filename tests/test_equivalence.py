@@ -108,6 +108,8 @@ CASES = [
     # Directions.
     ("how many teaspoons in a tablespoon", "how many tablespoons in a teaspoon", HIGH, False, "order_differs"),
     ("translate good morning to spanish", "translate good morning from spanish", HIGH, False, "order_differs"),
+    ("Comment convertir des miles en kilomètres ?", "Comment convertir des kilomètres en miles ?",
+     HIGH, False, "order_differs"),
     ("how to center a div horizontally", "how to horizontally center a div", HIGH, True, "ok"),   # infinitive
     # Operators.
     ("what does == do in javascript", "what does === do in javascript", HIGH, False, "symbols_differ"),

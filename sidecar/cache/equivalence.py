@@ -283,7 +283,7 @@ things someone something anyone anything everyone everything somebody anybody s 
 STOPWORDS = _STOPWORDS  # also the words that token alignment skips
 
 # "A to B", "from A", "better than B", "A against B": swapping A and B changes the question.
-_DIRECTIONS = frozenset("from to into in than vs versus against".split())
+_DIRECTIONS = frozenset("from to into in than vs versus against en nach".split())   # en, nach: "miles en kilomètres"
 # "how to center a div": an infinitive, not a direction.
 _INFINITIVE_AFTER = frozenset("how want wants need needs have has going able trying try way ways like".split())
 # Numbers may trade places under these ("3 + 5", "the sum of 3 and 5"), nowhere else
