@@ -289,7 +289,7 @@ _INFINITIVE_AFTER = frozenset("how want wants need needs have has going able try
 # Numbers may trade places under these ("3 + 5", "the sum of 3 and 5"), nowhere else
 # ("10 minus 3", "2 to the power of 10").
 _SYMMETRIC = frozenset("and or between vs versus compare sum plus times product".split())
-_SYMMETRIC_SIGN = re.compile(r"\d\s*[+*×x]\s*\d")
+_SYMMETRIC_SIGN = re.compile(r"\d\s*[+*×xX]\s*\d")
 
 # Units after a number, by canonical name: "30 seconds" is not "30 minutes".
 _UNIT_NAMES = {
@@ -548,13 +548,12 @@ def profile(text: str) -> Profile:
         and not w.endswith("n't") and len(w) > 1)
     all_words = frozenset(stems) | frozenset(stems.values())
     numbers = _numbers(tokens)
-    lowered = normalized.lower()
     sentences = [part for part in _SENTENCE_END.split(normalized.strip()) if part.strip()]
     return Profile(
         numbers=frozenset(value for value, _ in numbers),
         number_order=tuple(value for value, _ in numbers),
         units=_units(tokens, numbers),
-        symmetric=bool(_SYMMETRIC.intersection(words)) or bool(_SYMMETRIC_SIGN.search(lowered)),
+        symmetric=bool(_SYMMETRIC.intersection(words)) or bool(_SYMMETRIC_SIGN.search(normalized)),
         operators=_operators(normalized),
         negations=sum(1 for w in words if w in _NEGATIONS or w.endswith("n't")),
         question_words=frozenset(questions),
@@ -592,11 +591,6 @@ def _matches(word: str, other: Profile) -> bool:
 
 def _unmatched(mine: frozenset[str], other: Profile) -> int:
     return sum(1 for w in mine if not _matches(w, other))
-
-
-def _extra_words(mine: Profile, other: Profile) -> int:
-    """Content words and polar-word classes that only `mine` has."""
-    return _unmatched(mine.content, other) + len(mine.comparisons - other.comparisons)
 
 
 def _swapped(a: Profile, b: Profile) -> bool:
@@ -639,12 +633,13 @@ def _prefix_opposite_in(word: str, others: set[str]) -> bool:
     return False
 
 
-def _opposed_words(a: Profile, b: Profile) -> bool:
-    """Each prompt has a word the other lacks, and the two are opposites by prefix."""
-    only_a = {w for w in a.content if not _matches(w, b)}
-    if not only_a:
-        return False
-    only_b = {w for w in b.content if not _matches(w, a)}
+def _only_in(mine: Profile, other: Profile) -> frozenset[str]:
+    """Content words of `mine` that match no word of `other`."""
+    return frozenset(w for w in mine.content if not _matches(w, other))
+
+
+def _opposed_words(only_a: frozenset[str], only_b: frozenset[str]) -> bool:
+    """A word only one prompt has is the opposite by prefix of one only the other has."""
     return any(_prefix_opposite_in(x, only_b) for x in only_a) or any(_prefix_opposite_in(y, only_a) for y in only_b)
 
 
@@ -689,7 +684,9 @@ def requirement(a_text: str, b_text: str, settings: EquivalenceSettings) -> Requ
     if settings.check_question_words and a.question_words and b.question_words \
             and a.question_words != b.question_words:
         return Requirement(never, "question_word_differs")
-    if settings.check_comparisons and (_compared_differently(a, b) or _opposed_words(a, b)):
+    # Content words only one prompt has: for opposites by prefix and the content check.
+    only_a, only_b = _only_in(a, b), _only_in(b, a)
+    if settings.check_comparisons and (_compared_differently(a, b) or _opposed_words(only_a, only_b)):
         return Requirement(never, "comparison_differs")  # "best" for "worst"; an extra one counts below
     if settings.check_entities and (_unmatched(a.entities, b) or _unmatched(b.entities, a)):
         return Requirement(never, "entities_differ")
@@ -698,7 +695,9 @@ def requirement(a_text: str, b_text: str, settings: EquivalenceSettings) -> Requ
     if settings.check_symbols and a.operators and b.operators and a.operators != b.operators:
         return Requirement(never, "symbols_differ")
     if settings.check_content_words:
-        extra_a, extra_b = _extra_words(a, b), _extra_words(b, a)
+        # Extra words: content words and polar-word classes only one prompt has.
+        extra_a = len(only_a) + len(a.comparisons - b.comparisons)
+        extra_b = len(only_b) + len(b.comparisons - a.comparisons)
         long = max(a.length, b.length) > settings.long_prompt_words
         if max(extra_a, extra_b) > (0 if long else settings.max_extra_words):
             return Requirement(never, "content_differs")
