@@ -46,8 +46,7 @@ class NoExtProcStack(Stack):
     def write_envoy_config(self) -> pathlib.Path:
         path = super().write_envoy_config()
         config = envoy_config.yaml.safe_load(path.read_text())
-        for listener in config["static_resources"]["listeners"]:
-            hcm = listener["filter_chains"][0]["filters"][0]["typed_config"]
+        for hcm in envoy_config.http_connection_managers(config):
             hcm["http_filters"] = [f for f in hcm["http_filters"]
                                    if f["name"] != "envoy.filters.http.ext_proc"]
         return envoy_config.write(config, path)

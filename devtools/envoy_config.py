@@ -52,6 +52,12 @@ def http_connection_manager(config: dict) -> dict:
     return config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
 
 
+def http_connection_managers(config: dict) -> list[dict]:
+    """Every listener's HCM typed_config (the YAML anchor's copies), for changes to all of them."""
+    return [listener["filter_chains"][0]["filters"][0]["typed_config"]
+            for listener in config["static_resources"]["listeners"]]
+
+
 def chat_route(name: str, prefix: str, candidates: list[dict] | None, rewrite: str | None = None) -> dict:
     """An Envoy route steered by the sidecar (cluster_header), with Sluice settings in its metadata."""
     route = {"cluster_header": "x-sluice-cluster", "timeout": "60s"}
@@ -66,8 +72,7 @@ def chat_route(name: str, prefix: str, candidates: list[dict] | None, rewrite: s
 
 def set_routes(config: dict, routes: list[dict]) -> None:
     """Replace the routes of every listener (tests add per-route settings this way)."""
-    for listener in config["static_resources"]["listeners"]:
-        hcm = listener["filter_chains"][0]["filters"][0]["typed_config"]
+    for hcm in http_connection_managers(config):
         hcm["route_config"]["virtual_hosts"][0]["routes"] = routes
 
 

@@ -80,8 +80,7 @@ class TrailersStack(Stack):
     def write_envoy_config(self):
         path = super().write_envoy_config()
         config = envoy_config.yaml.safe_load(path.read_text())
-        for listener in config["static_resources"]["listeners"]:
-            hcm = listener["filter_chains"][0]["filters"][0]["typed_config"]
+        for hcm in envoy_config.http_connection_managers(config):
             hcm.setdefault("http_protocol_options", {})["enable_trailers"] = True
         return envoy_config.write(config, path)
 
