@@ -64,8 +64,7 @@ class UsageMeter:
             return None
         self._done = True
         if self._events is None and self._body_size:
-            self._saw_choice = True
-            self._chars = self._body_size             # JSON overhead counted too: an upper bound
+            self._estimate_from_size()
         return self._result()
 
     # ------------------------------------------------------------ internals
@@ -85,10 +84,14 @@ class UsageMeter:
 
     def _read_body(self) -> None:
         if self._body_size > self._max_bytes:
-            self._saw_choice = True
-            self._chars = self._body_size                 # JSON overhead counted too: an upper bound
+            self._estimate_from_size()
         else:
             self._read_object(bytes(self._body), "message")
+
+    def _estimate_from_size(self) -> None:
+        """A JSON body not parsed (too big, or only its first part seen): its size."""
+        self._saw_choice = True
+        self._chars = self._body_size                     # JSON overhead counted too: an upper bound
 
     def _read_object(self, data: bytes, part: str) -> None:
         try:
