@@ -226,48 +226,44 @@ def test_a_follower_waits_no_longer_than_its_clients_deadline_allows():
     asyncio.run(scenario())
 
 
+NO_CACHE = parse_route_settings({"name": "chat", "candidates": [{"cluster": "a"}], "cache": {"enabled": False}})
+
+
+async def metered(route, answer: bytes, end: bool = True, response_headers: dict | None = None):
+    """A request on a token-budget route answered with `answer`: (its plan, its usage)."""
+    d = director()
+    ctx = request(**{"accept-encoding": "gzip, deflate"})           # as the openai SDK sends
+    ctx.route, ctx.token_estimate = route, 7                         # admission charged an estimate
+    plan = await d.decide(ctx)
+    ctx.response_headers = {":status": "200", "content-type": "application/json", **(response_headers or {})}
+    d.on_response_headers(ctx)
+    d.on_response_body(ctx, answer, end)
+    d.on_finish(ctx)
+    return plan, ctx.usage
+
+
 def test_the_answers_usage_is_read_for_token_budgets_whatever_the_cache_does_with_it():
     """The routing director's usage meter is fed through the caching director: on a route
     without the cache, and for an answer the cache refuses to store (n > 1)."""
-    no_cache = parse_route_settings({"name": "chat", "candidates": [{"cluster": "a"}], "cache": {"enabled": False}})
     two_choices = json.dumps({"object": "chat.completion", "model": "m", "choices": [
         {"index": i, "message": {"role": "assistant", "content": "x"}, "finish_reason": "stop"} for i in range(2)],
         "usage": {"prompt_tokens": 11, "completion_tokens": 500, "total_tokens": 511}}).encode()
-    async def usage_read(route, answer, end=True):
-        d = director()
-        ctx = request()
-        ctx.route, ctx.token_estimate = route, 7                # admission charged an estimate
-        await d.decide(ctx)
-        ctx.response_headers = {":status": "200", "content-type": "application/json"}
-        d.on_response_headers(ctx)
-        d.on_response_body(ctx, answer, end)
-        d.on_finish(ctx)
-        return ctx.usage
-    assert asyncio.run(usage_read(no_cache, ANSWER)) == (5, 3)
-    assert asyncio.run(usage_read(ROUTE, two_choices)) == (11, 500)
+    assert asyncio.run(metered(NO_CACHE, ANSWER))[1] == (5, 3)
+    assert asyncio.run(metered(ROUTE, two_choices))[1] == (11, 500)
     # Only its first part ever came (past Envoy's buffer): charged for that much at least.
-    cut = asyncio.run(usage_read(no_cache, b'{"choices": [{"message": {"content": "' + b"x" * 40_000, end=False))
+    _, cut = asyncio.run(metered(NO_CACHE, b'{"choices": [{"message": {"content": "' + b"x" * 40_000, end=False))
     assert cut is not None and cut[1] >= 10_000
 
 
 def test_an_answer_read_for_its_usage_is_asked_for_uncompressed_and_skipped_if_not():
     """Clients such as the openai SDK accept gzip: a compressed answer would give the token
     budget nothing to read, so the meter asks for identity encoding (once, with the capture)."""
-    no_cache = parse_route_settings({"name": "chat", "candidates": [{"cluster": "a"}], "cache": {"enabled": False}})
-
-    async def plan_and_usage(route, encoding):
-        d = director()
-        ctx = request(**{"accept-encoding": "gzip, deflate"})
-        ctx.route, ctx.token_estimate = route, 7
-        plan = await d.decide(ctx)
-        ctx.response_headers = {":status": "200", "content-type": "application/json", **encoding}
-        d.on_response_headers(ctx)
-        d.on_response_body(ctx, gzip.compress(ANSWER) if encoding else ANSWER, True)
-        d.on_finish(ctx)
-        return [h for h in plan.request_headers if h[0] == "accept-encoding"], ctx.usage
-    for route in (no_cache, ROUTE):
-        assert asyncio.run(plan_and_usage(route, {})) == ([("accept-encoding", "identity")], (5, 3))
-        assert asyncio.run(plan_and_usage(route, {"content-encoding": "gzip"}))[1] is None   # ignored: no guess
+    for route in (NO_CACHE, ROUTE):
+        plan, usage = asyncio.run(metered(route, ANSWER))
+        assert [h for h in plan.request_headers if h[0] == "accept-encoding"] == [("accept-encoding", "identity")]
+        assert usage == (5, 3)
+        gzipped = asyncio.run(metered(route, gzip.compress(ANSWER), response_headers={"content-encoding": "gzip"}))
+        assert gzipped[1] is None                                    # ignored: no guess
 
 
 def test_a_fallback_models_answer_is_neither_stored_nor_relayed_to_twins():
