@@ -21,7 +21,9 @@ def test_a_repeat_reuses_the_result_and_any_input_that_counts_makes_a_new_one():
     for changed in ({"body": b'{"a":1}'},
                     {"headers": dict(HEADERS, authorization="Bearer k2")},
                     {"headers": dict(HEADERS, **{"cache-control": "no-cache"})},
-                    {"headers": dict(HEADERS, pragma="no-cache")}):
+                    {"headers": dict(HEADERS, pragma="no-cache")},
+                    {"headers": dict(HEADERS, **{":path": "/v1/chat/completions?api-version=2"})},
+                    {"headers": dict(HEADERS, **{":authority": "other.example"})}):
         result, worked = remembered(memo, **changed)
         assert worked and result is not first, changed
 

@@ -75,9 +75,21 @@ def test_tenant_header_used_when_route_names_it():
 
 
 def test_credential_sources():
-    assert credential(AUTH_A) == ("authorization", "Bearer sk-aaa")
+    assert credential(AUTH_A) == ("authorization", "bearer sk-aaa")
     assert credential({"x-t": " acme "}, "x-t") == ("header:x-t", "acme")
     assert credential({}, "x-t") is None
+
+
+def test_authorization_scheme_spellings_are_one_tenant():
+    """The scheme is case-insensitive and any run of blanks may follow it (RFC 9110 11.1): the
+    upstream sees one key, so re-spelling it must not buy a new tenant (a new rate limit)."""
+    tenants = {tenant_of({"authorization": v}, SECRET)
+               for v in ("Bearer sk-aaa", "bearer sk-aaa", "BEARER sk-aaa", "Bearer  sk-aaa", "Bearer\tsk-aaa")}
+    assert tenants == {tenant_of(AUTH_A, SECRET)}
+    assert tenant_of({"authorization": "Bearer SK-AAA"}, SECRET) not in tenants   # the key is not
+    assert tenant_of({"authorization": "sk-aaa"}, SECRET) not in tenants
+    # a route's own tenant header is taken as sent: Envoy sets it, no scheme to fold
+    assert tenant_of({"x-t": "Acme"}, SECRET, tenant_header="x-t") != tenant_of({"x-t": "acme"}, SECRET, tenant_header="x-t")
 
 
 @pytest.mark.parametrize("secret", [b"", b"short", "a string secret of 32 characters"])
@@ -185,6 +197,19 @@ def test_route_separates_scopes():
     assert scope(route="a").key != scope(route="b").key
 
 
+def test_endpoint_separates_scopes():
+    """One route may cover several endpoints: a deployment in the path, an api-version in the
+    query or another virtual host may be another model or another answer."""
+    def at(path, host="gw.example"):
+        return scope(headers={**AUTH_A, ":authority": host, ":path": path}).key
+    base = at("/v1/chat/completions")
+    assert at("/v1/chat/completions") == base
+    assert at("/v1/chat/completions", host="GW.example") == base              # host names have no case
+    assert at("/v1/chat/completions?api-version=2024-10-21") != base
+    assert at("/openai/deployments/gpt-4o/chat/completions") != at("/openai/deployments/gpt-4o-mini/chat/completions")
+    assert at("/v1/chat/completions", host="other.example") != base
+
+
 # ---------------------------------------------------------------- prompt and exact key
 
 def test_prompt_text_is_the_last_user_turn():
@@ -263,7 +288,8 @@ def test_time_words_prefilter_never_hides_a_match():
 
 def test_digests_are_pinned_across_versions():
     """Replicas share entries through Redis by these keys: a change must be a deliberate
-    KEY_VERSION bump, never a side effect (version 2: superscripts kept apart in exact keys)."""
+    KEY_VERSION bump, never a side effect (version 2: superscripts kept apart in exact keys;
+    3: the endpoint in the scope, the Authorization scheme case-folded)."""
     body = json.dumps({"model": "m", "messages": [
         {"role": "system", "content": "You are terse. ünï ✓"},
         {"role": "user", "content": [{"type": "text", "text": "What is the capital of France?"}]}],
@@ -272,12 +298,13 @@ def test_digests_are_pinned_across_versions():
         "tools": [{"type": "function", "function": {"name": "f", "parameters": {
             "b": 1, "a": [1e300, -0.0, 12345678901234567890]}}}]}).encode()
     request = parse_chat_request(body)
-    key = scope_for(request, AUTH_A, CachePolicy(allow_tools=True), SECRET, route="chat")
-    assert context_key(request) == "1e037da435da180ff10a667004e79f5f3a32af4962506fa8735894d1a35e51f6"
-    assert params_key(request) == "526b6be1037d217cefbf80ac31e27a9f7f2dab1be1738f2d96d562a5df1bfc1a"
-    assert key.key == "833baa8e6e1f01dc642bc019d6f46277cf58fbd04e048c43172bfb85eba17005"
+    headers = {**AUTH_A, ":authority": "gw.example", ":path": "/v1/chat/completions"}
+    key = scope_for(request, headers, CachePolicy(allow_tools=True), SECRET, route="chat")
+    assert context_key(request) == "640a18227605f48924952f17e9d01401e072716792fa9b5c63db2b60c1cc8700"
+    assert params_key(request) == "dc24c366ed37094e0824151a641628fd6ea67fc3d8f57a37ebfcb36967d731e0"
+    assert key.key == "6f84fb90f4a585e088a28be862512a771af6c97b558faa892249a0f45a61a7d9"
     assert exact_key(key, "What is the capital of France?") == \
-        "2bd46b7785ef8e430cbd984eb9d1c1d1bf0f3f9ec7cfbf2761f5d9da9962eb31"
+        "87dd53ce02d4c2f6e465b04b1973f7a1ca0c8ca835dbedfd415e51a23c538e31"
 
 
 def test_a_value_json_cannot_hold_is_refused_not_digested():

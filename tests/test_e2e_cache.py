@@ -232,15 +232,19 @@ def test_semantic_tier_off_on_route(stack):
     pytest.param([{"model": "demo-model"}, {"model": "other-model"}], id="models"),
     pytest.param([{"system": "You are a pirate."}, {"system": "You are a marine biologist."}, {}],
                  id="system-prompts"),
+    # One route, several endpoints: Azure-style deployments in the path, an api-version in the query.
+    pytest.param([{}, {"path": "/openai/deployments/gpt-4o"}, {"path": "/openai/deployments/gpt-4o-mini"},
+                  {"query": {"api-version": "2024-10-21"}}], id="endpoints"),
 ])
 def test_no_hit_across_scopes(stack, request, variants):
-    """The same prompt from another tenant, for another model or after another system prompt
-    is a miss; each variant is then a hit for itself."""
+    """The same prompt from another tenant, for another model, after another system prompt or
+    at another endpoint of the route is a miss; each variant is then a hit for itself."""
     prompt = f"Summarise the plot of Moby Dick in one sentence ({request.node.callspec.id})."
     before = requests_of(stack, "a")
 
-    def ask_as(key="key-scopes", model="demo-model", system=None):
-        content, completion, headers = ask(sdk(stack, key), prompt, model=model, system=system)
+    def ask_as(key="key-scopes", model="demo-model", system=None, query=None, path="/v1"):
+        client = sdk(stack, key, path=path, default_query=query)
+        content, completion, headers = ask(client, prompt, model=model, system=system)
         assert completion.model == model
         return status(headers)
 

@@ -67,6 +67,8 @@ class DemoUpstream:
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.on_response_prepare.append(self._tag_response)
         app.router.add_post("/v1/chat/completions", self.chat)
+        # Azure OpenAI's shape: the deployment (the model run) in the path, api-version in the query.
+        app.router.add_post("/openai/deployments/{deployment}/chat/completions", self.chat)
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/health", self.health)
         app.router.add_get("/metrics", self.metrics)

@@ -4,10 +4,10 @@ Repeats are what a cache serves, and working out a request's bypass verdict, sco
 key (normalising the prompt, the time-word scan, four canonical-JSON digests) was most of an
 exact hit's own cost: ~250 µs of the sidecar's ~1 ms on a 2 KB prompt through Envoy, more than
 a pass-through's whole ext_proc exchange. That work depends only on the route's settings, the
-body and three headers, so a repeat reuses it.
+body and five headers (credential, Cache-Control, Pragma, host, path), so a repeat reuses it.
 
 One memo belongs to one route (its settings object and name: route metadata that changes or is
-parsed again gets a new one), so only the body and three headers vary. It is keyed by a BLAKE2b
+parsed again gets a new one), so only the body and those headers vary. It is keyed by a BLAKE2b
 digest of them, so no credential is kept, holds at most MAX_ENTRIES results and skips bodies
 over MAX_BODY_BYTES, so it holds at most a few MB of prompts.
 """
@@ -26,10 +26,10 @@ T = TypeVar("T")
 
 def request_digest(body: bytes, headers: Mapping[str, str], credential_header: str) -> bytes:
     """What the verdict depends on besides the route: the caller's credential, Cache-Control
-    and Pragma, and the body."""
+    and Pragma, the endpoint (host and path: part of the scope), and the body."""
     h = hashlib.blake2b(digest_size=16)
     for part in (headers.get(credential_header) or "", headers.get("cache-control") or "",
-                 headers.get("pragma") or ""):
+                 headers.get("pragma") or "", headers.get(":authority") or "", headers.get(":path") or ""):
         encoded = part.encode("utf-8", "surrogatepass")
         h.update(len(encoded).to_bytes(4, "big"))      # length-prefixed: no two inputs run together
         h.update(encoded)

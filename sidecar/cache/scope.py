@@ -22,6 +22,10 @@ A `CacheScope` is everything that must be *equal* for a stored answer to be serv
 - `model`: the model the client asked for (not the one the upstream reported).
 - `route`: the route's name, so two routes to different upstreams that use the same model
   name never share answers ("" when the caller does not say).
+- `endpoint`: the host (lower-cased) and the path with its query, as Envoy passed them on. One
+  route may cover several endpoints whose answers differ: an Azure-style deployment in the
+  path picks the model, `?api-version=` the answer's shape, another virtual host another
+  upstream under the same route name.
 - `context_key`: everything but the last user turn's text (`context_key`), including every
   body field not known to leave the answer alone (`sidecar.chat.ANSWER_NEUTRAL_FIELDS`).
 - `params_key`: the sampling settings that change the answer (`params_key`).
@@ -76,7 +80,9 @@ from sidecar.embedding.normalize import normalize_text
 if TYPE_CHECKING:
     from sidecar.cache.policy import CachePolicy
 
-KEY_VERSION = 2                 # 2: superscripts and subscripts kept apart in exact keys
+# 2: superscripts and subscripts kept apart in exact keys; 3: the endpoint in the scope, the
+# Authorization scheme case-folded.
+KEY_VERSION = 3
 SHARED_TENANT = "shared"
 MIN_SECRET_BYTES = 16
 
@@ -94,6 +100,7 @@ _CONTEXT_SAMPLING = ("response_format",)
 _SPECIAL_PARAMS = ("temperature", "max_tokens", "max_completion_tokens", "n", "stop")
 _FLOAT_PARAMS = ("top_p", "presence_penalty", "frequency_penalty")
 
+_AUTH_SCHEME = re.compile(r"([^ \t]*)([ \t]*)(.*)", re.DOTALL)
 _TRAILING_BLANKS = re.compile(r"[ \t]+$", re.MULTILINE)
 _INNER_BLANKS = re.compile(r"(?<=\S)[ \t]{2,}|(?<=\S)\t")
 
@@ -105,12 +112,13 @@ class CacheScope:
     context_key: str
     params_key: str
     route: str = ""
+    endpoint: str = ""
 
     @functools.cached_property      # read several times a request
     def key(self) -> str:
         return canonical_digest({"v": KEY_VERSION, "tenant": self.tenant, "model": self.model,
-                        "route": self.route, "context": self.context_key,
-                        "params": self.params_key})
+                        "route": self.route, "endpoint": self.endpoint,
+                        "context": self.context_key, "params": self.params_key})
 
 
 # ---------------------------------------------------------------- tenant
@@ -125,12 +133,17 @@ def credential(headers: Mapping[str, str], tenant_header: str = "") -> tuple[str
 
     source is "header:<name>" for the route's tenant header, "authorization" otherwise.
     Header names are lower-case (as the codec gives them); blank values count as absent.
+    Authorization's scheme is case-insensitive and may be followed by several spaces (RFC 9110
+    11.1): "bearer  K" is the upstream's "Bearer K", so it is one tenant, with one budget.
     """
     name = credential_header(tenant_header)
     value = (headers.get(name) or "").strip()
     if not value:
         return None
-    return (f"header:{name}" if tenant_header else "authorization"), value
+    if tenant_header:
+        return f"header:{name}", value
+    scheme, blank, rest = _AUTH_SCHEME.match(value).groups()
+    return "authorization", (f"{scheme.lower()} {rest}" if blank and rest else value)
 
 
 def tenant_of(headers: Mapping[str, str], secret: bytes, *, tenant_header: str = "",
@@ -222,7 +235,12 @@ def scope_for(chat: ChatRequest, headers: Mapping[str, str], policy: CachePolicy
     if tenant is None:
         return None
     return CacheScope(tenant=tenant, model=chat.model, context_key=context_key(chat),
-                      params_key=params_key(chat), route=route)
+                      params_key=params_key(chat), route=route, endpoint=endpoint_of(headers))
+
+
+def endpoint_of(headers: Mapping[str, str]) -> str:
+    """The host and the path with its query, as one string (see the module doc)."""
+    return (headers.get(":authority") or "").lower() + " " + (headers.get(":path") or "")
 
 
 # ---------------------------------------------------------------- prompt and exact key
