@@ -143,6 +143,7 @@ class Capture:
     ttl_s: float
     stream: bool
     lead: Lead | None
+    shared: bool = False               # the route's one cache for every caller (policy.shared)
     sse: SseCapture | None = None
     body: bytearray = field(default_factory=bytearray)
     finished: bool = False
@@ -243,7 +244,7 @@ class CachingDirector:
             else:
                 metrics.child(metrics.CACHE_LOOKUPS, ctx.route_name, bypass.reason).inc()
                 vector = await self._embed(prompt) if settings.semantic else None
-            capture = Capture(scope.key, key, prompt, vector, policy.ttl_s, chat.stream, lead)
+            capture = Capture(scope.key, key, prompt, vector, policy.ttl_s, chat.stream, lead, policy.shared)
             lead = None   # owned by the capture from here on
             return await self._upstream(ctx, "miss" if bypass is None else "bypass", capture)
         finally:
@@ -410,7 +411,7 @@ class CachingDirector:
         capture: Capture | None = ctx.capture
         if capture is None:
             return
-        refusal = response_refusal(ctx.response_headers, capture.stream)
+        refusal = response_refusal(ctx.response_headers, capture.stream, capture.shared)
         if refusal is not None:
             self._refuse(ctx, capture, refusal)
         elif capture.stream:

@@ -226,3 +226,21 @@ def test_sse_ignores_anything_after_done():
 ])
 def test_response_refusal(headers, stream, expected):
     assert response_refusal(headers, stream) == (Refusal(expected) if expected else None)
+
+
+JSON_200 = {":status": "200", "content-type": "application/json"}
+
+
+@pytest.mark.parametrize("cache_control, shared, expected", [
+    ("max-age=60", False, None),
+    ("public, max-age=60", True, None),
+    ("no-store", False, "no_store"),
+    ("No-Store, private", False, "no_store"),
+    ("max-age=0, no-cache", False, "no_cache"),          # a hit is never revalidated
+    ('no-cache="set-cookie"', False, "no_cache"),
+    ("private", False, None),          # a per-credential scope: only its own caller gets it
+    ("private, max-age=60", True, "private"),           # not for everybody on a shared route
+])
+def test_the_upstreams_cache_control_is_obeyed(cache_control, shared, expected):
+    headers = {**JSON_200, "cache-control": cache_control}
+    assert response_refusal(headers, False, shared) == (Refusal(expected) if expected else None)

@@ -5,6 +5,7 @@ import json
 import random
 import time
 
+import pytest
 
 from sidecar.cache.capture import capture_json, estimate_tokens
 from sidecar.cache.inflight import InFlight
@@ -290,6 +291,32 @@ def test_a_fallback_models_answer_is_neither_stored_nor_relayed_to_twins():
         return d.decide_now(later)
     later_plan = asyncio.run(scenario())
     assert later_plan is None or later_plan.reply is None                # a miss, not the fallback's answer
+
+
+@pytest.mark.parametrize("route_cache, cache_control, stored", [
+    ({"semantic": False}, "no-store", False),
+    ({"semantic": False}, "private", True),                  # this credential's own scope
+    ({"semantic": False, "shared": True}, "private", False),  # one cache for everybody
+    ({"semantic": False, "shared": True}, "public, max-age=600", True),
+])
+def test_the_upstreams_cache_control_decides_whether_its_answer_is_stored(route_cache, cache_control, stored):
+    route = parse_route_settings({"name": "chat", "candidates": [{"cluster": "a"}], "cache": route_cache})
+
+    async def scenario():
+        d = director()
+        first = request()
+        first.route = route
+        await d.decide(first)
+        first.response_headers = {":status": "200", "content-type": "application/json", "cache-control": cache_control}
+        d.on_response_headers(first)
+        d.on_response_body(first, ANSWER, True)
+        d.on_finish(first)
+        await asyncio.sleep(0.01)
+        again = request(authorization="Bearer another caller" if route_cache.get("shared") else "Bearer k1")
+        again.route = route
+        return d.decide_now(again)
+    plan = asyncio.run(scenario())
+    assert (plan is not None and plan.reply is not None) == stored
 
 
 def test_without_usage_from_the_upstream_the_whole_chat_counts_as_prompt():

@@ -1,8 +1,11 @@
 """Turn an upstream response body into a CachedAnswer, or refuse to.
 
 Only a complete, plain-text, single-choice answer is stored. The caller feeds only bodies
-of responses that `response_refusal` lets through (status 200, not content-encoded, the
-content type the request asked for); both capture paths then refuse (`Refusal.reason`):
+of responses that `response_refusal` lets through: status 200, not content-encoded, the
+content type the request asked for, and an upstream Cache-Control that allows it (`no_store`
+for `no-store`; `no_cache` for `no-cache`, as a hit is never revalidated; `private` for
+`private` on a shared route: on others an answer reaches only the credential it was given
+to). Both capture paths then refuse (`Refusal.reason`):
 
 | reason        | JSON body                                  | SSE stream                          |
 |---------------|--------------------------------------------|-------------------------------------|
@@ -36,6 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sidecar.cache.answer import FINISH_REASONS, CachedAnswer
+from sidecar.cache.policy import cache_directives
 from sidecar.sse import SseEvents
 
 MAX_BYTES = 1 << 20
@@ -62,8 +66,9 @@ def is_encoded(headers: Mapping[str, str]) -> bool:
     return (headers.get("content-encoding") or "identity").strip().lower() != "identity"
 
 
-def response_refusal(headers: Mapping[str, str], stream: bool) -> Refusal | None:
-    """Whether a response's headers allow capturing its body at all (None: they do)."""
+def response_refusal(headers: Mapping[str, str], stream: bool, shared: bool = False) -> Refusal | None:
+    """Whether a response's headers allow capturing its body at all (None: they do).
+    shared: the route caches one answer for every caller (policy.shared)."""
     if headers.get(":status") != "200":
         return Refusal("status")
     if is_encoded(headers):
@@ -71,6 +76,11 @@ def response_refusal(headers: Mapping[str, str], stream: bool) -> Refusal | None
     content_type = (headers.get("content-type") or "").split(";")[0].strip().lower()
     if content_type != ("text/event-stream" if stream else "application/json"):
         return Refusal("content_type")
+    if "cache-control" in headers:
+        directives = cache_directives({"cache-control": headers["cache-control"]})
+        for name in ("no-store", "no-cache") + (("private",) if shared else ()):
+            if name in directives:
+                return Refusal(name.replace("-", "_"))
     return None
 
 
