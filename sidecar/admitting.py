@@ -14,7 +14,7 @@ from sidecar.admission import (Degrade, Gate, Permit, RateLimitRule, RateLimits,
                                TokenLimiter, estimate_prompt_tokens)
 from sidecar.cache.scope import tenant_of
 from sidecar.context import RequestContext
-from sidecar.route_settings import PerSettings, RouteSettings
+from sidecar.route_settings import PerSettings, RouteSettings, warn_unless_internal
 
 log = logging.getLogger("sluice.admission")
 
@@ -68,6 +68,8 @@ class Admission:
         except ValueError as exc:
             log.error("invalid admission settings of route %s, admission off: %s", route_name, exc)
             settings = None
+        if settings is not None:
+            warn_unless_internal(route_name, settings.priority_header, "priority class")
         # With admission on, a candidate's max_in_flight caps the gate's adaptive limit
         # (requests then wait in the queue instead of being refused as saturated). The set is
         # replaced whole, so a reload that drops a cap or turns admission off frees the cluster.

@@ -35,11 +35,10 @@ from sidecar.cache.scope import credential_header, exact_key, prompt_text, scope
 from sidecar.context import Outcome, RequestContext
 from sidecar.logs import Throttle
 from sidecar.events import BodyMode, ImmediateReply, Plan
-from sidecar.route_settings import PerSettings, RouteSettings
+from sidecar.route_settings import PerSettings, RouteSettings, warn_unless_internal
 
 log = logging.getLogger("sluice.cache")
 CACHE_HEADER = "x-sluice-cache"
-INTERNAL_HEADER_PREFIX = "x-sluice-"     # envoy/envoy.yaml.tmpl strips these from clients
 
 
 # A rolling upgrade that changes the stored format would otherwise log on every hit.
@@ -297,12 +296,7 @@ class CachingDirector:
         except ValueError as exc:
             log.error("invalid cache settings of route %s, cache off: %s", route_name, exc)
             return None
-        tenant_header = built.policy.tenant_header
-        if tenant_header and not tenant_header.startswith(INTERNAL_HEADER_PREFIX):
-            log.warning("route %s names the tenant by %s, which the reference Envoy config does not "
-                        "strip from clients (it strips %s*): unless your Envoy removes clients' copies "
-                        "before the sidecar, a client can choose its tenant", route_name, tenant_header,
-                        INTERNAL_HEADER_PREFIX)
+        warn_unless_internal(route_name, built.policy.tenant_header, "tenant")
         return built
 
     async def _embed(self, prompt: str) -> np.ndarray | None:

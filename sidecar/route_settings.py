@@ -21,6 +21,19 @@ log = logging.getLogger("sluice.route_settings")
 RouteSettings = route_settings_pb2.RouteSettings
 
 
+INTERNAL_HEADER_PREFIX = "x-sluice-"     # envoy/envoy.yaml.tmpl strips these from clients
+
+
+def warn_unless_internal(route_name: str, header: str, what: str) -> None:
+    """Warn when a route trusts a header naming `what` that the reference Envoy config lets
+    clients send: only Envoy, from a verified identity, may set such a header."""
+    if header and not header.startswith(INTERNAL_HEADER_PREFIX):
+        log.warning("route %s takes the %s from %s, which the reference Envoy config does not strip "
+                    "from clients (it strips %s*): unless your Envoy removes clients' copies before "
+                    "the sidecar, a client can choose its %s", route_name, what, header,
+                    INTERNAL_HEADER_PREFIX, what)
+
+
 class RouteSettingsError(ValueError):
     """The route's sluice metadata is invalid; the message names the field."""
 

@@ -447,3 +447,14 @@ async def test_per_tenant_limits_name_the_tenant_as_the_route_does():
     shared_key = {"authorization": "Bearer one-key-for-the-whole-app"}
     assert [await status(**shared_key, **{"x-sluice-tenant": t}) for t in ("acme", "globex", "acme")] == [200, 200, 429]
     assert [await status(**{"x-sluice-tenant": t}) for t in ("initech", "umbrella")] == [200, 200]
+
+
+def test_a_priority_header_envoy_does_not_strip_is_warned_about(caplog):
+    """A client that can send the route's priority header picks its own class (vip)."""
+    admission = Admission(Gate(GateConfig()), None, b"a test secret of 32 bytes, fixed")
+    for header, warned in (("x-sluice-priority", False), ("x-priority", True)):
+        route = parse_route_settings({"name": "chat", "candidates": [{"cluster": "a"}],
+                                      "admission": {"enabled": True, "priority_header": header}})
+        caplog.clear()
+        assert admission.settings(route, "chat").priority_header == header
+        assert any("can choose its priority class" in r.getMessage() for r in caplog.records) is warned, header

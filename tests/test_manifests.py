@@ -554,7 +554,9 @@ def test_envoy_gateway_policy_points_at_its_service():
     headers = one(docs, "ClientTrafficPolicy")
     assert headers["metadata"]["namespace"] == policy["metadata"]["namespace"]
     assert headers["spec"]["targetRefs"] == policy["spec"]["targetRefs"]
-    assert "x-sluice-cluster" in headers["spec"]["headers"]["earlyRequestHeaders"]["remove"]
+    # The headers the sidecar trusts from Envoy: the cluster it picked, the tenant and the class.
+    assert {"x-sluice-cluster", "x-sluice-tenant", "x-sluice-priority"} <= \
+        set(headers["spec"]["headers"]["earlyRequestHeaders"]["remove"])
     # Buffered bodies: the same limit as the reference config (Envoy Gateway's default is 32 KiB).
     limit = headers["spec"]["connection"]["bufferLimit"]
     assert limit == "1Mi" and envoy_config.DEFAULTS["MAX_BODY_BYTES"] == 1 << 20
