@@ -99,7 +99,7 @@ class AccessLog:
             "outcome": ctx.outcome.value if ctx.outcome is not None else None,
             "cache": ctx.cache_status, "status": ctx.status, "response_read": ctx.response_read,
             "ttfb_ms": _ms(ttfb), "duration_ms": _ms(now - ctx.started),
-            "model": chat.model if chat is not None else None,
+            "model": ctx.logged_model,
             "stream": chat.stream if chat is not None else None,
             "trace_id": trace_id,
         }

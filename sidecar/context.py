@@ -20,6 +20,8 @@ DEADLINE_HEADER = "x-request-deadline-ms"
 # it go upstream or refuses it, whatever the deadline: Envoy extends its message timeout once
 # (server.EXTENDED_MESSAGE_TIMEOUT_S) and then fails the request open, past admission.
 HOLD_LIMIT_S = 55.0
+# The model name is the client's own text, logged and traced: its length must not be.
+MAX_LOGGED_MODEL_CHARS = 200
 
 
 class Outcome(enum.Enum):
@@ -64,6 +66,14 @@ class RequestContext:
     @property
     def request_id(self) -> str:
         return self.headers.get("x-request-id", "")
+
+    @property
+    def logged_model(self) -> str | None:
+        """The model the client asked for, cut to MAX_LOGGED_MODEL_CHARS for logs and spans."""
+        if self.chat is None:
+            return None
+        model = self.chat.model
+        return model if len(model) <= MAX_LOGGED_MODEL_CHARS else model[:MAX_LOGGED_MODEL_CHARS] + "…"
 
     @property
     def hold_until(self) -> float:

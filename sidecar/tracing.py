@@ -142,7 +142,7 @@ def decision_attributes(ctx: RequestContext) -> dict:
         "sluice.outcome": ctx.outcome.value if ctx.outcome is not None else None,
         "sluice.cache": ctx.cache_status,
         "http.response.status_code": ctx.status,
-        "gen_ai.request.model": ctx.chat.model if ctx.chat is not None else None,
+        "gen_ai.request.model": ctx.logged_model,
         "sluice.stream": ctx.chat.stream if ctx.chat is not None else None,
     }
     decision = ctx.decision

@@ -1,4 +1,5 @@
 """The request log: one JSON line per request, cheap, and nothing secret in it by default."""
+import dataclasses
 import io
 import json
 
@@ -7,9 +8,9 @@ import pytest
 from sidecar import access_log
 from sidecar.access_log import PROMPT_CHARS, AccessLog, LineWriter
 from sidecar.chat import parse_chat_request
-from sidecar.context import Outcome, RequestContext
+from sidecar.context import MAX_LOGGED_MODEL_CHARS, Outcome, RequestContext
 from sidecar.server import ExternalProcessor
-from sidecar.tracing import Tracing
+from sidecar.tracing import Tracing, decision_attributes
 from tests.ext_proc_stream import CHAT_HEADERS, FakeDirector, chat_body, chat_messages, run_stream
 
 SECRET_PROMPT = "my card number is 4111 1111 1111 1111"
@@ -94,6 +95,16 @@ def test_no_authorization_or_prompt_by_default(lines):
     assert len(lines) == 1
     assert "sk-very-secret" not in lines[0] and "4111" not in lines[0] and "answer" not in lines[0]
     assert "prompt" not in json.loads(lines[0])
+
+
+def test_a_huge_model_name_is_cut_short(lines):
+    """The model is the client's text: 200 kB of it must not make a 200 kB line (or span)."""
+    ctx = routed_context("hi")
+    ctx.chat = dataclasses.replace(ctx.chat, model="m" * 200_000)
+    AccessLog().emit(ctx)
+    model = json.loads(lines[0])["model"]
+    assert model == "m" * MAX_LOGGED_MODEL_CHARS + "…" and len(lines[0]) < 2_000
+    assert decision_attributes(ctx)["gen_ai.request.model"] == model
 
 
 def test_log_prompts_logs_the_last_user_turn_cut_short(lines):

@@ -89,6 +89,24 @@ def test_one_request_log_line_without_secrets(stack):
     assert "sk-ops-e2e-do-not-log" not in log and prompt not in log
 
 
+def test_envoys_access_log_leaves_out_the_query_string(stack):
+    """Clients put API keys in query strings (Azure's ?api-key=): Envoy logs the path without it."""
+    envoy_log = stack.workdir / "envoy.log"
+    seen = len(envoy_log.read_text().splitlines())
+    status, _, raw = post(stack, "/v1/chat/completions?api-key=sk-in-the-query", body_for("query probe"),
+                          {"authorization": API_KEY})
+    assert status == 200, raw
+
+    def new_chat_lines():
+        lines = envoy_log.read_text().splitlines()[seen:]
+        return [json.loads(line) for line in lines if line.startswith("{") and '"POST"' in line]
+    deadline = time.monotonic() + 15                # Envoy writes its access log in batches
+    while not new_chat_lines() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert [entry["path"] for entry in new_chat_lines()] == ["/v1/chat/completions"]
+    assert "sk-in-the-query" not in envoy_log.read_text()
+
+
 # --- traceparent ----------------------------------------------------------------------------
 
 def test_incoming_traceparent_reaches_the_upstream_unchanged(stack):
