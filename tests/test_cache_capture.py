@@ -236,8 +236,8 @@ JSON_200 = {":status": "200", "content-type": "application/json"}
     ("public, max-age=60", True, None),
     ("no-store", False, "no_store"),
     ("No-Store, private", False, "no_store"),
-    ("max-age=0, no-cache", False, "no_cache"),          # a hit is never revalidated
-    ('no-cache="set-cookie"', False, "no_cache"),
+    ("no-cache", False, None),                           # what SSE servers send to every client
+    ("no-cache, must-revalidate", True, None),
     ("private", False, None),          # a per-credential scope: only its own caller gets it
     ("private, max-age=60", True, "private"),           # not for everybody on a shared route
 ])

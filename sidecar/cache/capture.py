@@ -3,9 +3,11 @@
 Only a complete, plain-text, single-choice answer is stored. The caller feeds only bodies
 of responses that `response_refusal` lets through: status 200, not content-encoded, the
 content type the request asked for, and an upstream Cache-Control that allows it (`no_store`
-for `no-store`; `no_cache` for `no-cache`, as a hit is never revalidated; `private` for
-`private` on a shared route: on others an answer reaches only the credential it was given
-to). Both capture paths then refuse (`Refusal.reason`):
+for `no-store`; `private` for `private` on a shared route: on others an answer reaches only
+the credential it was given to). `no-cache` is no refusal: event-stream servers send it by
+convention, to keep proxies from buffering (OpenAI's streams carry it), and a route that
+turns the cache on has said its answers may be reused. Both capture paths then refuse
+(`Refusal.reason`):
 
 | reason        | JSON body                                  | SSE stream                          |
 |---------------|--------------------------------------------|-------------------------------------|
@@ -78,7 +80,7 @@ def response_refusal(headers: Mapping[str, str], stream: bool, shared: bool = Fa
         return Refusal("content_type")
     if "cache-control" in headers:
         directives = cache_directives({"cache-control": headers["cache-control"]})
-        for name in ("no-store", "no-cache") + (("private",) if shared else ()):
+        for name in ("no-store",) + (("private",) if shared else ()):
             if name in directives:
                 return Refusal(name.replace("-", "_"))
     return None
