@@ -113,8 +113,8 @@ class Upstream:
         self.port = port
         self.sdk = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0, timeout=10)
 
-    def get(self, path: str) -> Reply:
-        return request(self.port, "GET", path)
+    def get(self, path: str, headers: dict | None = None) -> Reply:
+        return request(self.port, "GET", path, headers=headers)
 
     def post(self, path: str, body=None) -> Reply:
         return request(self.port, "POST", path, body)
@@ -404,6 +404,17 @@ def test_admin_config_validates_and_applies(up):
     assert up.get("/admin/config").json()["model"] == "other"
     assert up.chat().usage.completion_tokens == 3
     assert up.metric("vllm:request_success_total") == 1  # model_name label follows the config
+
+
+def test_admin_answers_direct_callers_only(up):
+    """Through a proxy (Envoy's public port) the demo's admin is not there: /admin/last shows the
+    last caller's Authorization and /admin/config reconfigures the upstream."""
+    up.sdk.chat.completions.create(model="m", messages=HELLO, max_tokens=2)
+    assert up.get("/admin/last").status == 200
+    for proxied in ({"x-forwarded-for": "203.0.113.7"}, {"x-envoy-expected-rq-timeout-ms": "15000"}):
+        assert up.get("/admin/last", headers=proxied).status == 404
+        assert up.get("/admin/config", headers=proxied).status == 404
+    assert up.get("/health", headers={"x-forwarded-for": "203.0.113.7"}).status == 200
 
 
 def test_admin_last_shows_forwarded_headers_and_body(up):

@@ -24,6 +24,19 @@ _METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _INVALID = object()
 
 
+# Headers a proxy adds on the way: Envoy sets both (use_remote_address; the route's timeout).
+_PROXIED = ("x-forwarded-for", "x-envoy-expected-rq-timeout-ms")
+
+
+@web.middleware
+async def _admin_only_direct(request: web.Request, handler):
+    """/admin/* answers direct callers only (tests, benchmarks): through Envoy's public port
+    anyone could reconfigure the demo, and /admin/last shows the last caller's Authorization."""
+    if request.path.startswith("/admin/") and any(h in request.headers for h in _PROXIED):
+        return error_response(404, "not found", "not_found_error")
+    return await handler(request)
+
+
 def reset_connection(request: web.BaseRequest) -> None:
     """Drop the client's connection with a TCP RST, like a crashed server."""
     transport = request.transport
@@ -64,7 +77,7 @@ class DemoUpstream:
 
     def app(self) -> web.Application:
         # Prompts can be long; aiohttp's 1 MiB default would reject real traffic.
-        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[_admin_only_direct])
         app.on_response_prepare.append(self._tag_response)
         app.router.add_post("/v1/chat/completions", self.chat)
         # Azure OpenAI's shape: the deployment (the model run) in the path, api-version in the query.
