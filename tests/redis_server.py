@@ -12,8 +12,9 @@ from devtools.stack import free_port
 
 
 class RedisServer:
-    def __init__(self, workdir: pathlib.Path, port: int | None = None):
-        self.workdir, self.port = workdir, port or free_port()
+    def __init__(self, workdir: pathlib.Path, port: int | None = None, args: tuple[str, ...] = ()):
+        """args: more redis-server flags (`--timeout 1`, `--maxmemory-policy noeviction`)."""
+        self.workdir, self.port, self.args = workdir, port or free_port(), tuple(args)
         self.proc: subprocess.Popen | None = None
 
     @property
@@ -27,7 +28,7 @@ class RedisServer:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.proc = subprocess.Popen(
             [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--dir", str(self.workdir)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+             "--dir", str(self.workdir), *self.args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             try:

@@ -15,6 +15,7 @@ from redis.asyncio import Redis as AsyncRedis
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from sidecar.admission import RateLimitRule, RateLimits, RedisTokenLimiter, TokenLimitsConfig, connect
 from sidecar.cache.inflight import InFlight, Lead
 from sidecar.cache.inflight_redis import RedisInFlight
 from sidecar.cache.memory_store import MemoryStore
@@ -636,3 +637,88 @@ async def test_redis_events_waiting_for_a_retry_go_a_few_at_a_time(redis_stores)
         await a.put("t", f"k{i}", "p", unit(i), b"a", ttl_s=60)
     assert await eventually(lambda: b.nearest("t", unit(102), 0.99))      # the stream is in order
     assert all([await b.nearest("t", unit(i), 0.99) for i in range(103)])
+
+
+# -- Redis as production runs it: full, evicting, stalling, closing idle connections ------------
+
+@needs_redis
+async def test_redis_full_under_noeviction_still_serves_what_it_has(tmp_path):
+    """Full, Redis refuses writes: the lookup's LRU mark among them. The answer is still there to
+    read, so it is a hit, not a miss for every request until memory frees up."""
+    server = RedisServer(tmp_path, args=("--maxmemory-policy", "noeviction")).start()
+    store = RedisStore(redis_settings(server.url))
+    try:
+        await store.start()
+        await store.put("t", "k", "p", unit(1), b"answer", ttl_s=60)
+        async with AsyncRedis(port=server.port) as raw:
+            for i in range(20):
+                await raw.set(f"ballast:{i}", b"x" * 100_000)
+            await raw.config_set("maxmemory", "1mb")
+            with pytest.raises(ResponseError, match="maxmemory"):
+                await raw.set("probe", b"x")
+        assert (await store.get_exact("t", "k")).answer == b"answer"
+        assert (await store.nearest("t", unit(1), 0.9)).entry.answer == b"answer"
+        assert store.healthy
+    finally:
+        await store.close()
+        server.stop()
+
+
+@needs_redis
+async def test_redis_purges_find_answers_whose_id_set_redis_evicted(redis_server, redis_stores):
+    """Under allkeys-lru (or volatile-lru: every key has a TTL) a full Redis may evict a scope's
+    id set and keep some of its answers: a purge must delete those too, or they stay served."""
+    store, other = await redis_stores(), await redis_stores()
+    for scope in ("t", "u"):
+        for i in range(5):
+            await store.put(scope, f"k{i}", "p", unit(i), b"a", ttl_s=60)
+    await _raw_redis(redis_server, "DEL", "sluice:{t}:ids", "sluice:{u}:ids")     # as LRU would
+    assert await store.purge_scope("t") == 5
+    assert await store.get_exact("t", "k0") is None
+    assert await eventually(lambda: _true(other._mirror.scope_size("t") == 0))
+    assert await store.purge_all() == 5                                  # "u": no id set either
+    assert await store.get_exact("u", "k0") is None
+
+
+@needs_redis
+async def test_redis_a_failed_lookup_wakes_the_reconnect_without_waiting_for_the_stream_read(
+        redis_server, redis_stores):
+    """A stall marks Redis down at the first slow lookup; every lookup then misses until the
+    store reconnects. That must not wait for the stream reader's blocking XREAD to return."""
+    store = await redis_stores(stream_block_ms=5000)
+    await store.put("t", "k", "p", unit(1), b"a", ttl_s=60)
+    await asyncio.sleep(0.2)                                # the reader is in its 5 s XREAD
+    await _raw_redis(redis_server, "CLIENT", "PAUSE", "300")
+    assert await store.get_exact("t", "k") is None and not store.healthy    # timed out: down
+    paused_at = time.monotonic()
+    assert await eventually(lambda: _true(store.healthy), timeout=5)
+    assert time.monotonic() - paused_at < 2.5               # the pause, a reconnect: not the 5 s read
+    assert (await store.get_exact("t", "k")).answer == b"a"
+
+
+@needs_redis
+async def test_redis_closing_idle_connections_is_no_outage(tmp_path, caplog):
+    """Redis `timeout` (managed Redis and NATs alike) closes idle connections: the next command
+    on one fails, and is tried again on a fresh connection instead of setting Redis aside."""
+    server = RedisServer(tmp_path, args=("--timeout", "1")).start()
+    store = RedisStore(redis_settings(server.url))
+    dedup = RedisInFlight(connect(server.url, timeout_s=0.5), InFlight())
+    every_tenant = RateLimitRule(RateLimits(requests_per_minute=1000))
+    limiter = RedisTokenLimiter(connect(server.url, timeout_s=0.5), TokenLimitsConfig(rules=(every_tenant,)))
+    caplog.set_level(logging.INFO)
+    try:
+        await store.start()
+        await store.put("t", "k", "p", unit(1), b"answer", ttl_s=60)
+        (await dedup.join("s", "k0")).complete(b"x")
+        assert (await limiter.check("tenant", "chat", 10)).allowed
+        await asyncio.sleep(2.2)                            # every pooled connection idle past 1 s
+        assert (await store.get_exact("t", "k")).answer == b"answer"
+        lead = await dedup.join("s", "k1")
+        lead.abandon()
+        assert (await limiter.check("tenant", "chat", 10)).allowed
+        assert store.healthy and dedup.available and limiter.shared
+        assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
+    finally:
+        await store.close()
+        await dedup.aclose()
+        server.stop()

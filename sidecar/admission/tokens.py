@@ -40,6 +40,7 @@ from redis.retry import Retry
 
 from sidecar.admission.metrics import AdmissionMetrics, NullMetrics
 from sidecar.admission.outcomes import Refusal
+from sidecar.redis_retry import once_more_on_a_closed_connection
 from sidecar.scheduling._validate import count, fraction, positive, require
 
 log = logging.getLogger("sluice.admission")
@@ -366,8 +367,9 @@ class RedisTokenLimiter:
         args = [mode, repr(self.config.period_s),
                 limits.requests_per_minute or 0, requests, limits.tokens_per_minute or 0, tokens]
         try:
+            keys = redis_keys(self.config.key_prefix, tenant, route)
             reply = await asyncio.wait_for(
-                self._script(keys=redis_keys(self.config.key_prefix, tenant, route), args=args),
+                once_more_on_a_closed_connection(lambda: self._script(keys=keys, args=args)),
                 self.config.redis_timeout_s)
         except Exception as error:  # noqa: BLE001 - any failure of the store means: decide locally
             self._next_try = now + self.config.redis_retry_s

@@ -36,6 +36,7 @@ from redis.exceptions import RedisError
 
 from sidecar.cache.inflight import (
     TIMED_OUT, Answered, Follow, InFlight, Lead, Near, Outcome, Promoted)
+from sidecar.redis_retry import once_more_on_a_closed_connection
 
 __all__ = ["RedisInFlight"]
 
@@ -177,7 +178,7 @@ class RedisInFlight:
         if not (always or self.available):
             raise _Unavailable
         try:
-            return await asyncio.wait_for(op(), self._op_timeout_s)
+            return await asyncio.wait_for(once_more_on_a_closed_connection(op), self._op_timeout_s)
         except (RedisError, OSError, asyncio.TimeoutError) as e:
             log.debug("redis operation failed: %r", e)
             self._mark_down()

@@ -58,6 +58,7 @@ from sidecar.config import redacted_url
 from sidecar.cache.inflight_redis import PURGE_MARKER_MS, purge_marker
 from sidecar.cache.memory_store import MemoryStore
 from sidecar.cache.store import Entry, Neighbour, StoreLimits, StoreUnavailable
+from sidecar.redis_retry import once_more_on_a_closed_connection
 from sidecar.cache.vector_index import DEFAULT_EXACT_MAX, as_unit
 from sidecar.logs import Throttle
 
@@ -152,6 +153,7 @@ class _Keys:
         self.prefix = prefix
         self.events = f"{prefix}:events"
         self.ids_pattern = f"{_glob_escape(prefix)}:{{*}}:ids"
+        self.entries_pattern = f"{_glob_escape(prefix)}:{{*}}:e:*"
 
     def entry_prefix(self, scope: str) -> str:
         return f"{self.prefix}:{{{scope}}}:e:"
@@ -195,6 +197,7 @@ class RedisStore:
         self._purge_script: Any = None
         self._loop_task: asyncio.Task | None = None
         self._loaded = asyncio.Event()
+        self._went_down = asyncio.Event()      # wakes the sync loop out of its blocking XREAD
         self._closed = False
         self._last_id: bytes | None = None      # the last stream event the mirror has
         self._unpublished: deque[dict[str, Any]] = deque(maxlen=UNPUBLISHED_MAX)   # events to retry
@@ -271,6 +274,7 @@ class RedisStore:
             log.info("cache backend %s reachable%s", self._where(),
                      "" if self._up is None else " again: shared cache resumes")
         self._up = True
+        self._went_down.clear()
         BACKEND_UP.set(1)
 
     def _mark_down(self, op: str, exc: BaseException) -> None:
@@ -279,6 +283,7 @@ class RedisStore:
             log.warning("cache backend %s unreachable (%s: %s); lookups miss and puts are "
                         "dropped until it is back", self._where(), type(exc).__name__, exc)
         self._up = False
+        self._went_down.set()
         BACKEND_UP.set(0)
 
     def _other_error(self, op: str, exc: BaseException) -> None:
@@ -299,7 +304,7 @@ class RedisStore:
         deadline = None if round_trips is None else self.settings.timeout_s * round_trips
         try:
             async with asyncio.timeout(deadline):
-                return await call(self._client)
+                return await once_more_on_a_closed_connection(lambda: call(self._client))
         except _UNREACHABLE as exc:
             self._mark_down(op, exc)
         except RedisError as exc:
@@ -391,7 +396,7 @@ class RedisStore:
             async for ids_key in client.scan_iter(match=self._keys.ids_pattern, count=1000,
                                                   _type="zset"):
                 deleted += await self._purge(client, self._keys.scope_of_ids(ids_key))
-            return deleted
+            return deleted + await self._unlink_matching(client, self._keys.entries_pattern)
 
         deleted = await self._run("purge", purge_all, round_trips=None)
         if deleted is _FAILED:
@@ -408,9 +413,25 @@ class RedisStore:
             deleted += int(n)
             if not left:
                 break
+        deleted += await self._unlink_matching(client, _glob_escape(self._keys.entry_prefix(scope)) + "*")
         await client.set(purge_marker(scope), 1, px=PURGE_MARKER_MS)    # and late twins' answers
         await client.xadd(self._keys.events, {"op": "purge", "s": scope},
                           maxlen=self.settings.stream_maxlen, approximate=True)
+        return deleted
+
+    @staticmethod
+    async def _unlink_matching(client: Any, pattern: str) -> int:
+        """Delete the keys matching `pattern`, found by SCAN: entries that their scope's id set
+        no longer lists, since Redis evicted or expired the set (under allkeys-lru or
+        volatile-lru a full Redis evicts any key). An admin path: a keyspace scan is affordable."""
+        deleted, batch = 0, []
+        async for key in client.scan_iter(match=pattern, count=1000):
+            batch.append(key)
+            if len(batch) >= _PURGE_BATCH_SIZE:
+                deleted += await client.unlink(*batch)
+                batch.clear()
+        if batch:
+            deleted += await client.unlink(*batch)
         return deleted
 
     # -- Redis commands -------------------------------------------------------------------
@@ -419,7 +440,10 @@ class RedisStore:
         pipe = client.pipeline(transaction=False)
         pipe.hgetall(self._keys.entry(scope, exact_key))
         pipe.zadd(self._keys.ids(scope), {exact_key: int(self._clock() * 1000)}, xx=True)
-        fields, _ = await pipe.execute()
+        # The LRU mark is a write: Redis full under noeviction refuses it, yet the read stands.
+        fields, _ = await pipe.execute(raise_on_error=False)
+        if isinstance(fields, Exception):
+            raise fields
         if not fields or b"a" not in fields:
             return None
         try:
@@ -464,8 +488,7 @@ class RedisStore:
                     self._last_id = await self._load()
                 self._loaded.set()
                 while self._up and not self._closed:
-                    reply = await self._reader.xread({self._keys.events: self._last_id},
-                                                     count=500, block=s.stream_block_ms)
+                    reply = await self._read_events_unless_down()
                     for _stream, events in reply or ():
                         for event_id, fields in events:
                             self._apply(fields)
@@ -480,6 +503,20 @@ class RedisStore:
                 log.exception("cache sync failed; retrying")
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, s.reconnect_max_s)
+
+    async def _read_events_unless_down(self) -> Any:
+        """The next stream events, or None as soon as a request marks Redis down: reconnecting
+        must not wait out the XREAD's block (each lookup misses until it is done)."""
+        read = asyncio.ensure_future(self._reader.xread({self._keys.events: self._last_id},
+                                                        count=500, block=self.settings.stream_block_ms))
+        down = asyncio.ensure_future(self._went_down.wait())
+        try:
+            await asyncio.wait({read, down}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            down.cancel()
+            if not read.done():
+                read.cancel()        # the reader is replaced on reconnect: its state is moot
+        return read.result() if read.done() and not read.cancelled() else None
 
     async def _reconnect(self) -> None:
         """Fresh clients (no stale pooled connections); raises while Redis is away."""
