@@ -47,7 +47,7 @@ def build(config: SidecarConfig) -> App:
     redis = None
     if config.redis_url:
         from sidecar.admission import connect
-        redis = connect(config.redis_url)
+        redis = connect(config.redis_url, cluster=config.redis_cluster)
     routing = RoutingDirector()
     routing.admission = _admission(config, routing, secret, redis)
     if not config.cache:
@@ -62,7 +62,7 @@ def build(config: SidecarConfig) -> App:
     if config.redis_url:
         from sidecar.cache.inflight_redis import RedisInFlight
         from sidecar.cache.redis_store import RedisSettings, RedisStore
-        store = RedisStore(RedisSettings(url=config.redis_url), _limits(config))
+        store = RedisStore(RedisSettings(url=config.redis_url, cluster=config.redis_cluster), _limits(config))
         inflight = RedisInFlight(redis, InFlight())
         closers = [store, _Closing(inflight.aclose)]
     else:

@@ -30,6 +30,7 @@ class SidecarConfig:
     cache: bool = True           # the answer cache and in-flight dedup (routes can still opt out)
     semantic: bool = True        # load the embedding model for the semantic tier
     redis_url: str = ""          # shared tiers across replicas; "" keeps everything in memory
+    redis_cluster: bool = False  # redis_url names one node of a Redis Cluster (keys are slot-safe)
     cache_secret: str = ""       # HMAC key for tenant ids; replicas sharing Redis need the same one
     cache_max_entries: int = 100_000
     admission_reserved_slots: int = 0  # per cluster, only for the highest priority class (see GateConfig)

@@ -16,11 +16,13 @@ from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from sidecar.admission import RateLimitRule, RateLimits, RedisTokenLimiter, TokenLimitsConfig, connect
+from sidecar.app import build
 from sidecar.cache.inflight import InFlight, Lead
 from sidecar.cache.inflight_redis import RedisInFlight
 from sidecar.cache.memory_store import MemoryStore
 from sidecar.cache.redis_store import REPUBLISH_BATCH, RedisSettings, RedisStore
 from sidecar.cache.store import Entry, StoreLimits, StoreUnavailable
+from sidecar.config import SidecarConfig
 from tests.redis_server import RedisServer, free_port
 
 DIM = 384
@@ -722,3 +724,37 @@ async def test_redis_closing_idle_connections_is_no_outage(tmp_path, caplog):
         await store.close()
         await dedup.aclose()
         server.stop()
+
+
+@needs_redis
+async def test_redis_cluster_from_the_sidecars_config(redis_cluster):
+    """SLUICE_REDIS_CLUSTER: the store, cross-replica dedup and the token limiter all use
+    cluster clients, so scopes and tenants on every primary work (plain clients got MOVED)."""
+    config = SidecarConfig(redis_url=redis_cluster, redis_cluster=True, cache_secret="s" * 16, semantic=False)
+    apps = [build(config), build(config)]
+    for app in apps:
+        await app.start()
+    try:
+        (store, dedup), (_, other_dedup) = [(a.store, a.director._rt.inflight) for a in apps]
+        limiter = apps[0].director._inner.admission._tokens
+        limiter.config = TokenLimitsConfig(rules=(RateLimitRule(RateLimits(requests_per_minute=1)),))
+        for i in range(8):                                  # over all three primaries
+            scope = f"scope{i}"
+            await store.put(scope, "k", "p", unit(i), b"answer", ttl_s=60)
+            assert (await store.get_exact(scope, "k")).answer == b"answer"
+            lead = await dedup.join(scope, "k")
+            follow = await other_dedup.join(scope, "k")
+            lead.complete(b"twin")
+            assert (await follow.wait(5)).payload == b"twin"
+            assert [(await limiter.check(f"tenant{i}", "chat", 1)).allowed for _ in range(2)] == [True, False]
+        assert store.healthy and dedup.available and other_dedup.available and limiter.shared
+    finally:
+        for app in apps:
+            await app.close()
+
+
+@needs_redis
+async def test_a_cluster_node_used_as_one_server_is_named_in_the_log(redis_cluster, started, caplog):
+    caplog.set_level(logging.ERROR, logger="sluice.cache")
+    await started(RedisStore(redis_settings(redis_cluster)))
+    assert any("SLUICE_REDIS_CLUSTER is off" in r.getMessage() for r in caplog.records)

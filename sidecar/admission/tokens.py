@@ -35,6 +35,7 @@ from typing import Any, Protocol
 from urllib.parse import quote
 
 import redis.asyncio as redis
+from redis.asyncio.cluster import RedisCluster
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
@@ -292,11 +293,14 @@ def redis_keys(prefix: str, tenant: str, route: str) -> list[str]:
     return [f"{prefix}:{{{tag}}}:{kind}" for kind in KINDS]
 
 
-def connect(url: str, timeout_s: float = 0.05) -> Any:
+def connect(url: str, timeout_s: float = 0.05, cluster: bool = False) -> Any:
     """A redis.asyncio client that fails fast: short timeouts and no retries (the limiter falls
-    back instead)."""
-    return redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
-                          retry=Retry(NoBackoff(), 0), health_check_interval=0)
+    back instead). cluster: `url` names one node of a Redis Cluster (each budget's keys and each
+    dedup key's share a hash tag, so a script or a pipeline stays on one node)."""
+    options = dict(socket_timeout=timeout_s, socket_connect_timeout=timeout_s, retry=Retry(NoBackoff(), 0))
+    if cluster:
+        return RedisCluster.from_url(url, **options)
+    return redis.from_url(url, health_check_interval=0, **options)
 
 
 class RedisTokenLimiter:

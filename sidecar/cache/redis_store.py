@@ -198,6 +198,7 @@ class RedisStore:
         self._loop_task: asyncio.Task | None = None
         self._loaded = asyncio.Event()
         self._went_down = asyncio.Event()      # wakes the sync loop out of its blocking XREAD
+        self._said_cluster = False             # logged that a cluster node is used as one server
         self._closed = False
         self._last_id: bytes | None = None      # the last stream event the mirror has
         self._unpublished: deque[dict[str, Any]] = deque(maxlen=UNPUBLISHED_MAX)   # events to retry
@@ -546,7 +547,12 @@ class RedisStore:
     async def _server_id(self) -> str | None:
         if self.settings.cluster:
             return None
-        return (await self._client.info("server")).get("run_id")
+        info = await self._client.info("default")          # the server's and the cluster's
+        if info.get("cluster_enabled") and not self._said_cluster:
+            self._said_cluster = True
+            log.error("cache backend %s is a Redis Cluster node but SLUICE_REDIS_CLUSTER is off: "
+                      "every scope on another node fails (MOVED) and misses", self._where())
+        return info.get("run_id")
 
     async def _load(self) -> bytes:
         """Rebuild the mirror from Redis; the stream position to follow it from."""
