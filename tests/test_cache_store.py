@@ -758,3 +758,17 @@ async def test_a_cluster_node_used_as_one_server_is_named_in_the_log(redis_clust
     caplog.set_level(logging.ERROR, logger="sluice.cache")
     await started(RedisStore(redis_settings(redis_cluster)))
     assert any("SLUICE_REDIS_CLUSTER is off" in r.getMessage() for r in caplog.records)
+
+
+@needs_redis
+async def test_a_redis_older_than_7_is_named_in_the_log(redis_stores, caplog):
+    """Storing needs PEXPIRE NX/GT (7.0): on 6.x every put would fail, with the backend up."""
+    store = await redis_stores()
+    real_info = store._client.info
+
+    async def info(section=None):
+        return {**await real_info(section), "redis_version": "6.2.14"}
+    store._client.info, store._said_misfit = info, False
+    caplog.set_level(logging.ERROR, logger="sluice.cache")
+    await store._server_id()
+    assert any("runs Redis 6.2.14" in r.getMessage() for r in caplog.records)

@@ -198,7 +198,7 @@ class RedisStore:
         self._loop_task: asyncio.Task | None = None
         self._loaded = asyncio.Event()
         self._went_down = asyncio.Event()      # wakes the sync loop out of its blocking XREAD
-        self._said_cluster = False             # logged that a cluster node is used as one server
+        self._said_misfit = False              # checked that the server suits (not a cluster node, 7.0+)
         self._closed = False
         self._last_id: bytes | None = None      # the last stream event the mirror has
         self._unpublished: deque[dict[str, Any]] = deque(maxlen=UNPUBLISHED_MAX)   # events to retry
@@ -548,10 +548,15 @@ class RedisStore:
         if self.settings.cluster:
             return None
         info = await self._client.info("default")          # the server's and the cluster's
-        if info.get("cluster_enabled") and not self._said_cluster:
-            self._said_cluster = True
-            log.error("cache backend %s is a Redis Cluster node but SLUICE_REDIS_CLUSTER is off: "
-                      "every scope on another node fails (MOVED) and misses", self._where())
+        if not self._said_misfit:
+            self._said_misfit = True
+            if info.get("cluster_enabled"):
+                log.error("cache backend %s is a Redis Cluster node but SLUICE_REDIS_CLUSTER is off: "
+                          "every scope on another node fails (MOVED) and misses", self._where())
+            major = str(info.get("redis_version", "")).partition(".")[0]
+            if major.isdigit() and int(major) < 7:
+                log.error("cache backend %s runs Redis %s: storing answers needs 7.0 or later "
+                          "(PEXPIRE NX/GT); every put fails", self._where(), info.get("redis_version"))
         return info.get("run_id")
 
     async def _load(self) -> bytes:
