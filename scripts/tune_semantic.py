@@ -116,6 +116,12 @@ SUITE = (
     ("miss", "what does == do in javascript", "what does === do in javascript"),
     ("miss", "give me a gluten-free pancake recipe", "give me a pancake recipe with gluten"),
     ("miss", "如何打开防火墙？", "如何关闭防火墙？"),
+    ("miss", "set an alarm for 9am", "set an alarm for 9pm"),
+    ("miss", "how do I turn on dark mode", "how do I turn off dark mode"),
+    ("miss", "should I pick option A or B", "should I pick option B or C"),
+    ("miss", "can I use baking soda instead of baking powder", "can I use baking powder instead of baking soda"),
+    ("miss", "Who is the CEO of Twitter?", "Who was the CEO of Twitter?"),
+    ("miss", "do all cats purr", "do some cats purr"),
     ("narrower", "How do I center a div in CSS?", "How do I center a div vertically in CSS?"),
     ("narrower", "best laptop", "best laptop for programming"),
     ("hit", "how to reset my password", "how do I reset my password"),
@@ -142,6 +148,8 @@ SUITE = (
     ("hit", "write an essay of about 100 words on climate change", "write an essay of about a hundred words on climate change"),
     ("hit", "what is 3 plus 5", "what is 5 plus 3"),
     ("hit", "What's 2+2?", "what is 2 + 2"),
+    ("hit", "is a tomato a fruit or a vegetable", "is a tomato a vegetable or a fruit"),
+    ("hit", "When will the next iPhone come out?", "When is the next iPhone going to come out?"),
 )
 
 # Token alignment (sidecar/cache/alignment.py), measured on top of the default checks.
@@ -156,9 +164,10 @@ ALIGN_KEEP_RECALL = 0.95
 STRICT_CONTENT = dict(extra_word_cost=0.02, max_extra_words=2, substitution_margin=1.0)
 NO_CHECKS = dict(check_numbers=False, check_negation=False, check_question_words=False,
                  check_comparisons=False, check_entities=False, check_word_order=False,
-                 check_symbols=False, check_content_words=False)
+                 check_symbols=False, check_tense=False, check_quantifiers=False, check_content_words=False)
 CHECKS = ("check_numbers", "check_negation", "check_question_words", "check_comparisons",
-          "check_entities", "check_word_order", "check_symbols", "check_content_words")
+          "check_entities", "check_word_order", "check_symbols", "check_tense", "check_quantifiers",
+          "check_content_words")
 
 
 @dataclass(frozen=True)
@@ -559,7 +568,9 @@ def markdown(report: dict) -> str:
              "80` is not `80% of 15`); or the same numbers in another order, unless both prompts join them "
              "symmetrically (`plus`, `and`, `+`, `vs`, …: `10 minus 3` is not `3 minus 10`); or one number "
              "with other units (`30 seconds` / `30 minutes`, `100 fahrenheit in celsius` / `100 celsius in "
-             "fahrenheit`); a lone `one` is ignored"],
+             "fahrenheit`, `9am` / `9pm`, `30°C` / `30°F`, `1 kJ` / `1 kcal`), or letters glued to it on one "
+             "side only (`Pixel 8` / `Pixel 8a`); two to ten in Spanish, French, German, Italian, Portuguese "
+             "and Russian words too; a lone `one` is ignored"],
             ["`negation_differs`", "different count of negation cues (`not`, `n't`, `never`, `no`, `without`, "
              "`free` as in `gluten-free`, …, a few German/French/Spanish/Italian ones)"],
             ["`question_word_differs`", "both have interrogatives and their classes differ: `why`, `when`, "
@@ -570,18 +581,30 @@ def markdown(report: dict) -> str:
              "and its opposite (`left`↔`right`, `ascending`↔`descending`, `enable`↔`disable`, `formal`↔`casual`, "
              "`client`↔`server`, … about 50 pairs of classes) or both gradable, where any two differ "
              "(`best`, `worst`, `more`, `less`, `fastest`, `cheapest`, `before`, `after`, `buy`, `sell`, `exactly`, "
-             "…; `good`/`best`/`top` are one class); or a word only one prompt has is another's opposite by "
+             "…; `good`/`best`/`top` are one class; a few in other languages: `antes`/`después`, `comprar`/`vender`); "
+             "or after the same word a particle and its opposite (`turn on` / `turn off`, `log in` / `log out`, "
+             "`over 16` / `under 16`, `arguments for` / `against`); or a word only one prompt has is another's opposite by "
              "prefix, in any language (`able`/`unable`, `aktivieren`/`deaktivieren`, `activer`/`désactiver`, "
              "`encrypt`/`decrypt`; `dis`, `de`, `in`, `im` only before 5 letters or more: not `play`/`display`)"],
             ["`entities_differ`", "a name in one prompt (capitalised word not at a sentence start, acronym, "
-             "camel-case, `C++`) matches no word of the other (same word, stem, or prefix of ≥ 4 letters)"],
+             "camel-case, `C++`) matches no word of the other (same word, stem, or prefix of ≥ 4 letters); "
+             "or the one-letter labels differ (option `A` / `B`, size `M` / `L`, solve for `x` / `y`; not "
+             "`a`, `I`, nor a letter starting a sentence)"],
             ["`order_differs`", "the same words in swapped roles after `to`/`from`/`into`/`in`/`than`/`vs`/"
              "`against`/`en`/`nach` (`celsius to fahrenheit` / `fahrenheit to celsius`, `teaspoons in a tablespoon` / "
              "`tablespoons in a teaspoon`; `to` after `how`, `want`, … is an infinitive, not a direction), or "
-             "one thing after `to` in one prompt and `from` in the other (`translate to Spanish`)"],
+             "one thing after `to` in one prompt and `from` in the other (`translate to Spanish`); or one prompt "
+             "is the other with two words, numbers, labels or persons exchanged and all else equal (`baking soda "
+             "instead of baking powder` reversed, `copy column A to column B` / `B to A`, `bite me when I pet "
+             "her` / `bite her when she pets me`), unless they are neighbours or joined symmetrically (`a fruit "
+             "or a vegetable`)"],
             ["`symbols_differ`", "both prompts have operator symbols and they differ, in order (`==` / `===`, "
              "`*args` / `**args`, `i++` / `++i`); sentence punctuation, hyphens and slashes inside words, "
              "prose dashes, backticks and currency signs are not operators, spacing is free (`2+2` = `2 + 2`)"],
+            ["`tense_differs`", "both have auxiliaries and no tense in common: present (`is`, `does`, `has`), "
+             "past (`was`, `did`, `had`), future (`will`, `going`): `who is the CEO` / `who was the CEO`"],
+            ["`quantifiers_differ`", "`all`/`every`/`each` against `some`/`any`, a different count of "
+             "`only`, or `and` traded for `or` (`x > 0 and y > 0`)"],
             ["`content_differs`", "more than `max_extra_words` content words that only one prompt has (any, "
              "once a prompt is longer than `long_prompt_words`: the embedding reads only its last 256 "
              "tokens); a content word of one last sentence that the other's last sentence lacks, once a "
@@ -654,7 +677,7 @@ def markdown(report: dict) -> str:
                                    f"{full['checks'][s]['counts'].get('lost:' + reason, 0)}" for s in sources)]
                  for reason in ("numbers_differ", "negation_differs", "question_word_differs",
                                 "comparison_differs", "entities_differ", "order_differs", "symbols_differ",
-                                "content_differs")]),
+                                "tense_differs", "quantifiers_differ", "content_differs")]),
         "",
         "One check switched off at a time (overall):",
         "",

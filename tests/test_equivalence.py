@@ -147,6 +147,51 @@ CASES = [
     ("Where can I learn Python free of charge?", "Where can I learn Python for free?", HIGH, True, "ok"),
     ("give me a gluten-free pancake recipe", "give me a pancake recipe with gluten", HIGH, False, "negation_differs"),
     ("give me a gluten-free pancake recipe", "give me a pancake recipe without gluten", HIGH, True, "ok"),
+    # Times of day and units written after or glued to a number; a model's suffix.
+    ("set an alarm for 9am", "set an alarm for 9pm", HIGH, False, "numbers_differ"),
+    ("is 6:30 am too early for a meeting", "is 6:30 pm too early for a meeting", HIGH, False, "numbers_differ"),
+    ("is 30°C hot for a run", "is 30°F hot for a run", HIGH, False, "numbers_differ"),
+    ("how much energy is 1 kJ", "how much energy is 1 kcal", HIGH, False, "numbers_differ"),
+    ("does the Pixel 8 have wireless charging", "does the Pixel 8a have wireless charging",
+     HIGH, False, "numbers_differ"),
+    ("set the timeout to 100ms", "set the timeout to 100 ms", HIGH, True, "ok"),
+    ("is 30°C hot for a run", "is 30 celsius hot for a run", HIGH, True, "ok"),
+    # Number words in other languages.
+    ("¿Cuánto cuestan dos cafés?", "¿Cuánto cuestan cuatro cafés?", HIGH, False, "numbers_differ"),
+    ("Wie viel kosten zwei Kaffee?", "Wie viel kosten 2 Kaffee?", HIGH, True, "ok"),
+    # One-letter labels.
+    ("should I pick option A or B", "should I pick option B or C", HIGH, False, "entities_differ"),
+    ("solve 2x + 3 = 7 for x", "solve 2x + 3 = 7 for y", HIGH, False, "entities_differ"),
+    ("what size is an M in european sizes", "what size is an L in european sizes", HIGH, False, "entities_differ"),
+    ("Which university is best for an M.S in physics?", "Which university is best for an m.s. in physics?",
+     HIGH, True, "ok"),
+    # Particles after the same verb, and opposites in other languages.
+    ("how do I turn on dark mode", "how do I turn off dark mode", HIGH, False, "comparison_differs"),
+    ("how to zoom in on a pdf", "how to zoom out on a pdf", HIGH, False, "comparison_differs"),
+    ("arguments for nuclear power", "arguments against nuclear power", HIGH, False, "comparison_differs"),
+    ("how do I find out the length of a list in python", "how do I get the length of a list in python",
+     HIGH, True, "ok"),
+    ("¿Qué hago antes de una entrevista?", "¿Qué hago después de una entrevista?", HIGH, False, "comparison_differs"),
+    ("¿Es buen momento para comprar una casa?", "¿Es buen momento para vender una casa?",
+     HIGH, False, "comparison_differs"),
+    # Two things exchanged, all else equal; not neighbours, nor things joined by "or".
+    ("can I use baking soda instead of baking powder", "can I use baking powder instead of baking soda",
+     HIGH, False, "order_differs"),
+    ("copy column A to column B in excel", "copy column B to column A in excel", HIGH, False, "order_differs"),
+    ("my cat bites me when I pet her", "my cat bites her when she pets me", HIGH, False, "order_differs"),
+    ("is a tomato a fruit or a vegetable", "is a tomato a vegetable or a fruit", HIGH, True, "ok"),
+    ("how to delete a local git branch", "how to delete a git local branch", HIGH, True, "ok"),
+    ("What are the best email finding tools?", "What are the best tools for finding email?", HIGH, True, "ok"),
+    ("what is the difference between http and https", "what is the difference between https and http",
+     HIGH, True, "ok"),
+    ("redirect http to https in nginx", "redirect https to http in nginx", HIGH, False, "order_differs"),
+    # Tense, quantifiers, "only", "and" for "or".
+    ("Who is the CEO of Twitter?", "Who was the CEO of Twitter?", HIGH, False, "tense_differs"),
+    ("When will the next iPhone come out?", "When is the next iPhone going to come out?", HIGH, True, "ok"),
+    ("do all cats purr", "do some cats purr", HIGH, False, "quantifiers_differ"),
+    ("what can I eat on a keto diet", "what can I only eat on a keto diet", HIGH, False, "quantifiers_differ"),
+    ("if x > 0 and y > 0 what quadrant is the point", "if x > 0 or y > 0 what quadrant is the point",
+     HIGH, False, "quantifiers_differ"),
     # After a long context the last sentence, the instruction, must match word for word.
     (LONG_CONTEXT + "Write a polite reply to a customer whose parcel is late.",
      LONG_CONTEXT + "Write a firm reply to a customer whose parcel is late.", HIGH, False, "content_differs"),
@@ -185,6 +230,8 @@ def test_adversarial_prompts_are_profiled_quickly_without_error(text):
     ("check_comparisons", "What are the best books on statistics?", "What are the worst books on statistics?"),
     ("check_word_order", "convert celsius to fahrenheit", "convert fahrenheit to celsius"),
     ("check_symbols", "what does == do in javascript", "what does === do in javascript"),
+    ("check_tense", "Who is the CEO of Twitter?", "Who was the CEO of Twitter?"),
+    ("check_quantifiers", "do all cats purr", "do some cats purr"),
 ])
 def test_each_check_has_a_switch(switch, a, b):
     assert not same_question(a, b, HIGH, DEFAULT).hit

@@ -42,6 +42,8 @@ class EquivalenceSettings:
     check_entities: bool = True
     check_word_order: bool = True
     check_symbols: bool = True
+    check_tense: bool = True
+    check_quantifiers: bool = True
     check_content_words: bool = True
     # Content words that only one prompt has ("how do I center a div [vertically]") raise
     # the cosine needed: + extra_word_cost for each, counted on the side with more ...
@@ -55,10 +57,12 @@ class EquivalenceSettings:
     # so the defaults are loose; extra_word_cost=0.02, max_extra_words=2,
     # substitution_margin=1.0 is the strict setting the report also measures.
     substitution_margin: float = 0.02
-    # The embedding reads only the last 256 tokens (about 190 words) of a prompt, so a
-    # difference earlier in a long prompt leaves the cosine near 1.  Past this many
-    # words (either prompt), every content word must match, whatever the knobs above.
-    long_prompt_words: int = 150
+    # In a long prompt one changed word barely moves the mean of its token vectors (a word
+    # of the context swapped in a 60-word prompt: cosine 0.95-0.999, as for a synonym), and
+    # the embedding reads only its last 256 tokens.  Past this many words (either prompt),
+    # every content word must match, whatever the knobs above.  40: no labelled pair is that
+    # long; on chat prompts of 40-150 words it turned 5 of 7 served context swaps into misses.
+    long_prompt_words: int = 40
     # A prompt of this many words or more is mostly context, which makes almost every word
     # of the other prompt "match" somewhere: its last sentence (the instruction or
     # question) must then match the other's last sentence, content word for content word.
@@ -109,15 +113,22 @@ class Profile:
 
     numbers: frozenset[str]          # canonical values: "1698.02", "30000000000", "3th", "-40", "15%", "1/2"
     number_order: tuple[str, ...]    # the same, in the order written
-    units: frozenset[tuple[str, str]]  # (value, unit) where a unit follows: ("30", "s"), ("100", "f")
+    units: frozenset[tuple[str, str]]  # (value, unit) where a unit follows: ("30", "s"), ("100", "f"), ("9", "pm")
+    suffixed: frozenset[str]         # values with letters glued on: "8a", "9pm", "30°C"
     symmetric: bool                  # has a connector under which numbers may swap: and, plus, vs, +, ...
     operators: tuple[str, ...]       # operator symbols in order, with the side(s) they touch
     negations: int                   # count of negation cues
     question_words: frozenset[str]   # interrogative classes: "what", "why", "when", ...
     comparisons: frozenset[str]      # classes of polar words: "+good" (best), "-more" (lower)
+    particles: frozenset[str]        # classes of polar particles: "+on" (turn on), "-in" (log out)
     entities: frozenset[str]         # lower-cased names, acronyms, camel-case words
+    letters: tuple[str, ...]         # one-letter labels, sorted: "b", "c" (option B or C), "x"
     content: frozenset[str]          # stems of the remaining content words
     directions: frozenset[tuple[str, str]]  # ("to", "fahrenheit"), ("than", "android")
+    roles: tuple[str, ...]           # each token as its role: stem, number, label or person ("1" for I/me)
+    joins: frozenset[int]            # token indices of and / or / vs / plus ...: _SYMMETRIC
+    tenses: frozenset[str]           # tenses of the auxiliaries: "present", "past", "future"
+    quantifiers: tuple[frozenset[str], int, int, int]  # ({"all"} / {"some"}, "only"s, "and"s, "or"s)
     words: frozenset[str]            # every lower-cased word and its stem, for matching
     sorted_words: tuple[str, ...]    # the same, sorted, for prefix look-ups
     length: int                      # words, numbers left out
@@ -129,6 +140,14 @@ class Profile:
 _UNITS = {w: i for i, w in enumerate(
     "zero one two three four five six seven eight nine ten eleven twelve thirteen "
     "fourteen fifteen sixteen seventeen eighteen nineteen".split())}
+# Two to ten in Spanish, French, German, Italian, Portuguese and Russian, less those that are
+# also common words elsewhere: "dos" (dos and don'ts), "sept" (Sept.), "neuf" (new), "due",
+# "sei", "otto".
+_UNITS.update({w: n for n, words in {
+    2: "deux zwei dois duas два две", 3: "tres trois drei tre três три", 4: "cuatro quatre vier quattro четыре",
+    5: "cinco cinq fünf cinque пять", 6: "seis sechs шесть", 7: "siete sieben sette sete семь",
+    8: "ocho huit acht oito восемь", 9: "nueve neun nove девять", 10: "diez dix zehn dieci dez десять",
+}.items() for w in words.split()})
 _TENS = {w: 10 * i for i, w in enumerate(
     "_ _ twenty thirty forty fifty sixty seventy eighty ninety".split()) if w != "_"}
 _SCALES = {"hundred": 100, "thousand": 10**3, "k": 10**3, "million": 10**6, "mn": 10**6,
@@ -184,12 +203,12 @@ _COMPARISONS = {w: cls for cls, words in {
     "-easy": "hard harder hardest difficult technical",
     "+cheap": "cheap cheaper cheapest",
     "-cheap": "expensive costly",
-    "+after": "after later late afterwards",
-    "-after": "before earlier early",
+    "+after": "after later late afterwards après después dopo",
+    "-after": "before earlier early avant antes prima",
     "+old": "old older oldest",
     "-old": "young younger youngest new newer newest",
-    "+buy": "buy buying bought",
-    "-buy": "sell selling sold",
+    "+buy": "buy buying bought comprar compra acheter comprare kaufen",
+    "-buy": "sell selling sold vender vende vendre vendere verkaufen",
     "+import": "import imports",
     "-import": "export exports",
     "+win": "win wins winning won",
@@ -245,6 +264,10 @@ _COMPARISONS = {w: cls for cls, words in {
     "+above": "above", "-above": "below",
     "+inside": "inside", "-inside": "outside",
     "+hot": "hot", "-hot": "cold",
+    "+high": "high", "-high": "low",
+    "+rise": "rise rises rising", "-rise": "fall falls falling",
+    "+dark": "dark", "-dark": "light",
+    "+ascend": "subir sube monter", "-ascend": "bajar baja descendre",
     "+plus": "plus addition", "-plus": "minus subtract subtraction",
     "+multiply": "multiply multiplied multiplication", "-multiply": "divide divided division",
     "+recursive": "recursive recursion recursively", "-recursive": "iterative iteration iteratively",
@@ -259,6 +282,30 @@ _COMPARISONS = {w: cls for cls, words in {
     "+show": "show", "-show": "hide",
     "+exact": "exactly",
 }.items() for w in words.split()}
+
+# Particles that turn a verb into its opposite ("turn on"/"turn off", "log in"/"log out",
+# "people over 16"/"under 16", "arguments for"/"against"): opposed only after the same word,
+# as "out" and "in" also fill unrelated roles ("find out the size of a list in Python").
+_PARTICLES = {w: cls for cls, words in {
+    "+on": "on", "-on": "off", "+in": "in", "-in": "out", "+up": "up", "-up": "down",
+    "+over": "over", "-over": "under", "+for": "for", "-for": "against",
+}.items() for w in words.split()}
+
+# The tense an auxiliary marks: "who is the CEO" and "who was the CEO" have other answers.
+_TENSES = {**dict.fromkeys("is are am do does has have".split(), "present"),
+           **dict.fromkeys("was were did had".split(), "past"),
+           **dict.fromkeys("will shall won't going gonna".split(), "future")}
+# Quantifiers of one class ask the same; of the other, another question ("do all cats" /
+# "do some cats").
+_QUANTIFIERS = {**dict.fromkeys("all every each always".split(), "all"),
+                **dict.fromkeys("some any sometimes".split(), "some")}
+# Pronouns by person, for swapped roles ("bite me when I pet her" / "bite her when she pets me").
+_PERSONS = {**dict.fromkeys("i me my mine myself".split(), "1"), **dict.fromkeys("we us our ours".split(), "1p"),
+            **dict.fromkeys("you your yours yourself".split(), "2"), **dict.fromkeys("he him his himself".split(), "3m"),
+            **dict.fromkeys("she her hers herself".split(), "3f"), **dict.fromkeys("they them their theirs".split(), "3p")}
+# One-letter words that are words, not labels: English "a" and "I" (also "i", typed fast);
+# Spanish, Italian and Portuguese "y", "e", "o" (and, or). A capital "A" is a label.
+_NOT_LABELS = frozenset("a i I y e o".split())
 
 # "lose" is in "-win"; it is also the opposite of "keep" ("keeping the changes").
 _KEEP_LOSE = {"+keep", "-win"}
@@ -307,6 +354,10 @@ _UNIT_NAMES = {
     "tb": "tb terabyte terabytes", "byte": "byte bytes", "bit": "bit bits",
     "mph": "mph", "kmh": "kmh kph", "c": "celsius centigrade", "f": "fahrenheit", "k": "kelvin",
     "usd": "usd dollar dollars", "eur": "eur euro euros", "gbp": "gbp", "jpy": "jpy yen",
+    "am": "am", "pm": "pm", "mbps": "mbps", "gbps": "gbps", "kbps": "kbps",
+    "j": "joule joules", "kj": "kj kilojoule kilojoules", "kcal": "kcal calorie calories kilocalorie kilocalories",
+    "w": "watt watts", "kw": "kw kilowatt kilowatts", "kwh": "kwh", "v": "volt volts",
+    "hz": "hz hertz", "khz": "khz", "mhz": "mhz", "ghz": "ghz", "px": "px pixel pixels",
 }
 _UNITS_OF = {name: unit for unit, names in _UNIT_NAMES.items() for name in names.split()}
 
@@ -319,7 +370,7 @@ _NOT_ENTITIES = frozenset(
 # ---------------------------------------------------------------- tokens
 
 _TOKEN = re.compile(
-    r"(?P<acronym>(?:[^\W\d_]\.){2,})"              # U.S., e.g.
+    r"(?P<acronym>(?:[^\W\d_]\.){2,}|[^\W\d_]\.[^\W\d_](?![\w.]))"   # U.S., e.g., M.S
     r"|(?P<code>[A-Za-z]\+\+|[A-Za-z]#)"             # C++, C#
     r"|(?P<ordinal>\d+(?:st|nd|rd|th)\b)"           # 3rd
     r"|(?P<number>(?:(?<![\w.])-)?(?:\d+(?:[.,]\d+)*|(?<![\w.])\.\d+)(?:/\d+)*)"   # -40, .5, 1/2
@@ -334,15 +385,19 @@ class _Token:
     lower: str
     kind: str        # acronym | code | ordinal | number | word
     starts_sentence: bool
+    glued: bool = False   # written right after the previous token, or after a degree sign ("9pm", "30°C")
 
 
 def _tokens(normalized: str) -> list[_Token]:
     """The tokens of normalize_text's output (the text as embedded: NFKC, invisibles removed)."""
     out: list[_Token] = []
     sentence_start = True
+    previous_end = None
     for m in _TOKEN.finditer(normalized):
         kind = m.lastgroup
         raw = m.group()
+        glued = previous_end is not None and normalized[previous_end:m.start()] in ("", "°", "º")
+        previous_end = m.end()
         if kind == "stop":
             # "Dr. Smith" does not start a sentence.
             if not (raw == "." and out and out[-1].lower in _NOT_ENTITIES):
@@ -353,7 +408,7 @@ def _tokens(normalized: str) -> list[_Token]:
         elif kind == "percent":
             raw, kind = "percent", "word"
         raw = raw.replace("’", "'")
-        out.append(_Token(raw, raw.lower(), kind, sentence_start))
+        out.append(_Token(raw, raw.lower(), kind, sentence_start, glued))
         sentence_start = False
     return out
 
@@ -456,16 +511,25 @@ def _numbers(tokens: list[_Token]) -> list[tuple[str, int]]:
     return found
 
 
-def _units(tokens: list[_Token], numbers: list[tuple[str, int]]) -> frozenset[tuple[str, str]]:
-    """(value, unit) for each number a unit follows within two tokens ("100 degrees fahrenheit")."""
-    units = set()
+def _units(tokens: list[_Token], numbers: list[tuple[str, int]]
+           ) -> tuple[frozenset[tuple[str, str]], frozenset[str]]:
+    """(value, unit) for each number a unit follows within two tokens ("100 degrees fahrenheit"),
+    or that has up to three letters glued on ("9pm", "30°C", "8a": a unit or a model's suffix);
+    and the values with letters glued on."""
+    units, suffixed = set(), set()
     for value, end in numbers:
+        value = value.rstrip("%")
+        after = tokens[end + 1] if end + 1 < len(tokens) else None
+        if after is not None and after.glued and after.kind == "word" and len(after.text) <= 3:
+            units.add((value, _UNITS_OF.get(after.lower, after.lower)))
+            suffixed.add(value)
+            continue
         for tok in tokens[end + 1:end + 3]:
             unit = _UNITS_OF.get(tok.lower)
             if unit is not None:
-                units.add((value.rstrip("%"), unit))
+                units.add((value, unit))
                 break
-    return frozenset(units)
+    return frozenset(units), frozenset(suffixed)
 
 
 # ---------------------------------------------------------------- symbols
@@ -516,6 +580,19 @@ def _is_entity(tok: _Token) -> bool:
     return inner_caps or (tok.text[0].isupper() and not tok.starts_sentence)
 
 
+def _is_label(tok: _Token) -> bool:
+    """A one-letter label: option B, size M, solve for x; not "a", "I", nor a unit ("9am")."""
+    return (tok.kind == "word" and len(tok.text) == 1 and tok.text.isascii() and not tok.glued
+            and tok.text not in _NOT_LABELS and not tok.starts_sentence)
+
+
+def _roles(tokens: list[_Token]) -> tuple[str, ...]:
+    """Every token as what fills its role: a pronoun by person ("I" and "me" are one), a
+    number or label as written ("A" is no article here), a word by its stem."""
+    return tuple(_PERSONS.get(t.lower) or (t.text if t.kind in ("number", "ordinal") or _is_label(t)
+                                           else _stem(t.lower)) for t in tokens)
+
+
 _SENTENCE_END = re.compile(r"(?<=[.!?:。？！])\s+|\n+")
 
 
@@ -537,9 +614,10 @@ def profile(text: str) -> Profile:
     directions = set()
     for i, tok in enumerate(tokens):
         if tok.lower in _DIRECTIONS and not (tok.lower == "to" and i and tokens[i - 1].lower in _INFINITIVE_AFTER):
+            # Not stemmed: the stem of "https" is "http".
             follower = next((t.lower for t in tokens[i + 1:i + 4] if t.lower not in _STOPWORDS), None)
             if follower:
-                directions.add((tok.lower, _stem(follower)))
+                directions.add((tok.lower, follower))
     stems = {w: _stem(w) for w in set(words)}
     content = frozenset(
         stem for w, stem in stems.items()
@@ -548,19 +626,30 @@ def profile(text: str) -> Profile:
         and not w.endswith("n't") and len(w) > 1)
     all_words = frozenset(stems) | frozenset(stems.values())
     numbers = _numbers(tokens)
+    units, suffixed = _units(tokens, numbers)
     sentences = [part for part in _SENTENCE_END.split(normalized.strip()) if part.strip()]
+    letters = [t.lower for t in tokens if _is_label(t)]
     return Profile(
         numbers=frozenset(value for value, _ in numbers),
         number_order=tuple(value for value, _ in numbers),
-        units=_units(tokens, numbers),
+        units=units,
+        suffixed=suffixed,
         symmetric=bool(_SYMMETRIC.intersection(words)) or bool(_SYMMETRIC_SIGN.search(normalized)),
         operators=_operators(normalized),
         negations=sum(1 for w in words if w in _NEGATIONS or w.endswith("n't")),
         question_words=frozenset(questions),
         comparisons=frozenset(_COMPARISONS[w] for w in stems if w in _COMPARISONS),
+        particles=frozenset((_stem(tokens[i - 1].lower), _PARTICLES[t.lower])
+                            for i, t in enumerate(tokens) if i and t.lower in _PARTICLES),
         entities=entities,
+        letters=tuple(sorted(letters)),
         content=content,
         directions=frozenset(directions),
+        roles=_roles(tokens),
+        joins=frozenset(i for i, t in enumerate(tokens) if t.lower in _SYMMETRIC),
+        tenses=frozenset(_TENSES[w] for w in words if w in _TENSES),
+        quantifiers=(frozenset(_QUANTIFIERS[w] for w in words if w in _QUANTIFIERS), words.count("only"),
+                     words.count("and"), words.count("or")),
         words=all_words,
         sorted_words=tuple(sorted(all_words)),
         length=len(words),
@@ -610,7 +699,10 @@ def _numbers_differ(a: Profile, b: Profile) -> bool:
     if a.number_order != b.number_order and not (a.symmetric and b.symmetric):
         return True
     units_a, units_b = dict(a.units), dict(b.units)
-    return any(units_b.get(value, unit) != unit for value, unit in units_a.items())
+    if any(units_b.get(value, unit) != unit for value, unit in units_a.items()):
+        return True
+    # Letters glued on one side only: "Pixel 8" / "Pixel 8a", "at 9" / "at 9pm".
+    return any(value not in units_b for value in a.suffixed) or any(value not in units_a for value in b.suffixed)
 
 
 # A word and its opposite by prefix, in several languages: able/unable, aktivieren/
@@ -653,6 +745,39 @@ def _compared_differently(a: Profile, b: Profile) -> bool:
                for x in only_a for y in only_b)
 
 
+def _particles_opposed(a: Profile, b: Profile) -> bool:
+    """After the same word, a particle in one and its opposite in the other ("turn on" /
+    "turn off"), neither having both."""
+    only_b = b.particles - a.particles
+    return any((word, ("-" if cls[0] == "+" else "+") + cls[1:]) in only_b for word, cls in a.particles - b.particles)
+
+
+def _roles_exchanged(a: Profile, b: Profile) -> bool:
+    """One prompt is the other with two words, numbers, labels or persons exchanged, all else
+    equal: "baking soda instead of baking powder" reversed, "copy column A to column B" /
+    "column B to column A", "bite me when I pet her" / "bite her when she pets me". Not two
+    neighbours ("local git branch" / "git local branch"), nor two joined symmetrically
+    ("fruit or vegetable", "3 plus 5"); a rewording that moves words otherwise ("email finding tools" /
+    "tools for finding email") is no exchange."""
+    roles_a, roles_b = a.roles, b.roles
+    if len(roles_a) != len(roles_b) or roles_a == roles_b:
+        return False
+    moved = [i for i, (x, y) in enumerate(zip(roles_a, roles_b)) if x != y]
+    x, y = roles_a[moved[0]], roles_b[moved[0]]
+    if moved[-1] - moved[0] < 2 or x in _STOPWORDS or y in _STOPWORDS:
+        return False
+    if any(roles_b[i] != {x: y, y: x}.get(roles_a[i]) for i in moved):
+        return False
+    return not any(moved[0] < j < moved[-1] for j in a.joins | b.joins)
+
+
+def _quantified_differently(a: Profile, b: Profile) -> bool:
+    """"all" for "some", "only" added, or "and" traded for "or" ("x > 0 and y > 0")."""
+    (class_a, only_a, and_a, or_a), (class_b, only_b, and_b, or_b) = a.quantifiers, b.quantifiers
+    return bool(class_a and class_b and class_a != class_b) or only_a != only_b \
+        or (and_a - and_b) * (or_a - or_b) < 0
+
+
 def _flipped(a: Profile, b: Profile) -> bool:
     """The same thing after "to" in one and "from" in the other ("translate to Spanish")."""
     for prep, word in a.directions - b.directions:
@@ -686,14 +811,21 @@ def requirement(a_text: str, b_text: str, settings: EquivalenceSettings) -> Requ
         return Requirement(never, "question_word_differs")
     # Content words only one prompt has: for opposites by prefix and the content check.
     only_a, only_b = _only_in(a, b), _only_in(b, a)
-    if settings.check_comparisons and (_compared_differently(a, b) or _opposed_words(only_a, only_b)):
+    if settings.check_comparisons and (_compared_differently(a, b) or _opposed_words(only_a, only_b)
+                                       or _particles_opposed(a, b) or _particles_opposed(b, a)):
         return Requirement(never, "comparison_differs")  # "best" for "worst"; an extra one counts below
-    if settings.check_entities and (_unmatched(a.entities, b) or _unmatched(b.entities, a)):
+    if settings.check_entities and (_unmatched(a.entities, b) or _unmatched(b.entities, a)
+                                    or a.letters != b.letters):
         return Requirement(never, "entities_differ")
-    if settings.check_word_order and (_swapped(a, b) or _swapped(b, a) or _flipped(a, b) or _flipped(b, a)):
+    if settings.check_word_order and (_swapped(a, b) or _swapped(b, a) or _flipped(a, b) or _flipped(b, a)
+                                      or _roles_exchanged(a, b)):
         return Requirement(never, "order_differs")
     if settings.check_symbols and a.operators and b.operators and a.operators != b.operators:
         return Requirement(never, "symbols_differ")
+    if settings.check_tense and a.tenses and b.tenses and not a.tenses & b.tenses:
+        return Requirement(never, "tense_differs")
+    if settings.check_quantifiers and _quantified_differently(a, b):
+        return Requirement(never, "quantifiers_differ")
     if settings.check_content_words:
         # Extra words: content words and polar-word classes only one prompt has.
         extra_a = len(only_a) + len(a.comparisons - b.comparisons)
