@@ -5,8 +5,10 @@ server reports SERVING, and whose `close()` releases connections at shutdown.
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
+import time
 from dataclasses import dataclass, field
 
 from sidecar.config import SidecarConfig
@@ -44,14 +46,15 @@ def build(config: SidecarConfig) -> App:
     secret = config.cache_secret.encode() if config.cache_secret else os.urandom(32)
     # One fast-failing client (50 ms, no retries) for dedup leases and rate limits; the cache
     # store makes its own (it also needs a long-blocking one for its event stream).
-    redis = None
+    redis, shared = None, []
     if config.redis_url:
         from sidecar.admission import connect
         redis = connect(config.redis_url, cluster=config.redis_cluster)
+        shared = [_SharedRedis(redis)]
     routing = RoutingDirector()
     routing.admission = _admission(config, routing, secret, redis)
     if not config.cache:
-        return App(routing, scheduler=routing.scheduler)
+        return App(routing, closers=shared, scheduler=routing.scheduler)
     from sidecar.cache.inflight import InFlight
     from sidecar.caching import CacheRuntime, CachingDirector
 
@@ -64,7 +67,7 @@ def build(config: SidecarConfig) -> App:
         from sidecar.cache.redis_store import RedisSettings, RedisStore
         store = RedisStore(RedisSettings(url=config.redis_url, cluster=config.redis_cluster), _limits(config))
         inflight = RedisInFlight(redis, InFlight())
-        closers = [store, _Closing(inflight.aclose)]
+        closers = [*shared, store, _Closing(inflight.aclose)]
     else:
         from sidecar.cache.memory_store import MemoryStore
         store = MemoryStore(_limits(config))
@@ -77,8 +80,6 @@ def build(config: SidecarConfig) -> App:
 def _admission(config: SidecarConfig, routing: RoutingDirector, secret: bytes, redis):
     """The gate (queue + per-cluster concurrency limits) and the per-tenant rate limits; routes
     turn admission on in their settings. Expected time to first byte comes from the scheduler."""
-    import time
-
     from sidecar.admission import (Gate, GateConfig, LocalTokenLimiter, PrometheusAdmissionMetrics,
                                    RedisTokenLimiter)
     from sidecar.admitting import Admission
@@ -96,6 +97,32 @@ def _limits(config: SidecarConfig):
     from sidecar.cache.store import StoreLimits
     return StoreLimits(max_entries=config.cache_max_entries,
                        max_entries_per_scope=min(config.cache_max_entries, 20_000))
+
+
+class _SharedRedis:
+    """The dedup and rate-limit client, connected (for a cluster: its slot map loaded) at start
+    rather than by the first requests, whose calls have 50 ms each; closed at shutdown."""
+
+    START_TIMEOUT_S = 2.0
+
+    def __init__(self, client) -> None:
+        self.client = client
+
+    async def start(self) -> None:
+        deadline = time.monotonic() + self.START_TIMEOUT_S
+        while True:
+            try:
+                await self.client.ping()
+                return
+            except Exception as exc:  # noqa: BLE001 - any failure: the parts fall back on their own
+                if time.monotonic() >= deadline:
+                    log.warning("redis not reachable at start (%s: %s): in-flight dedup and rate limits "
+                                "stay within this replica until it is", type(exc).__name__, exc)
+                    return
+            await asyncio.sleep(0.1)
+
+    async def close(self) -> None:
+        await self.client.aclose()
 
 
 class _Closing:

@@ -143,6 +143,7 @@ class Capture:
     stream: bool
     lead: Lead | None
     shared: bool = False               # the route's one cache for every caller (policy.shared)
+    asked_at: float | None = None      # when the lookup missed (store clock): a purge since voids the put
     sse: SseCapture | None = None
     body: bytearray = field(default_factory=bytearray)
     finished: bool = False
@@ -243,7 +244,8 @@ class CachingDirector:
             else:
                 metrics.child(metrics.CACHE_LOOKUPS, ctx.route_name, bypass.reason).inc()
                 vector = await self._embed(prompt) if settings.semantic else None
-            capture = Capture(scope.key, key, prompt, vector, policy.ttl_s, chat.stream, lead, policy.shared)
+            capture = Capture(scope.key, key, prompt, vector, policy.ttl_s, chat.stream, lead, policy.shared,
+                              asked_at=self._clock())
             lead = None   # owned by the capture from here on
             return await self._upstream(ctx, "miss" if bypass is None else "bypass", capture)
         finally:
@@ -446,7 +448,8 @@ class CachingDirector:
         if capture.lead is not None:
             capture.lead.complete(payload)
         task = asyncio.get_running_loop().create_task(self._rt.store.put(
-            capture.scope, capture.key, capture.prompt, capture.vector, payload, capture.ttl_s))
+            capture.scope, capture.key, capture.prompt, capture.vector, payload, capture.ttl_s,
+            asked_at=capture.asked_at))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         metrics.child(metrics.CACHE_STORED, ctx.route_name).inc()

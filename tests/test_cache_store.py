@@ -203,6 +203,24 @@ async def test_purge_all_deletes_every_scope(make_store):
     assert (await store.nearest("a", unit(0), 0.99)).entry.answer == b"y"
 
 
+async def test_an_answer_asked_for_before_a_purge_is_not_stored_after_it(make_store):
+    """An upstream answer in flight while an operator purges the scope may be the very answer
+    the purge was for: its put is dropped. One asked for after the purge is stored."""
+    store = await make_store()
+    await store.put("t", "k", "p", unit(1), b"wrong", ttl_s=60)
+    asked = store._clock() - 1              # the store's clock (fake for memory)
+    assert await store.purge_scope("t") == 1
+    await store.put("t", "k", "p", unit(1), b"wrong", ttl_s=60, asked_at=asked)
+    assert await store.get_exact("t", "k") is None and await store.nearest("t", unit(1), 0.9) is None
+    await store.put("u", "k", "p", unit(1), b"other scope", ttl_s=60, asked_at=asked)
+    assert (await store.get_exact("u", "k")).answer == b"other scope"
+    await store.put("t", "k", "p", unit(1), b"fresh", ttl_s=60, asked_at=store._clock() + 1)
+    assert (await store.get_exact("t", "k")).answer == b"fresh"
+    await store.purge_all()
+    await store.put("u", "k", "p", unit(1), b"wrong", ttl_s=60, asked_at=asked)
+    assert await store.get_exact("u", "k") is None
+
+
 async def test_vector_of_the_wrong_size_is_a_caller_error(make_store):
     store = await make_store()
     with pytest.raises(ValueError, match="384 dimensions"):
@@ -582,6 +600,18 @@ async def test_redis_a_malformed_vector_or_event_is_skipped_not_a_stuck_index(re
     hit = await eventually(lambda: late.nearest("s1", unit(1), 0.99))
     assert hit is not None and hit.entry.entry_id == "after"
     assert _metric("sluice_cache_unreadable_total") >= before + 2
+
+
+@needs_redis
+async def test_redis_a_purge_on_one_replica_drops_anothers_put_asked_for_before_it(redis_stores):
+    a, b = await redis_stores(), await redis_stores()
+    asked = time.time() - 1
+    await a.purge_scope("t")
+    await b.put("t", "k", "p", unit(1), b"wrong", ttl_s=60, asked_at=asked)
+    assert await a.get_exact("t", "k") is None and await b.get_exact("t", "k") is None
+    assert b._mirror.scope_size("t") == 0                  # not in its semantic index either
+    await b.put("t", "k", "p", unit(1), b"fresh", ttl_s=60, asked_at=time.time())
+    assert (await a.get_exact("t", "k")).answer == b"fresh"
 
 
 @needs_redis

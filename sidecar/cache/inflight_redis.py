@@ -36,6 +36,7 @@ from redis.exceptions import RedisError
 
 from sidecar.cache.inflight import (
     TIMED_OUT, Answered, Follow, InFlight, Lead, Near, Outcome, Promoted)
+from sidecar.cache.store import PURGE_MEMORY_S
 from sidecar.redis_retry import once_more_on_a_closed_connection
 
 __all__ = ["RedisInFlight"]
@@ -52,8 +53,9 @@ end
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return {2} end
 return {3}
 """
-# How long a purge voids the answers leaders left for late twins (well past done_ms).
-PURGE_MARKER_MS = 60_000
+# How long a purge voids the answers leaders left for late twins (well past done_ms) and the
+# store drops puts asked for before it (its value: when, in ms).
+PURGE_MARKER_MS = int(PURGE_MEMORY_S * 1000)
 # KEYS: lease. ARGV: token, lease_ms.
 _RENEW = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end

@@ -14,6 +14,7 @@ shared vectors.  The clock is injected (seconds since the epoch) for tests.
 from __future__ import annotations
 
 import heapq
+import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -21,7 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from sidecar.cache.store import Entry, Neighbour, StoreLimits
+from sidecar.cache.store import PURGE_MEMORY_S, Entry, Neighbour, StoreLimits
 from sidecar.cache.vector_index import DEFAULT_EXACT_MAX, VectorIndex, as_unit
 
 __all__ = ["MemoryStore"]
@@ -57,6 +58,9 @@ class MemoryStore:
         self._slots: OrderedDict[tuple[str, str], _Slot] = OrderedDict()  # least recent first
         self._scopes: dict[str, _Scope] = {}
         self._expiry: list[tuple[float, str, str]] = []  # (expires_at, scope, key), stale ok
+        # When each scope (None: all of them) was last purged, for puts asked for before then;
+        # kept PURGE_MEMORY_S, so bounded by the purges of that long.
+        self._purged_at: dict[str | None, float] = {}
 
     # -- CacheStore ---------------------------------------------------------------------
 
@@ -83,15 +87,19 @@ class MemoryStore:
         return self.nearest_now(scope, vector, min_similarity)
 
     async def put(self, scope: str, exact_key: str, prompt: str, vector: np.ndarray | None,
-                  answer: bytes, ttl_s: float) -> None:
+                  answer: bytes, ttl_s: float, asked_at: float | None = None) -> None:
         now = self._clock()
+        if asked_at is not None and self.purged_since(scope, asked_at):
+            return
         self.put_now(Entry(exact_key, scope, prompt, answer, now), vector, now + ttl_s)
 
     async def purge_scope(self, scope: str) -> int:
+        self._note_purge(scope)
         return self.purge_scope_now(scope)
 
     async def purge_all(self) -> int:
         """Delete every entry of every scope (admin); how many there were."""
+        self._note_purge(None)
         deleted = len(self._slots)
         self._slots.clear()
         self._scopes.clear()
@@ -171,6 +179,15 @@ class MemoryStore:
         return len(s.order)
 
     # -- bookkeeping ----------------------------------------------------------------------
+
+    def purged_since(self, scope: str, since: float) -> bool:
+        """The scope (or every scope) was purged at `since` or later."""
+        return max(self._purged_at.get(scope, -math.inf), self._purged_at.get(None, -math.inf)) >= since
+
+    def _note_purge(self, scope: str | None) -> None:
+        now = self._clock()
+        self._purged_at = {s: t for s, t in self._purged_at.items() if t > now - PURGE_MEMORY_S}
+        self._purged_at[scope] = now
 
     def _live(self, scope: str, key: str, now: float) -> _Slot | None:
         """The slot if present and unexpired, marked as just used; drops an expired one."""

@@ -81,12 +81,17 @@ UNPUBLISHED_MAX = 1024          # stream events kept for a retry while Redis doe
 REPUBLISH_BATCH = 64            # of which one put, or one round trip after a reconnect, sends
 
 # Write one entry and keep its scope within bounds, atomically.  Every key it touches is
-# of one scope, so one slot: KEYS[1] the entry hash, KEYS[2] the scope's id set.
-# ARGV: ttl ms, now ms, per-scope max, entry-key prefix of the scope, exact key, then the
-# hash's field/value pairs.  Returns the evicted exact keys.
+# of one scope, so one slot: KEYS[1] the entry hash, KEYS[2] the scope's id set, KEYS[3] its
+# purge marker.  ARGV: ttl ms, now ms, per-scope max, entry-key prefix of the scope, exact
+# key, asked-at ms ('' for none), then the hash's field/value pairs.  Returns the evicted
+# exact keys, or nil when the scope was purged after the answer was asked for.
 _PUT = """
+local purged = redis.call('GET', KEYS[3])
+if ARGV[6] ~= '' and purged and tonumber(purged) and tonumber(purged) >= tonumber(ARGV[6]) then
+  return false
+end
 redis.call('DEL', KEYS[1])
-redis.call('HSET', KEYS[1], unpack(ARGV, 6))
+redis.call('HSET', KEYS[1], unpack(ARGV, 7))
 redis.call('PEXPIRE', KEYS[1], ARGV[1])
 redis.call('ZADD', KEYS[2], ARGV[2], ARGV[5])
 redis.call('PEXPIRE', KEYS[2], ARGV[1], 'NX')
@@ -336,7 +341,7 @@ class RedisStore:
         return None
 
     async def put(self, scope: str, exact_key: str, prompt: str, vector: np.ndarray | None,
-                  answer: bytes, ttl_s: float) -> None:
+                  answer: bytes, ttl_s: float, asked_at: float | None = None) -> None:
         now = self._clock()
         ttl_s = min(ttl_s, self.limits.max_ttl_s)
         unit = None if vector is None else as_unit(vector, self.dim)  # a bad vector raises
@@ -350,16 +355,20 @@ class RedisStore:
         async def write(client: Any) -> list[bytes]:
             args: list[Any] = [max(1, int(ttl_s * 1000)), int(now * 1000),
                                self.limits.max_entries_per_scope,
-                               self._keys.entry_prefix(scope), exact_key]
+                               self._keys.entry_prefix(scope), exact_key,
+                               "" if asked_at is None else int(asked_at * 1000)]
             for name, value in fields.items():
                 args += [name, value]
             return await self._put_script(
-                keys=[self._keys.entry(scope, exact_key), self._keys.ids(scope)], args=args)
+                keys=[self._keys.entry(scope, exact_key), self._keys.ids(scope), purge_marker(scope)],
+                args=args)
 
         event = {"op": "put", "s": scope, "k": exact_key, "t": fields["t"], "x": expires_ms}
         if unit is not None:
             event["v"] = fields["v"]
         evicted = await self._run("put", write)
+        if evicted is None:             # the scope was purged after the answer was asked for
+            return
         if evicted is _FAILED:
             # The script may have run before the failure: replicas hear of the entry once Redis
             # answers again (an event for an entry that is not there costs a lookup one fetch).
@@ -415,7 +424,8 @@ class RedisStore:
             if not left:
                 break
         deleted += await self._unlink_matching(client, _glob_escape(self._keys.entry_prefix(scope)) + "*")
-        await client.set(purge_marker(scope), 1, px=PURGE_MARKER_MS)    # and late twins' answers
+        # Late twins' answers void, and puts asked for before now dropped (the value: when).
+        await client.set(purge_marker(scope), int(self._clock() * 1000), px=PURGE_MARKER_MS)
         await client.xadd(self._keys.events, {"op": "purge", "s": scope},
                           maxlen=self.settings.stream_maxlen, approximate=True)
         return deleted
@@ -510,6 +520,8 @@ class RedisStore:
         must not wait out the XREAD's block (each lookup misses until it is done)."""
         read = asyncio.ensure_future(self._reader.xread({self._keys.events: self._last_id},
                                                         count=500, block=self.settings.stream_block_ms))
+        # A read given up on may still end in an error (its connection closed): it is moot.
+        read.add_done_callback(lambda done: done.cancelled() or done.exception())
         down = asyncio.ensure_future(self._went_down.wait())
         try:
             await asyncio.wait({read, down}, return_when=asyncio.FIRST_COMPLETED)

@@ -19,6 +19,11 @@ import numpy as np
 __all__ = ["CacheStore", "Entry", "Neighbour", "StoreLimits", "StoreUnavailable"]
 
 
+# How long a purge is remembered, so that a put asked for before it is dropped: longer than
+# an answer takes to arrive (the reference Envoy's stream idle timeout is 300 s).
+PURGE_MEMORY_S = 900.0
+
+
 @dataclass(frozen=True)
 class Entry:
     entry_id: str      # the exact key it was stored under; unique within its scope
@@ -82,9 +87,11 @@ class CacheStore(Protocol):
         least `min_similarity` (cosine; vectors are unit float32 of the store's dim)."""
 
     async def put(self, scope: str, exact_key: str, prompt: str, vector: np.ndarray | None,
-                  answer: bytes, ttl_s: float) -> None:
+                  answer: bytes, ttl_s: float, asked_at: float | None = None) -> None:
         """Store (or replace) the entry under `exact_key`; without a vector it can only be
-        found exactly.  Never served after `ttl_s` seconds."""
+        found exactly.  Never served after `ttl_s` seconds.  `asked_at` (the store's clock):
+        when the answer was asked for; if the scope was purged since, the put is dropped, as
+        the answer may be what the purge was for (an upstream answer in flight during it)."""
 
     async def purge_scope(self, scope: str) -> int:
         """Delete every entry of `scope` (everywhere it is shared); how many were deleted.
