@@ -161,5 +161,6 @@ def test_an_encoded_or_doubled_chat_path_is_processed_like_the_plain_one(make_st
     body = json.dumps({"model": "demo-model", "messages": [{"role": "user", "content": "encoded?"}]}).encode()
     tiers = [post(stack, path, body, {"authorization": "Bearer k1"})[1].get("x-sluice-cache")
              for path in ("/v1/chat/completions", "/v1/chat/%63ompletions", "/v1/chat//completions",
-                          "/v1/chat/completion%73?x=1")]
-    assert tiers == ["miss", "exact", "exact", "exact"]
+                          "/v1/chat/completion%73", "/v1/chat/completion%73?x=1")]
+    # Processed every time; a query makes another endpoint, so another scope (a miss).
+    assert tiers == ["miss", "exact", "exact", "exact", "miss"]
