@@ -144,8 +144,8 @@ def test_admin_purges_a_cache_scope(stack):
     prompt = "what is a sluice gate?"
     assert chat(stack, prompt, key=key)["x-sluice-cache"] == "miss"
     assert chat(stack, prompt, key=key)["x-sluice-cache"] == "exact"
-    scope = scope_for(parse_chat_request(body_for(prompt)), {"authorization": key}, CachePolicy(),
-                      SECRET.encode(), route="chat")
+    asked = {"authorization": key, ":authority": f"127.0.0.1:{stack.ports.http}", ":path": "/v1/chat/completions"}
+    scope = scope_for(parse_chat_request(body_for(prompt)), asked, CachePolicy(), SECRET.encode(), route="chat")
     result = admin(stack, "purge", "--scope", scope.key)
     assert result.returncode == 0 and result.stdout.strip() == "deleted 1 cached answers", result
     assert chat(stack, prompt, key=key)["x-sluice-cache"] == "miss"
