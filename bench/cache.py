@@ -31,7 +31,9 @@ One run, about 4.5 minutes on the 2-core box; real Envoy + the Sluice sidecar + 
    The embedder runs on the sidecar's event loop (uvloop unless SLUICE_EVENT_LOOP says
    otherwise). Where a semantic hit's CPU time goes (the sidecar's event loop, its other
    threads, Envoy) is printed beside the embedder's own CPU time per text: on a box whose
-   cores the model fills, their ratio bounds the hits' rate.
+   cores the model fills, their ratio bounds the hits' rate. So is an exact hit's CPU time
+   (short body): a semantic hit costs at least that plus the embedding, which gives the
+   ceiling the semantic ratio could reach here with no cost of its own.
 4. TTFT of streamed cache misses: on a cacheable miss the sidecar asks Envoy for the
    response body (STREAMED for SSE), so it sits on the token path. Fresh prompts, upstream
    ttft 100 ms and 30 tokens, alternating between the cached route and a route with
@@ -460,6 +462,7 @@ def run_cache_stack(work: pathlib.Path, args, pairs, stream, ttft_texts, exact_b
         log(f"[2/4] wrk: exact hits (two bodies), in turns with the no-op sidecar, and semantic hits "
             f"at concurrency {', '.join(map(str, CONCURRENCY))}")
         out["wrk_exact"], out["wrk_noop"], out["exact_body_check"] = {}, {}, {}
+        pids = {"sidecar": pid, "envoy": stack.procs["envoy"].pid}
         for name, body in exact_bodies.items():
             tiers = [httpx.post(url, content=body, headers=HEADERS, timeout=30).headers.get("x-sluice-cache")
                      for _ in range(2)]                                 # the first stores it
@@ -469,7 +472,7 @@ def run_cache_stack(work: pathlib.Path, args, pairs, stream, ttft_texts, exact_b
 
             def exact_run(c: int, body=body) -> dict:
                 m0 = metric_sum(sidecar_metrics(stack), "sluice_cache_requests_total", result="exact")
-                point = wrk.run(url, body, c, duration(args, c))
+                point = with_cpu(pids, lambda: wrk.run(url, body, c, duration(args, c)))
                 point["exact_in_metrics"] = metric_sum(sidecar_metrics(stack), "sluice_cache_requests_total",
                                                        result="exact") - m0
                 return point
@@ -477,7 +480,6 @@ def run_cache_stack(work: pathlib.Path, args, pairs, stream, ttft_texts, exact_b
                                    "noop": lambda c, body=body: wrk.run(noop_url, body, c, duration(args, c))},
                                   CONCURRENCY, args.turns)
             out["wrk_exact"][name], out["wrk_noop"][name] = runs["exact"], runs["noop"]
-        pids = {"sidecar": pid, "envoy": stack.procs["envoy"].pid}
         out["wrk_semantic"] = [semantic_point(url, semantic_bodies, c, duration(args, c), pids)
                                for c in CONCURRENCY] if semantic_bodies else []
 
@@ -496,14 +498,19 @@ def run_cache_stack(work: pathlib.Path, args, pairs, stream, ttft_texts, exact_b
 
 
 def semantic_point(url: str, bodies: list[bytes], concurrency: int, seconds: float, pids: dict) -> dict:
-    """wrk over the semantic bodies, and the CPU time each request took (they are semantic hits:
-    the tiers seen say so): the sidecar's event loop (its main thread), its other threads (the
-    model's, gRPC's) and Envoy, in ms per request."""
+    """wrk over the semantic bodies (they are semantic hits: the tiers seen say so), with the
+    CPU time each request took (with_cpu)."""
+    return with_cpu(pids, lambda: {"concurrency": concurrency, **wrk_rotate(url, bodies, concurrency, seconds)})
+
+
+def with_cpu(pids: dict, run) -> dict:
+    """run()'s wrk point, and the CPU time each of its requests took: the sidecar's event loop
+    (its main thread), its other threads (the model's, gRPC's) and Envoy, in ms per request."""
     def sample() -> dict:
         return {"event_loop": report.cpu_seconds(pids["sidecar"], pids["sidecar"]),
                 "sidecar": report.cpu_seconds(pids["sidecar"]), "envoy": report.cpu_seconds(pids["envoy"])}
     before = sample()
-    point = {"concurrency": concurrency, **wrk_rotate(url, bodies, concurrency, seconds)}
+    point = run()
     spent = {k: v - before[k] for k, v in sample().items()}
     per = 1000 / max(1, point["requests"])
     point["cpu_ms_per_request"] = {"sidecar_event_loop": spent["event_loop"] * per,
@@ -678,6 +685,9 @@ def print_throughput(cache: dict, noop: dict) -> dict:
         print(f"exact hit / noop req/s, {body} body: " + ", ".join(f"c={c}: {r:.2f}" for c, r in ratios.items()))
     print("semantic hit req/s / embedder texts/s: "
           + (", ".join(f"c={c}: {r:.2f}" for c, r in semantic_over_embed.items()) or "no semantic hits"))
+    exact_cpu = {str(p["concurrency"]): p["cpu_ms_per_request"] for p in cache["wrk_exact"].get("short", [])
+                 if "cpu_ms_per_request" in p}
+    ceiling = {}
     for p in cache["wrk_semantic"]:
         c, cpu = str(p["concurrency"]), p["cpu_ms_per_request"]
         if c in cache["embedder"]:
@@ -685,12 +695,24 @@ def print_throughput(cache: dict, noop: dict) -> dict:
             print(f"CPU ms per request of the semantic workload, c={c}: sidecar event loop {cpu['sidecar_event_loop']:.2f}, sidecar "
                   f"other threads (model, gRPC) {cpu['sidecar_other_threads']:.2f}, Envoy {cpu['envoy']:.2f}; "
                   f"embedder alone {alone:.2f} per text (this process, all threads)")
+            if c in exact_cpu:
+                x = exact_cpu[c]
+                print(f"CPU ms per exact hit (short body), c={c}: sidecar event loop {x['sidecar_event_loop']:.2f}, "
+                      f"other threads {x['sidecar_other_threads']:.2f}, Envoy {x['envoy']:.2f}")
+                ceiling[c] = alone / (alone + sum(x.values()))
+    if ceiling:
+        # On a box whose cores the model fills, a semantic hit costs at least the embedding plus
+        # what an exact hit costs (Envoy, gRPC, the request's own handling): this bounds the ratio.
+        print("ceiling of semantic hit req/s / embedder texts/s, were a semantic hit to cost only the "
+              "embedder's CPU plus an exact hit's (wrk's own CPU aside): "
+              + ", ".join(f"c={c}: {r:.2f}" for c, r in ceiling.items()))
     return {"noop": {k: [_point(p) for p in v if p["concurrency"] > 1] for k, v in noop.items()},
             "exact": {k: [_point(p) for p in v if p["concurrency"] > 1] for k, v in cache["wrk_exact"].items()},
             "semantic": [_point(p) for p in cache["wrk_semantic"] if p["concurrency"] > 1],
             "embedder": cache["embedder"], "embedder_reports_embed_json": reference,
             "exact_over_noop_rps": exact_over_noop,
-            "semantic_rps_over_embedder_texts_per_s": semantic_over_embed}
+            "semantic_rps_over_embedder_texts_per_s": semantic_over_embed,
+            "semantic_ratio_ceiling_from_exact_hit_cpu": ceiling}
 
 
 def print_ttft(t: dict) -> dict:
