@@ -142,7 +142,6 @@ class Capture:
     ttl_s: float
     stream: bool
     lead: Lead | None
-    shared: bool = False               # the route's one cache for every caller (policy.shared)
     asked_at: float | None = None      # when the lookup missed (store clock): a purge since voids the put
     sse: SseCapture | None = None
     body: bytearray = field(default_factory=bytearray)
@@ -244,7 +243,7 @@ class CachingDirector:
             else:
                 metrics.child(metrics.CACHE_LOOKUPS, ctx.route_name, bypass.reason).inc()
                 vector = await self._embed(prompt) if settings.semantic else None
-            capture = Capture(scope.key, key, prompt, vector, policy.ttl_s, chat.stream, lead, policy.shared,
+            capture = Capture(scope.key, key, prompt, vector, policy.ttl_s, chat.stream, lead,
                               asked_at=self._clock())
             lead = None   # owned by the capture from here on
             return await self._upstream(ctx, "miss" if bypass is None else "bypass", capture)
@@ -407,7 +406,7 @@ class CachingDirector:
         capture: Capture | None = ctx.capture
         if capture is None:
             return
-        refusal = response_refusal(ctx.response_headers, capture.stream, capture.shared)
+        refusal = response_refusal(ctx.response_headers, capture.stream)
         if refusal is not None:
             self._refuse(ctx, capture, refusal)
         elif capture.stream:

@@ -231,16 +231,16 @@ def test_response_refusal(headers, stream, expected):
 JSON_200 = {":status": "200", "content-type": "application/json"}
 
 
-@pytest.mark.parametrize("cache_control, shared, expected", [
-    ("max-age=60", False, None),
-    ("public, max-age=60", True, None),
-    ("no-store", False, "no_store"),
-    ("No-Store, private", False, "no_store"),
-    ("no-cache", False, None),                           # what SSE servers send to every client
-    ("no-cache, must-revalidate", True, None),
-    ("private", False, None),          # a per-credential scope: only its own caller gets it
-    ("private, max-age=60", True, "private"),           # not for everybody on a shared route
+@pytest.mark.parametrize("cache_control, expected", [
+    ("max-age=60", None),
+    ("public, max-age=60", None),
+    ("no-store", "no_store"),
+    ("No-Store, private", "no_store"),
+    ("no-cache", None),                                  # what SSE servers send to every client
+    ("no-cache, must-revalidate", None),
+    ("private", "private"),            # one user's: a scope may hold many (an organisation's key)
+    ("private, max-age=60", "private"),
 ])
-def test_the_upstreams_cache_control_is_obeyed(cache_control, shared, expected):
+def test_the_upstreams_cache_control_is_obeyed(cache_control, expected):
     headers = {**JSON_200, "cache-control": cache_control}
-    assert response_refusal(headers, False, shared) == (Refusal(expected) if expected else None)
+    assert response_refusal(headers, False) == (Refusal(expected) if expected else None)

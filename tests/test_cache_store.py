@@ -218,7 +218,8 @@ async def test_an_answer_asked_for_before_a_purge_is_not_stored_after_it(make_st
     assert (await store.get_exact("t", "k")).answer == b"fresh"
     await store.purge_all()
     await store.put("u", "k", "p", unit(1), b"wrong", ttl_s=60, asked_at=asked)
-    assert await store.get_exact("u", "k") is None
+    await store.put("fresh", "k", "p", unit(1), b"wrong", ttl_s=60, asked_at=asked)   # nothing there before
+    assert await store.get_exact("u", "k") is None and await store.get_exact("fresh", "k") is None
 
 
 async def test_vector_of_the_wrong_size_is_a_caller_error(make_store):
@@ -612,6 +613,28 @@ async def test_redis_a_purge_on_one_replica_drops_anothers_put_asked_for_before_
     assert b._mirror.scope_size("t") == 0                  # not in its semantic index either
     await b.put("t", "k", "p", unit(1), b"fresh", ttl_s=60, asked_at=time.time())
     assert (await a.get_exact("t", "k")).answer == b"fresh"
+
+
+@needs_redis
+async def test_redis_purge_all_is_heard_by_every_replica_and_scans_the_keyspace_once(redis_server, redis_stores):
+    """A replica that did not purge drops puts asked for before the purge_all too; and the
+    purge finds stray entries with one SCAN of the keyspace, not one per scope."""
+    a, b = await redis_stores(), await redis_stores()
+    for i in range(50):
+        await a.put(f"scope{i}", "k", "p", None, b"x", ttl_s=60)
+    asked = time.time() - 1
+    async with AsyncRedis(port=redis_server.port) as admin:
+        await admin.config_resetstat()
+        assert await a.purge_all() == 50
+        scans = (await admin.info("commandstats")).get("cmdstat_scan", {}).get("calls", 0)
+    assert scans <= 5, f"{scans} SCAN calls for one purge_all of 50 scopes"
+
+    assert await eventually(lambda: _true(b._purged_all_at > asked))     # heard from the stream
+    await b.put("new", "k", "p", unit(1), b"wrong", ttl_s=60, asked_at=asked)
+    assert await b.get_exact("new", "k") is None
+    late = await redis_stores()                          # started after: reads the time from Redis
+    await late.put("newer", "k", "p", unit(1), b"wrong", ttl_s=60, asked_at=asked)
+    assert await late.get_exact("newer", "k") is None
 
 
 @needs_redis

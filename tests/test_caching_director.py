@@ -295,16 +295,18 @@ def test_a_fallback_models_answer_is_neither_stored_nor_relayed_to_twins():
 
 @pytest.mark.parametrize("route_cache, cache_control, stored", [
     ({"semantic": False}, "no-store", False),
-    ({"semantic": False}, "private", True),                  # this credential's own scope
-    ({"semantic": False, "shared": True}, "private", False),  # one cache for everybody
+    ({"semantic": False}, "private", False),     # one user's, and one key may be a whole organisation's
+    ({"semantic": False, "shared": True}, "private", False),
+    ({"semantic": False, "tenant_header": "x-sluice-tenant"}, "private", False),
     ({"semantic": False, "shared": True}, "public, max-age=600", True),
+    ({"semantic": False}, "no-cache", True),
 ])
 def test_the_upstreams_cache_control_decides_whether_its_answer_is_stored(route_cache, cache_control, stored):
     route = parse_route_settings({"name": "chat", "candidates": [{"cluster": "a"}], "cache": route_cache})
 
     async def scenario():
         d = director()
-        first = request()
+        first = request(**{"x-sluice-tenant": "acme"})
         first.route = route
         await d.decide(first)
         first.response_headers = {":status": "200", "content-type": "application/json", "cache-control": cache_control}
@@ -312,7 +314,9 @@ def test_the_upstreams_cache_control_decides_whether_its_answer_is_stored(route_
         d.on_response_body(first, ANSWER, True)
         d.on_finish(first)
         await asyncio.sleep(0.01)
-        again = request(authorization="Bearer another caller" if route_cache.get("shared") else "Bearer k1")
+        another_user = route_cache.get("shared") or route_cache.get("tenant_header")     # in the same scope
+        again = request(authorization="Bearer another caller" if another_user else "Bearer k1",
+                        **{"x-sluice-tenant": "acme"})
         again.route = route
         return d.decide_now(again)
     plan = asyncio.run(scenario())

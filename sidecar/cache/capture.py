@@ -3,8 +3,8 @@
 Only a complete, plain-text, single-choice answer is stored. The caller feeds only bodies
 of responses that `response_refusal` lets through: status 200, not content-encoded, the
 content type the request asked for, and an upstream Cache-Control that allows it (`no_store`
-for `no-store`; `private` for `private` on a shared route: on others an answer reaches only
-the credential it was given to). `no-cache` is no refusal: event-stream servers send it by
+for `no-store`, `private` for `private`: a scope may hold many users, an organisation's key
+or a route's tenant header). `no-cache` is no refusal: event-stream servers send it by
 convention, to keep proxies from buffering (OpenAI's streams carry it), and a route that
 turns the cache on has said its answers may be reused. Both capture paths then refuse
 (`Refusal.reason`):
@@ -68,9 +68,8 @@ def is_encoded(headers: Mapping[str, str]) -> bool:
     return (headers.get("content-encoding") or "identity").strip().lower() != "identity"
 
 
-def response_refusal(headers: Mapping[str, str], stream: bool, shared: bool = False) -> Refusal | None:
-    """Whether a response's headers allow capturing its body at all (None: they do).
-    shared: the route caches one answer for every caller (policy.shared)."""
+def response_refusal(headers: Mapping[str, str], stream: bool) -> Refusal | None:
+    """Whether a response's headers allow capturing its body at all (None: they do)."""
     if headers.get(":status") != "200":
         return Refusal("status")
     if is_encoded(headers):
@@ -80,7 +79,7 @@ def response_refusal(headers: Mapping[str, str], stream: bool, shared: bool = Fa
         return Refusal("content_type")
     if "cache-control" in headers:
         directives = cache_directives({"cache-control": headers["cache-control"]})
-        for name in ("no-store",) + (("private",) if shared else ()):
+        for name in ("no-store", "private"):
             if name in directives:
                 return Refusal(name.replace("-", "_"))
     return None

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -159,6 +160,7 @@ class _Keys:
         self.events = f"{prefix}:events"
         self.ids_pattern = f"{_glob_escape(prefix)}:{{*}}:ids"
         self.entries_pattern = f"{_glob_escape(prefix)}:{{*}}:e:*"
+        self.purged_all = f"{prefix}:purged-all"      # when the last purge_all ran (seconds)
 
     def entry_prefix(self, scope: str) -> str:
         return f"{self.prefix}:{{{scope}}}:e:"
@@ -204,6 +206,7 @@ class RedisStore:
         self._loaded = asyncio.Event()
         self._went_down = asyncio.Event()      # wakes the sync loop out of its blocking XREAD
         self._said_misfit = False              # checked that the server suits (not a cluster node, 7.0+)
+        self._purged_all_at = -math.inf        # the last purge_all, for puts asked for before it
         self._closed = False
         self._last_id: bytes | None = None      # the last stream event the mirror has
         self._unpublished: deque[dict[str, Any]] = deque(maxlen=UNPUBLISHED_MAX)   # events to retry
@@ -345,7 +348,7 @@ class RedisStore:
         now = self._clock()
         ttl_s = min(ttl_s, self.limits.max_ttl_s)
         unit = None if vector is None else as_unit(vector, self.dim)  # a bad vector raises
-        if ttl_s <= 0 or not self._up:
+        if ttl_s <= 0 or not self._up or (asked_at is not None and asked_at <= self._purged_all_at):
             return
         expires_ms = int((now + ttl_s) * 1000)
         fields: dict[str, Any] = {"p": prompt, "a": answer, "t": repr(now), "x": expires_ms}
@@ -400,12 +403,19 @@ class RedisStore:
     async def purge_all(self) -> int:
         """purge_scope for every scope there is (admin); raises StoreUnavailable."""
         self._mirror = self._new_mirror()
+        now = self._clock()
+        self._purged_all_at = now
 
         async def purge_all(client: Any) -> int:
+            # First the time, for puts asked for before it in scopes with nothing stored yet
+            # (each replica hears it from the stream; one that starts later reads the key).
+            await client.set(self._keys.purged_all, repr(now), px=PURGE_MARKER_MS)
+            await client.xadd(self._keys.events, {"op": "purge_all", "t": repr(now)},
+                              maxlen=self.settings.stream_maxlen, approximate=True)
             deleted = 0
             async for ids_key in client.scan_iter(match=self._keys.ids_pattern, count=1000,
                                                   _type="zset"):
-                deleted += await self._purge(client, self._keys.scope_of_ids(ids_key))
+                deleted += await self._purge(client, self._keys.scope_of_ids(ids_key), find_strays=False)
             return deleted + await self._unlink_matching(client, self._keys.entries_pattern)
 
         deleted = await self._run("purge", purge_all, round_trips=None)
@@ -414,8 +424,10 @@ class RedisStore:
                                    "the cache was purged on this replica only")
         return deleted
 
-    async def _purge(self, client: Any, scope: str) -> int:
-        """Delete a scope in batches (puts that land meanwhile go too), then tell replicas."""
+    async def _purge(self, client: Any, scope: str, find_strays: bool = True) -> int:
+        """Delete a scope in batches (puts that land meanwhile go too), then tell replicas.
+        find_strays: also SCAN for its entries that its id set no longer lists (purge_all
+        scans for every scope's at once instead)."""
         deleted, batches = 0, self.limits.max_entries_per_scope // _PURGE_BATCH_SIZE + 10
         for _ in range(batches):
             n, left = await self._purge_script(keys=[self._keys.ids(scope)],
@@ -423,7 +435,8 @@ class RedisStore:
             deleted += int(n)
             if not left:
                 break
-        deleted += await self._unlink_matching(client, _glob_escape(self._keys.entry_prefix(scope)) + "*")
+        if find_strays:
+            deleted += await self._unlink_matching(client, _glob_escape(self._keys.entry_prefix(scope)) + "*")
         # Late twins' answers void, and puts asked for before now dropped (the value: when).
         await client.set(purge_marker(scope), int(self._clock() * 1000), px=PURGE_MARKER_MS)
         await client.xadd(self._keys.events, {"op": "purge", "s": scope},
@@ -575,6 +588,7 @@ class RedisStore:
         """Rebuild the mirror from Redis; the stream position to follow it from."""
         client, batch = self._client, self.settings.load_batch
         self._loaded_from = await self._server_id()
+        self._note_purge_all(await client.get(self._keys.purged_all))
         newest = await client.xrevrange(self._keys.events, count=1)
         last_id = newest[0][0] if newest else b"0-0"
         mirror = self._new_mirror()
@@ -612,6 +626,15 @@ class RedisStore:
             if self._malformed_warning.due():
                 log.warning("cache index: malformed entry skipped (scope %s): %s", scope[:16], exc)
 
+    def _note_purge_all(self, when: bytes | None) -> None:
+        """A purge_all ran at `when` (seconds, as text): puts asked for before it are dropped."""
+        try:
+            at = float(when)
+        except (TypeError, ValueError):
+            return
+        if math.isfinite(at):
+            self._purged_all_at = max(self._purged_all_at, at)
+
     def _apply(self, fields: dict[bytes, bytes]) -> None:
         op, scope = fields.get(b"op"), fields.get(b"s", b"").decode()
         key = fields.get(b"k", b"").decode()
@@ -624,3 +647,6 @@ class RedisStore:
             self._mirror.discard(scope, key)
         elif op == b"purge":
             self._mirror.purge_scope_now(scope)
+        elif op == b"purge_all":
+            self._mirror = self._new_mirror()
+            self._note_purge_all(fields.get(b"t"))
