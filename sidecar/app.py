@@ -44,12 +44,12 @@ class App:
 def build(config: SidecarConfig) -> App:
     # A random key serves one replica alone: with Redis, SidecarConfig requires cache_secret.
     secret = config.cache_secret.encode() if config.cache_secret else os.urandom(32)
-    # One fast-failing client (50 ms, no retries) for dedup leases and rate limits; the cache
-    # store makes its own (it also needs a long-blocking one for its event stream).
+    # One fast-failing client (redis_timeout_s, no retries) for dedup leases and rate limits; the
+    # cache store makes its own (it also needs a long-blocking one for its event stream).
     redis, shared = None, []
     if config.redis_url:
         from sidecar.admission import connect
-        redis = connect(config.redis_url, cluster=config.redis_cluster)
+        redis = connect(config.redis_url, config.redis_timeout_s, cluster=config.redis_cluster)
         shared = [_SharedRedis(redis)]
     routing = RoutingDirector()
     routing.admission = _admission(config, routing, secret, redis)
@@ -65,8 +65,10 @@ def build(config: SidecarConfig) -> App:
     if config.redis_url:
         from sidecar.cache.inflight_redis import RedisInFlight
         from sidecar.cache.redis_store import RedisSettings, RedisStore
-        store = RedisStore(RedisSettings(url=config.redis_url, cluster=config.redis_cluster), _limits(config))
-        inflight = RedisInFlight(redis, InFlight())
+        store = RedisStore(RedisSettings(url=config.redis_url, cluster=config.redis_cluster,
+                                         timeout_s=config.redis_timeout_s,
+                                         connect_timeout_s=config.redis_timeout_s), _limits(config))
+        inflight = RedisInFlight(redis, InFlight(), op_timeout_s=config.redis_timeout_s)
         closers = [*shared, store, _Closing(inflight.aclose)]
     else:
         from sidecar.cache.memory_store import MemoryStore
@@ -81,14 +83,15 @@ def _admission(config: SidecarConfig, routing: RoutingDirector, secret: bytes, r
     """The gate (queue + per-cluster concurrency limits) and the per-tenant rate limits; routes
     turn admission on in their settings. Expected time to first byte comes from the scheduler."""
     from sidecar.admission import (Gate, GateConfig, LocalTokenLimiter, PrometheusAdmissionMetrics,
-                                   RedisTokenLimiter)
+                                   RedisTokenLimiter, TokenLimitsConfig)
     from sidecar.admitting import Admission
 
     signals = routing.scheduler.signals
     metrics = PrometheusAdmissionMetrics()
     gate = Gate(GateConfig(reserved_top_slots=config.admission_reserved_slots), metrics=metrics,
                 expected_ttft=lambda cluster: signals.cluster_snapshot(cluster, time.monotonic()).ttfb_ewma_s)
-    tokens = (RedisTokenLimiter(redis, metrics=metrics) if redis is not None
+    tokens = (RedisTokenLimiter(redis, TokenLimitsConfig(redis_timeout_s=config.redis_timeout_s), metrics=metrics)
+              if redis is not None
               else LocalTokenLimiter(metrics=metrics))
     return Admission(gate, tokens, secret)
 
@@ -101,7 +104,7 @@ def _limits(config: SidecarConfig):
 
 class _SharedRedis:
     """The dedup and rate-limit client, connected (for a cluster: its slot map loaded) at start
-    rather than by the first requests, whose calls have 50 ms each; closed at shutdown."""
+    rather than by the first requests, whose calls have redis_timeout_s each; closed at shutdown."""
 
     START_TIMEOUT_S = 2.0
 

@@ -31,6 +31,9 @@ class SidecarConfig:
     semantic: bool = True        # load the embedding model for the semantic tier
     redis_url: str = ""          # shared tiers across replicas; "" keeps everything in memory
     redis_cluster: bool = False  # redis_url names one node of a Redis Cluster (keys are slot-safe)
+    # One Redis round trip's deadline (cache, dedup, rate limits): past it the request goes on
+    # without the shared tier. 50 ms suits Redis in the same zone; raise it for one further away.
+    redis_timeout_s: float = 0.05
     cache_secret: str = ""       # HMAC key for tenant ids; replicas sharing Redis need the same one
     cache_max_entries: int = 100_000
     admission_reserved_slots: int = 0  # per cluster, only for the highest priority class (see GateConfig)
@@ -50,6 +53,8 @@ class SidecarConfig:
         for name in ("drain_delay_s", "grace_s", "config_watch_s"):
             if not _finite_non_negative(getattr(self, name)):     # NaN would sleep forever
                 raise ConfigError(f"{name}: must be a number >= 0")
+        if not (_finite_non_negative(self.redis_timeout_s) and 0 < self.redis_timeout_s <= 10):
+            raise ConfigError(f"redis_timeout_s: must be in (0, 10], got {self.redis_timeout_s!r}")
         if self.admission_reserved_slots < 0:
             raise ConfigError("admission_reserved_slots: must be >= 0")
         if self.cache_max_entries < 1:

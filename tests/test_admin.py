@@ -153,3 +153,14 @@ async def test_unreachable_store_is_unavailable():
     with pytest.raises(Aborted):
         await admin.PurgeCache(admin_pb2.PurgeCacheRequest(scope="s"), context)
     assert context.code == grpc.StatusCode.UNAVAILABLE and "redis is down" in context.details
+
+
+def test_the_redis_round_trip_deadline_reaches_every_shared_part():
+    """SLUICE_REDIS_TIMEOUT_S: the cache store, dedup and the token limiter all wait that long."""
+    from sidecar.app import build
+    from sidecar.config import SidecarConfig
+    app = build(SidecarConfig(redis_url="redis://127.0.0.1:1/0", redis_timeout_s=0.4, cache_secret="s" * 16,
+                              semantic=False))
+    assert app.store.settings.timeout_s == 0.4
+    assert app.director._rt.inflight._op_timeout_s == 0.4
+    assert app.director._inner.admission._tokens.config.redis_timeout_s == 0.4

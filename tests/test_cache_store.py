@@ -783,7 +783,9 @@ async def test_redis_closing_idle_connections_is_no_outage(tmp_path, caplog):
 async def test_redis_cluster_from_the_sidecars_config(redis_cluster):
     """SLUICE_REDIS_CLUSTER: the store, cross-replica dedup and the token limiter all use
     cluster clients, so scopes and tenants on every primary work (plain clients got MOVED)."""
-    config = SidecarConfig(redis_url=redis_cluster, redis_cluster=True, cache_secret="s" * 16, semantic=False)
+    # A generous round trip: on a loaded 2-core box 50 ms trips, and the parts go local.
+    config = SidecarConfig(redis_url=redis_cluster, redis_cluster=True, redis_timeout_s=0.5,
+                           cache_secret="s" * 16, semantic=False)
     apps = [build(config), build(config)]
     for app in apps:
         await app.start()

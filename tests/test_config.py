@@ -28,6 +28,8 @@ def test_env_then_overrides():
     ({"SLUICE_REDIS_URL": "rediss://h:99999", "SLUICE_CACHE_SECRET": "s" * 16}, "redis_url"),
     ({"SLUICE_REDIS_URL": "redis://r:6379/0"}, "cache_secret"),    # replicas would not agree on tenants
     ({"SLUICE_METRICS_LISTEN": "127.0.0.1:\u0669"}, "metrics_listen"),   # Arabic-Indic nine
+    ({"SLUICE_REDIS_TIMEOUT_S": "0"}, "redis_timeout_s"),
+    ({"SLUICE_REDIS_TIMEOUT_S": "nan"}, "redis_timeout_s"),
 ])
 def test_bad_values_name_the_field(environ, field):
     with pytest.raises(ConfigError, match=field):
