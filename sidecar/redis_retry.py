@@ -6,6 +6,9 @@ no outage: the call is tried once more, on a fresh connection. A Redis that is r
 again at once (connection refused). Timeouts are not retried: the caller's deadline covers both
 tries. Used by the answer cache, cross-replica dedup and the token limiter, each of which
 otherwise sets Redis aside for a while after one failure.
+
+A connection lost after the command ran but before its reply runs it twice: a put or a stream
+event written again (idempotent), or a token budget charged twice for one request, once.
 """
 from __future__ import annotations
 
