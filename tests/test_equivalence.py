@@ -185,8 +185,16 @@ CASES = [
     ("what is the difference between http and https", "what is the difference between https and http",
      HIGH, True, "ok"),
     ("redirect http to https in nginx", "redirect https to http in nginx", HIGH, False, "order_differs"),
+    ("plot s as a function of t", "plot t as a function of s", HIGH, False, "order_differs"),   # labels, not "it's"
+    ("The sky is blue and the grass is green", "The grass is blue and the sky is green",
+     HIGH, False, "order_differs"),
+    ("Compare Python with Java", "Compare Java with Python", HIGH, True, "ok"),
+    ("is 30 °C hot for a run", "is 30°C hot for a run", HIGH, True, "ok"),
+    ("how to install Python 3.x on windows", "how to install Python 3 on windows", HIGH, True, "ok"),
+    ("can u help me write a poem", "can you help me write a poem", HIGH, True, "ok"),
     # Tense, quantifiers, "only", "and" for "or".
     ("Who is the CEO of Twitter?", "Who was the CEO of Twitter?", HIGH, False, "tense_differs"),
+    ("What was the temperature at 9 am", "What is the temperature at 9 am", HIGH, False, "tense_differs"),
     ("When will the next iPhone come out?", "When is the next iPhone going to come out?", HIGH, True, "ok"),
     ("do all cats purr", "do some cats purr", HIGH, False, "quantifiers_differ"),
     ("what can I eat on a keto diet", "what can I only eat on a keto diet", HIGH, False, "quantifiers_differ"),

@@ -126,7 +126,6 @@ class Profile:
     content: frozenset[str]          # stems of the remaining content words
     directions: frozenset[tuple[str, str]]  # ("to", "fahrenheit"), ("than", "android")
     roles: tuple[str, ...]           # each token as its role: stem, number, label or person ("1" for I/me)
-    joins: frozenset[int]            # token indices of and / or / vs / plus ...: _SYMMETRIC
     tenses: frozenset[str]           # tenses of the auxiliaries: "present", "past", "future"
     quantifiers: tuple[frozenset[str], int, int, int]  # ({"all"} / {"some"}, "only"s, "and"s, "or"s)
     words: frozenset[str]            # every lower-cased word and its stem, for matching
@@ -303,9 +302,9 @@ _QUANTIFIERS = {**dict.fromkeys("all every each always".split(), "all"),
 _PERSONS = {**dict.fromkeys("i me my mine myself".split(), "1"), **dict.fromkeys("we us our ours".split(), "1p"),
             **dict.fromkeys("you your yours yourself".split(), "2"), **dict.fromkeys("he him his himself".split(), "3m"),
             **dict.fromkeys("she her hers herself".split(), "3f"), **dict.fromkeys("they them their theirs".split(), "3p")}
-# One-letter words that are words, not labels: English "a" and "I" (also "i", typed fast);
-# Spanish, Italian and Portuguese "y", "e", "o" (and, or). A capital "A" is a label.
-_NOT_LABELS = frozenset("a i I y e o".split())
+# One-letter words that are words, not labels: English "a" and "I" (also "i", typed fast; "u"
+# for "you"); Spanish, Italian and Portuguese "y", "e", "o" (and, or). A capital "A" is a label.
+_NOT_LABELS = frozenset("a i I u y e o".split())
 
 # "lose" is in "-win"; it is also the opposite of "keep" ("keeping the changes").
 _KEEP_LOSE = {"+keep", "-win"}
@@ -392,12 +391,12 @@ def _tokens(normalized: str) -> list[_Token]:
     """The tokens of normalize_text's output (the text as embedded: NFKC, invisibles removed)."""
     out: list[_Token] = []
     sentence_start = True
-    previous_end = None
+    previous_end = None          # where the last token kept ended ("3.x": the stop breaks the glue)
     for m in _TOKEN.finditer(normalized):
         kind = m.lastgroup
         raw = m.group()
-        glued = previous_end is not None and normalized[previous_end:m.start()] in ("", "°", "º")
-        previous_end = m.end()
+        gap = None if previous_end is None else normalized[previous_end:m.start()]
+        glued = gap is not None and (gap == "" or gap.strip() in ("°", "º"))      # "30 °C" too
         if kind == "stop":
             # "Dr. Smith" does not start a sentence.
             if not (raw == "." and out and out[-1].lower in _NOT_ENTITIES):
@@ -409,6 +408,7 @@ def _tokens(normalized: str) -> list[_Token]:
             raw, kind = "percent", "word"
         raw = raw.replace("’", "'")
         out.append(_Token(raw, raw.lower(), kind, sentence_start, glued))
+        previous_end = m.end()
         sentence_start = False
     return out
 
@@ -588,8 +588,8 @@ def _is_label(tok: _Token) -> bool:
 
 def _roles(tokens: list[_Token]) -> tuple[str, ...]:
     """Every token as what fills its role: a pronoun by person ("I" and "me" are one), a
-    number or label as written ("A" is no article here), a word by its stem."""
-    return tuple(_PERSONS.get(t.lower) or (t.text if t.kind in ("number", "ordinal") or _is_label(t)
+    number or label as written, marked ("=A": no article, "=s": no stopword), a word by its stem."""
+    return tuple(_PERSONS.get(t.lower) or ("=" + t.text if t.kind in ("number", "ordinal") or _is_label(t)
                                            else _stem(t.lower)) for t in tokens)
 
 
@@ -646,8 +646,8 @@ def profile(text: str) -> Profile:
         content=content,
         directions=frozenset(directions),
         roles=_roles(tokens),
-        joins=frozenset(i for i, t in enumerate(tokens) if t.lower in _SYMMETRIC),
-        tenses=frozenset(_TENSES[w] for w in words if w in _TENSES),
+        tenses=frozenset(_TENSES[t.lower] for i, t in enumerate(tokens) if t.lower in _TENSES
+                         and not (t.lower == "am" and i and tokens[i - 1].kind == "number")),   # "9 am"
         quantifiers=(frozenset(_QUANTIFIERS[w] for w in words if w in _QUANTIFIERS), words.count("only"),
                      words.count("and"), words.count("or")),
         words=all_words,
@@ -756,9 +756,11 @@ def _roles_exchanged(a: Profile, b: Profile) -> bool:
     """One prompt is the other with two words, numbers, labels or persons exchanged, all else
     equal: "baking soda instead of baking powder" reversed, "copy column A to column B" /
     "column B to column A", "bite me when I pet her" / "bite her when she pets me". Not two
-    neighbours ("local git branch" / "git local branch"), nor two joined symmetrically
-    ("fruit or vegetable", "3 plus 5"); a rewording that moves words otherwise ("email finding tools" /
-    "tools for finding email") is no exchange."""
+    neighbours ("local git branch" / "git local branch"), nor two with only small words between
+    them ("a fruit or a vegetable", "3 plus 5", "compare Python with Java") or joined with the
+    words before the first repeated ("python 2 and python 3"); "the sky is blue and the grass
+    green" has another word between. A rewording that moves words otherwise ("email finding
+    tools" / "tools for finding email") is no exchange."""
     roles_a, roles_b = a.roles, b.roles
     if len(roles_a) != len(roles_b) or roles_a == roles_b:
         return False
@@ -768,7 +770,13 @@ def _roles_exchanged(a: Profile, b: Profile) -> bool:
         return False
     if any(roles_b[i] != {x: y, y: x}.get(roles_a[i]) for i in moved):
         return False
-    return not any(moved[0] < j < moved[-1] for j in a.joins | b.joins)
+    between = roles_a[moved[0] + 1:moved[-1]]
+    words_between = [r for r in between if r not in _STOPWORDS and r not in _SYMMETRIC]
+    if not words_between:
+        return False
+    # "python 2 and python 3": joined, with the words before the first repeated after "and".
+    head = [r for r in roles_a[:moved[0]] if r not in _STOPWORDS and r not in _SYMMETRIC][-len(words_between):]
+    return not (any(r in _SYMMETRIC for r in between) and words_between == head)
 
 
 def _quantified_differently(a: Profile, b: Profile) -> bool:
