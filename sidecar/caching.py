@@ -242,7 +242,7 @@ class CachingDirector:
                         return self._serve(ctx, answered, "coalesced", None, self._clock())
             else:
                 metrics.child(metrics.CACHE_LOOKUPS, ctx.route_name, bypass.reason).inc()
-                vector = await self._embed(prompt) if settings.semantic else None
+                vector = await self._embed(prompt) if self._semantic(settings, prompt) else None
             capture = Capture(scope.key, key, prompt, vector, policy.ttl_s, chat.stream, lead,
                               asked_at=self._clock())
             lead = None   # owned by the capture from here on
@@ -300,6 +300,11 @@ class CachingDirector:
         warn_unless_internal(route_name, built.policy.tenant_header, "tenant")
         return built
 
+    def _semantic(self, settings: RouteCache, prompt: str) -> bool:
+        """Whether the prompt may have a semantic tier: not past max_prompt_chars, where every
+        same-question check says no (so its embedding would be model time for nothing)."""
+        return settings.semantic and len(prompt) <= self._rt.equivalence.max_prompt_chars
+
     async def _embed(self, prompt: str) -> np.ndarray | None:
         if self._rt.embedder is None:
             return None
@@ -316,9 +321,11 @@ class CachingDirector:
         entry = await self._rt.store.get_exact(scope, key)
         if entry is not None:
             return Lookup("exact", "exact", entry, 1.0)
-        vector = await self._embed(prompt) if settings.semantic else None
+        if not self._semantic(settings, prompt):
+            return Lookup(None, "no_semantic_tier" if not settings.semantic else "too_long")
+        vector = await self._embed(prompt)
         if vector is None:
-            return Lookup(None, "no_semantic_tier" if not settings.semantic else "embedding_unavailable")
+            return Lookup(None, "embedding_unavailable")
         policy = settings.policy
         neighbour = await self._rt.store.nearest(scope, vector, policy.semantic_threshold)
         if neighbour is None:

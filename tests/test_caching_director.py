@@ -5,6 +5,7 @@ import json
 import random
 import time
 
+import numpy as np
 import pytest
 
 from sidecar.cache.capture import capture_json, estimate_tokens
@@ -413,3 +414,24 @@ def test_a_same_question_check_that_fails_is_a_miss_not_a_failed_request(monkeyp
     verdict = caching.checked_same_question("a", "b", 0.99, caching.EquivalenceSettings())
     assert verdict == caching.Verdict(False, "check_failed")
     assert any("same-question check failed" in r.getMessage() for r in caplog.records)
+
+
+def test_a_prompt_past_max_prompt_chars_is_not_embedded():
+    """Every same-question check refuses it, so its embedding would be model time for nothing."""
+    class CountingEmbedder:
+        texts: list = []
+
+        async def embed(self, text):
+            self.texts.append(text)
+            return np.ones(384, np.float32) / np.sqrt(384)
+    embedder = CountingEmbedder()
+    d = CachingDirector(RoutingDirector(Scheduler(rng=random.Random(0)), scrape_interval_s=None),
+                        CacheRuntime(store=MemoryStore(), inflight=InFlight(), embedder=embedder,
+                                     secret=b"a test secret of 32 bytes, fixed"))
+    route = parse_route_settings({"name": "chat", "candidates": [{"cluster": "a"}]})
+    settings = d._route_cache_of.get(route, d._build_route_cache, "chat")
+    limit = d._rt.equivalence.max_prompt_chars
+    short = asyncio.run(d.lookup("scope", "k1", "x" * limit, settings))
+    long = asyncio.run(d.lookup("scope", "k2", "x" * (limit + 1), settings))
+    assert (short.reason, long.reason) == ("below_threshold", "too_long")
+    assert [len(t) for t in embedder.texts] == [limit]

@@ -200,6 +200,9 @@ CASES = [
     ("what can I eat on a keto diet", "what can I only eat on a keto diet", HIGH, False, "quantifiers_differ"),
     ("if x > 0 and y > 0 what quadrant is the point", "if x > 0 or y > 0 what quadrant is the point",
      HIGH, False, "quantifiers_differ"),
+    # Past max_prompt_chars, exact hits only: the checks would hold the event loop.
+    ("Summarise this: " + "lorem ipsum dolor " * 300, "Summarise this: " + "lorem ipsum dolor " * 300 + "!",
+     1.0, False, "too_long"),
     # After a long context the last sentence, the instruction, must match word for word.
     (LONG_CONTEXT + "Write a polite reply to a customer whose parcel is late.",
      LONG_CONTEXT + "Write a firm reply to a customer whose parcel is late.", HIGH, False, "content_differs"),
@@ -224,8 +227,9 @@ def test_order_of_the_prompts_does_not_matter(a, b, cosine, hit, reason):
     "x" * 200_000 + " and y",                  # one huge word: the prefix match is bounded
 ])
 def test_adversarial_prompts_are_profiled_quickly_without_error(text):
+    assert same_question(text, text + " please", HIGH, DEFAULT).reason == "too_long"   # by default
     start = time.perf_counter()
-    verdict = same_question(text, text + " please", HIGH, DEFAULT)
+    verdict = same_question(text, text + " please", HIGH, dataclasses.replace(DEFAULT, max_prompt_chars=10**9))
     assert verdict.reason in ("ok", "content_differs") and time.perf_counter() - start < 5
 
 
@@ -312,7 +316,7 @@ def test_sentence_start_capitals_are_not_names():
 
 @pytest.mark.parametrize("field, value", [
     ("threshold", 0.0), ("threshold", 1.5), ("extra_word_cost", -0.1),
-    ("max_extra_words", -1), ("substitution_margin", -0.01), ("long_prompt_words", -1),
+    ("max_extra_words", -1), ("substitution_margin", -0.01), ("long_prompt_words", -1), ("max_prompt_chars", -1),
 ])
 def test_settings_are_validated_naming_the_field(field, value):
     with pytest.raises(ValueError, match=field):

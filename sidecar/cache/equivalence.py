@@ -67,6 +67,10 @@ class EquivalenceSettings:
     # of the other prompt "match" somewhere: its last sentence (the instruction or
     # question) must then match the other's last sentence, content word for content word.
     tail_prompt_words: int = 40
+    # Longer prompts (either one, in characters) get exact hits only: the embedding reads only
+    # the last 256 tokens, past 40 words every content word must match anyway, and the checks
+    # run on the event loop (a 1 MB prompt's profile takes about a second there).
+    max_prompt_chars: int = 4000
     # Token alignment (sidecar/cache/alignment.py): a hit also needs each prompt to have at
     # most max_unaligned_tokens content tokens whose nearest token in the other prompt
     # (the model's per-token vectors) is below alignment_floor.  It needs the two prompts'
@@ -85,7 +89,8 @@ class EquivalenceSettings:
                 raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)!r}")
         if not -1.0 <= self.alignment_floor <= 1.0:
             raise ValueError(f"alignment_floor: must be in [-1, 1], got {self.alignment_floor!r}")
-        for name in ("max_extra_words", "long_prompt_words", "tail_prompt_words", "max_unaligned_tokens"):
+        for name in ("max_extra_words", "long_prompt_words", "tail_prompt_words", "max_unaligned_tokens",
+                     "max_prompt_chars"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)!r}")
 
@@ -596,9 +601,26 @@ def _roles(tokens: list[_Token]) -> tuple[str, ...]:
 _SENTENCE_END = re.compile(r"(?<=[.!?:。？！])\s+|\n+")
 
 
-@lru_cache(maxsize=16384)
+# Profiles of prompts up to this long are cached, as stored prompts recur; a profile takes
+# about 25 times its text (a 4,000-character prompt's: ~100 KiB), so at most ~50 MiB. Longer
+# texts (the checks see none with the default max_prompt_chars) are profiled each time.
+CACHED_PROFILE_CHARS = 4000
+PROFILE_CACHE_SIZE = 512
+
+
 def profile(text: str) -> Profile:
-    """Everything the checks need from one prompt; cached, as stored prompts recur."""
+    """Everything the checks need from one prompt (cached when it is short)."""
+    return _cached_profile(text) if len(text) <= CACHED_PROFILE_CHARS else _profile(text)
+
+
+def forget_profiles(cache_size: int = PROFILE_CACHE_SIZE) -> None:
+    """Empty the profile cache and give it room for `cache_size` profiles (None: no bound;
+    scripts/tune_semantic.py profiles every labelled prompt many times over)."""
+    global _cached_profile
+    _cached_profile = lru_cache(maxsize=cache_size)(_profile)
+
+
+def _profile(text: str) -> Profile:
     normalized = normalize_text(text)
     tokens = _tokens(normalized)
     words = [t.lower for t in tokens if t.kind not in ("number", "ordinal")]
@@ -655,6 +677,9 @@ def profile(text: str) -> Profile:
         length=len(words),
         tail=sentences[-1] if sentences else normalized,
     )
+
+
+_cached_profile = lru_cache(maxsize=PROFILE_CACHE_SIZE)(_profile)
 
 
 # ---------------------------------------------------------------- the checks
@@ -808,8 +833,10 @@ def requirement(a_text: str, b_text: str, settings: EquivalenceSettings) -> Requ
     Pure and symmetric.  `same_question` is this compared with the embeddings' cosine;
     it is public so that a threshold sweep need not re-run the checks.
     """
-    a, b = profile(a_text), profile(b_text)
     never = float("inf")
+    if max(len(a_text), len(b_text)) > settings.max_prompt_chars:
+        return Requirement(never, "too_long")
+    a, b = profile(a_text), profile(b_text)
     if settings.check_numbers and _numbers_differ(a, b):
         return Requirement(never, "numbers_differ")
     if settings.check_negation and a.negations != b.negations:
