@@ -65,6 +65,10 @@ class Admission:
     def _build_settings(self, route: RouteSettings, route_name: str) -> RouteAdmission | None:
         try:
             settings = route_admission(route)
+            classes = self.gate.config.queue.names
+            if settings is not None and settings.default_priority not in classes:
+                raise ValueError(f"admission.default_priority: expected one of {', '.join(classes)}, "
+                                 f"got {settings.default_priority!r}")
         except ValueError as exc:
             log.error("invalid admission settings of route %s, admission off: %s", route_name, exc)
             settings = None
@@ -95,11 +99,11 @@ class Admission:
             if not decision.allowed:
                 return decision.refusal()
             ctx.token_estimate = estimate
-        priority = ctx.headers.get(settings.priority_header) if settings.priority_header else None
+        priority = self._priority(ctx, settings)
         try:
             # Queued no longer than the sidecar may hold a request (Envoy's one extension of
             # its message timeout), whatever the deadline.
-            result = await self.gate.acquire(clusters, priority or settings.default_priority, tenant,
+            result = await self.gate.acquire(clusters, priority, tenant,
                                              deadline=self._deadline(ctx, settings), hold_until=ctx.hold_until)
         except BaseException:               # the client left the queue: nothing was served
             self.refund(ctx)
@@ -107,6 +111,12 @@ class Admission:
         if isinstance(result, Refusal):     # refused at the gate: its budget was not spent
             self.refund(ctx)
         return result
+
+    def _priority(self, ctx: RequestContext, settings: RouteAdmission) -> str:
+        """The class the route's priority header names (any case), else the route's default:
+        a value no class has ("gold", "") does not fall to the gate-wide default."""
+        named = (ctx.headers.get(settings.priority_header) or "").strip().lower() if settings.priority_header else ""
+        return named if named in self.gate.config.queue.names else settings.default_priority
 
     def settle(self, ctx: RequestContext) -> None:
         """Correct the tenant's token budget with the answer's real usage (in the background)."""

@@ -16,6 +16,11 @@ from sidecar.routing import RoutingDirector
 
 log = logging.getLogger("sluice.app")
 
+# How long a cluster's measured time to first byte counts for admission's deadline refusals: a
+# slow answer's estimate that refuses every request with a deadline would never be replaced,
+# so after this long without a new measurement the next request goes through and measures.
+TTFT_ESTIMATE_MAX_AGE_S = 10.0
+
 
 @dataclass
 class App:
@@ -89,7 +94,7 @@ def _admission(config: SidecarConfig, routing: RoutingDirector, secret: bytes, r
     signals = routing.scheduler.signals
     metrics = PrometheusAdmissionMetrics()
     gate = Gate(GateConfig(reserved_top_slots=config.admission_reserved_slots), metrics=metrics,
-                expected_ttft=lambda cluster: signals.cluster_snapshot(cluster, time.monotonic()).ttfb_ewma_s)
+                expected_ttft=lambda cluster: signals.expected_ttfb(cluster, time.monotonic(), TTFT_ESTIMATE_MAX_AGE_S))
     tokens = (RedisTokenLimiter(redis, TokenLimitsConfig(redis_timeout_s=config.redis_timeout_s), metrics=metrics)
               if redis is not None
               else LocalTokenLimiter(metrics=metrics))

@@ -160,6 +160,9 @@ class RoutingDirector:
         self._remember_scores(decision)
         timeout_ms = self.scheduler.timeout_ms(decision, estimate_prompt_tokens(ctx.chat.text), ctx.chat.max_tokens,
                                                ctx.chat.model, now, plan.timeout)
+        deadline = ctx.client_deadline
+        if deadline is not None:    # the client's whole budget: no answer is waited for past it
+            timeout_ms = max(1, min(timeout_ms, math.ceil((deadline - now) * 1000)))
         body = None
         if plan.rewrite_model and decision.model_rewrite and decision.model_rewrite != ctx.chat.model:
             body = rewrite_model(ctx.body, decision.model_rewrite)

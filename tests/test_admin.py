@@ -164,3 +164,19 @@ def test_the_redis_round_trip_deadline_reaches_every_shared_part():
     assert app.store.settings.timeout_s == 0.4
     assert app.director._rt.inflight._op_timeout_s == 0.4
     assert app.director._inner.admission._tokens.config.redis_timeout_s == 0.4
+
+
+def test_admissions_ttft_estimate_lapses(monkeypatch):
+    """The gate's deadline refusals use the scheduler's measured time to first byte, which
+    lapses (app.TTFT_ESTIMATE_MAX_AGE_S) so that one slow answer cannot refuse every later
+    request with a deadline for good."""
+    from sidecar import app as app_module
+    from sidecar.config import SidecarConfig
+    app = app_module.build(SidecarConfig(cache=False))
+    gate, signals = app.director.admission.gate, app.director.scheduler.signals
+    now = [1000.0]
+    monkeypatch.setattr(app_module.time, "monotonic", lambda: now[0])
+    signals.on_first_byte("upstream_a", 4.0, now=now[0])
+    assert gate._expected_ttft("upstream_a") == pytest.approx(4.0)
+    now[0] += app_module.TTFT_ESTIMATE_MAX_AGE_S + 1
+    assert gate._expected_ttft("upstream_a") is None

@@ -458,3 +458,24 @@ def test_a_priority_header_envoy_does_not_strip_is_warned_about(caplog):
         caplog.clear()
         assert admission.settings(route, "chat").priority_header == header
         assert any("can choose its priority class" in r.getMessage() for r in caplog.records) is warned, header
+
+
+@pytest.mark.parametrize("sent, admitted_as", [
+    ("vip", "vip"), ("VIP", "vip"), (" Batch ", "batch"),    # any case, blanks around
+    ("gold", "batch"), ("", "batch"), (None, "batch"),         # no such class: the route's default
+])
+def test_the_priority_header_names_a_class_else_the_route_default_holds(sent, admitted_as):
+    admission = Admission(Gate(GateConfig()), None, b"a test secret of 32 bytes, fixed")
+    route = parse_route_settings({"name": "chat", "candidates": [{"cluster": "a"}], "admission": {
+        "enabled": True, "priority_header": "x-sluice-priority", "default_priority": "batch"}})
+    settings = admission.settings(route, "chat")
+    ctx = RequestContext(headers={} if sent is None else {"x-sluice-priority": sent}, route_name="chat")
+    assert admission._priority(ctx, settings) == admitted_as
+
+
+def test_a_default_priority_no_class_has_turns_the_routes_admission_off(caplog):
+    admission = Admission(Gate(GateConfig()), None, b"a test secret of 32 bytes, fixed")
+    route = parse_route_settings({"name": "chat", "candidates": [{"cluster": "a"}],
+                                  "admission": {"enabled": True, "default_priority": "gold"}})
+    assert admission.settings(route, "chat") is None
+    assert any("default_priority" in r.getMessage() for r in caplog.records)

@@ -5,7 +5,8 @@ import random
 
 import pytest
 
-from sidecar.context import Outcome
+from sidecar.chat import parse_chat_request
+from sidecar.context import Outcome, RequestContext
 from sidecar.routing import RoutingDirector, rewrite_model
 from sidecar.scheduling import Scheduler
 from sidecar.events import (BodyMode, Continue, Decide, ImmediateReply, ModeOverride, Phase, Plan,
@@ -217,3 +218,20 @@ def test_the_model_rewrite_keeps_a_body_with_a_lone_surrogate_valid():
     rewritten = json.loads(rewrite_model(body, "small-model"))
     assert rewritten == {"model": "small-model", "messages": [{"role": "user", "content": "odd \ud800 text, café"}]}
     assert rewrite_model(json.dumps({"model": "big", "x": "café"}).encode(), "s") == '{"model":"s","x":"café"}'.encode()
+
+
+def test_the_upstream_timeout_never_runs_past_the_clients_deadline():
+    """x-request-deadline-ms is the client's budget for the whole request, not only for
+    admission: Envoy is told to wait for the upstream no longer than what is left of it."""
+    def timeout_ms(deadline_ms=None, elapsed_s=0.0):
+        headers = {} if deadline_ms is None else {"x-request-deadline-ms": deadline_ms}
+        ctx = RequestContext(headers=headers, route=TWO, route_name="chat", started=100.0 - elapsed_s)
+        ctx.body, ctx.chat = BODY, parse_chat_request(BODY)
+        plan = asyncio.run(new_director().decide(ctx))
+        return int(dict(plan.request_headers)["x-envoy-upstream-rq-timeout-ms"])
+    unbounded = timeout_ms()
+    assert unbounded > 1500
+    assert timeout_ms("2500", elapsed_s=1.0) == 1500
+    assert timeout_ms(str(10**9)) == unbounded
+    assert timeout_ms("100", elapsed_s=5.0) == 1         # spent: Envoy times out at once
+    assert timeout_ms("junk") == unbounded

@@ -148,3 +148,16 @@ def test_recent_snapshot_is_reused_for_a_tenth_of_a_second_then_refreshed():
     refreshed = t.recent_snapshot("a", 1.11)
     assert refreshed is not first and refreshed.ttfb_ewma_s > first.ttfb_ewma_s
     assert t.recent_snapshot("a", 0.5) is not refreshed           # a clock that went back: fresh
+
+
+def test_the_ttfb_estimate_for_admission_lapses_without_new_measurements():
+    """Admission refuses a request whose deadline the expected time to first byte exceeds. An
+    estimate left by one slow answer would refuse every later request, and no request would
+    ever measure the cluster again: it lapses after max_age_s."""
+    t = tracker()
+    assert t.expected_ttfb("a", 0.0, max_age_s=10) is None            # never measured
+    t.on_first_byte("a", 4.0, now=100.0)
+    assert t.expected_ttfb("a", 105.0, max_age_s=10) == pytest.approx(4.0)
+    assert t.expected_ttfb("a", 111.0, max_age_s=10) is None           # nothing new for 11 s
+    t.on_first_byte("a", 0.01, now=112.0)                              # one got through
+    assert t.expected_ttfb("a", 112.0, max_age_s=10) < 4.0

@@ -118,6 +118,16 @@ class SignalTracker:
         self._recent[cluster] = (now, snapshot)
         return snapshot
 
+    def expected_ttfb(self, cluster: str, now: float, max_age_s: float) -> float | None:
+        """The cluster's time to first byte (EWMA) if a request measured it in the last
+        `max_age_s`; None otherwise. An estimate that refuses every request would never be
+        measured again: it must lapse, so that one gets through and measures anew."""
+        c = self._clusters.get(cluster)
+        newest = None if c is None else c.ttfb.newest_at()
+        if newest is None or now - newest > max_age_s:
+            return None
+        return c.ttfb_ewma.value
+
     def cluster_snapshot(self, cluster: str, now: float) -> ClusterSnapshot:
         c = self._clusters.get(cluster)
         if c is None:

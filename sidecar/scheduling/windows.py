@@ -40,6 +40,10 @@ class SampleWindow:
         self._prune(now)
         return len(self._samples)
 
+    def newest_at(self) -> float | None:
+        """When the newest sample was added; None when there is none."""
+        return self._samples[-1][0] if self._samples else None
+
     def quantile(self, q: float, now: float) -> float | None:
         """Nearest-rank quantile of the samples in the window; None when there are none."""
         self._prune(now)
