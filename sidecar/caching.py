@@ -39,6 +39,8 @@ from sidecar.route_settings import PerSettings, RouteSettings, warn_unless_inter
 
 log = logging.getLogger("sluice.cache")
 CACHE_HEADER = "x-sluice-cache"
+# Refusals of an answer that another try may not repeat (sidecar/cache/capture.py's reasons).
+_TRANSIENT_REFUSALS = frozenset(("incomplete", "partial", "error", "invalid_json"))
 
 
 # A rolling upgrade that changes the stored format would otherwise log on every hit.
@@ -151,6 +153,12 @@ class Capture:
         self.finished = True
         if self.lead is not None:
             self.lead.abandon()
+
+    def release(self) -> None:
+        """The answer came whole but may not be shared: the followers go upstream at once."""
+        self.finished = True
+        if self.lead is not None:
+            self.lead.release()
 
 
 @dataclass
@@ -462,7 +470,16 @@ class CachingDirector:
 
     def _refuse(self, ctx: RequestContext, capture: Capture, refusal: Refusal) -> None:
         metrics.child(metrics.CACHE_NOT_STORED, ctx.route_name, refusal.reason).inc()
-        capture.abandon()
+        # A failure another try may not repeat (a 5xx, 408, 429, an answer cut off or broken)
+        # is handed to one follower at a time: no herd on a struggling upstream. An answer that
+        # came whole but may not be shared (a 4xx, private, a tool call, too large, ...) would
+        # come the same way again: every follower goes at once rather than each in turn.
+        status = ctx.status
+        if refusal.reason in _TRANSIENT_REFUSALS or (
+                refusal.reason == "status" and (status is None or status >= 500 or status in (408, 429))):
+            capture.abandon()
+        else:
+            capture.release()
 
     def on_finish(self, ctx: RequestContext) -> None:
         self._inner.on_finish(ctx)

@@ -388,6 +388,32 @@ async def twin_goes_upstream_once_the_leader_sends(new_request, content_type: st
     d.on_finish(leader)
 
 
+@pytest.mark.parametrize("status, cache_control, all_at_once", [
+    ("400", None, True),                   # whole answers that may not be shared: no one waits
+    ("200", "private", True),
+    ("503", None, False),                  # a failure another try may not repeat: one at a time
+    ("429", None, False),
+])
+def test_twins_of_an_answer_that_may_not_be_shared_go_upstream_at_once(status, cache_control, all_at_once):
+    async def scenario():
+        d = director()
+        leader = request()
+        await d.decide(leader)
+        twins = [asyncio.create_task(d.decide(request())) for _ in range(3)]
+        await asyncio.sleep(0.01)
+        assert not any(t.done() for t in twins)                  # they follow the leader
+        leader.status = int(status)
+        leader.response_headers = {":status": status, "content-type": "application/json",
+                                   **({"cache-control": cache_control} if cache_control else {})}
+        d.on_response_headers(leader)
+        await asyncio.sleep(0.01)
+        gone = [t for t in twins if t.done()]
+        for t in twins:
+            t.cancel()
+        return len(gone)
+    assert asyncio.run(scenario()) == (3 if all_at_once else 1)
+
+
 def test_a_tenant_header_envoy_does_not_strip_is_warned_about(caplog):
     d = director()
     for header, warned in (("x-sluice-tenant", False), ("x-tenant-id", True)):

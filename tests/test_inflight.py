@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from sidecar.cache.inflight import (
-    TIMED_OUT, Answered, Follow, InFlight, Lead, Near, Promoted, TimedOut)
+    RELEASED, TIMED_OUT, Answered, Follow, InFlight, Lead, Near, Promoted, TimedOut)
 
 PAYLOAD = b'{"answer": "click forgot password"}'
 
@@ -65,6 +65,22 @@ async def test_abandon_promotes_exactly_one_follower_and_the_rest_get_its_answer
     promoted.lead.complete(PAYLOAD)
     assert await asyncio.gather(*waits[1:]) == [Answered(PAYLOAD)] * 9
     assert inflight.stats()["leaders"] == 0
+
+
+async def test_release_sends_every_follower_upstream_at_once():
+    """The leader's answer came whole but may not be shared (a 4xx, private): handing over one
+    at a time would make each follower wait for the same refusal in turn."""
+    inflight = InFlight()
+    lead = await inflight.join("r", "k")
+    follows = [await inflight.join("r", "k") for _ in range(5)]
+    waits = [asyncio.create_task(f.wait(5)) for f in follows]
+    await settle()
+    lead.release()
+    await settle()
+    assert all(w.done() for w in waits) and {w.result() for w in waits} == {RELEASED}
+    assert (inflight.stats()["leaders"], inflight.stats()["followers"], inflight.stats()["released"]) == (0, 0, 5)
+    lead.abandon()                                    # a lead ends once
+    assert isinstance(await inflight.join("r", "k"), Lead)      # the next request leads anew
 
 
 async def test_chain_of_abandons_hands_over_one_at_a_time():

@@ -40,8 +40,8 @@ from typing import Callable
 
 import numpy as np
 
-__all__ = ["InFlight", "Near", "Lead", "Follow", "Answered", "Promoted", "TimedOut", "TIMED_OUT",
-           "unregistered_lead"]
+__all__ = ["InFlight", "Near", "Lead", "Follow", "Answered", "Promoted", "Released", "RELEASED", "TimedOut",
+           "TIMED_OUT", "unregistered_lead"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -78,7 +78,15 @@ class TimedOut:
 
 
 TIMED_OUT = TimedOut()
-Outcome = Answered | Promoted | TimedOut
+
+
+@dataclass(frozen=True)
+class Released:
+    """The leader's answer may not be shared: go upstream alone, now."""
+
+
+RELEASED = Released()
+Outcome = Answered | Promoted | Released | TimedOut
 
 
 class Lead(abc.ABC):
@@ -97,6 +105,13 @@ class Lead(abc.ABC):
     @abc.abstractmethod
     def abandon(self) -> None:
         """Give up; one follower takes over."""
+
+    def release(self) -> None:
+        """The answer came but may not be shared (a 4xx, Cache-Control: private, a tool call,
+        ...): every follower goes upstream on its own at once, as handing over one at a time
+        would only make each wait for the same refusal. Implementations without it (the
+        cross-replica lead) hand over as abandon does."""
+        self.abandon()
 
     def __enter__(self) -> "Lead":
         return self
@@ -209,11 +224,17 @@ class _LocalLead(Lead):
             self._owner._complete(self._flight, self, payload)
 
     def abandon(self) -> None:
+        self._end_by(self._owner._abandon)
+
+    def release(self) -> None:
+        self._end_by(self._owner._release)
+
+    def _end_by(self, hand_on) -> None:
         if self._ended:
             return
         self._ended = True
         if self._flight is not None:
-            self._owner._abandon(self._flight, self)
+            hand_on(self._flight, self)
 
 
 class _LocalFollow(Follow):
@@ -259,7 +280,7 @@ class InFlight:
         self._ids = itertools.count()
         self._followers = 0
         self._counts = dict.fromkeys(
-            ("led", "followed_exact", "followed_near", "promoted", "timed_out", "overflow"), 0)
+            ("led", "followed_exact", "followed_near", "promoted", "released", "timed_out", "overflow"), 0)
 
     async def join(self, scope: str, key: str, near: Near | None = None) -> Lead | Follow:
         """Lead or follow the flight of `key` (or of a near prompt) in `scope`.
@@ -363,6 +384,13 @@ class InFlight:
             lead = self._place(flight.scope, waiter)
             if lead is not None:
                 self._promote(waiter, lead)
+
+    def _release(self, flight: _Flight, lead: _LocalLead) -> None:
+        if flight.lead is not lead:
+            return
+        for waiter in self._end(flight):
+            self._counts["released"] += 1
+            waiter.future.set_result(RELEASED)
 
     def _promote(self, waiter: _Waiter, lead: Lead) -> None:
         self._counts["promoted"] += 1
