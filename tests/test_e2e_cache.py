@@ -413,6 +413,18 @@ def test_failed_leader_hands_over_to_one_follower(stack):
 
 # --- health -------------------------------------------------------------------------------
 
+def test_an_upstream_reset_before_its_headers_is_an_openai_shaped_error(stack):
+    """Envoy answers a reset itself (flags UC/UPE): in OpenAI's error shape, as its other local
+    replies are, so SDKs read a message instead of Envoy's plain text."""
+    configure(stack, "c", error_rate=1.0, error_mode="reset")
+    body = {"model": "demo-model", "messages": [{"role": "user", "content": "reset me"}]}
+    response = httpx.post(f"http://127.0.0.1:{stack.ports.http}/flaky/v1/chat/completions", json=body,
+                          headers={"authorization": "Bearer key-reset"}, timeout=30)
+    assert response.status_code in (502, 503)
+    error = response.json()["error"]
+    assert (error["type"], error["code"]) == ("server_error", "upstream_error")
+
+
 def test_zz_sidecar_alive_and_streams_closed(stack):
     """Runs last in this module (file order): nothing above crashed or leaked a stream."""
     assert stack.procs["sidecar"].poll() is None
@@ -421,3 +433,4 @@ def test_zz_sidecar_alive_and_streams_closed(stack):
     assert metric(stack, "sluice_protocol_errors_total") == 0
     log = (stack.workdir / "sidecar.log").read_text()
     assert "Traceback" not in log, log[-3000:]
+
