@@ -116,7 +116,7 @@ class Admission:
         """The class the route's priority header names (any case), else the route's default:
         a value no class has ("gold", "") does not fall to the gate-wide default."""
         named = (ctx.headers.get(settings.priority_header) or "").strip().lower() if settings.priority_header else ""
-        return named if named in self.gate.config.queue.names else settings.default_priority
+        return self.gate.config.queue.resolve(named, settings.default_priority)
 
     def settle(self, ctx: RequestContext) -> None:
         """Correct the tenant's token budget with the answer's real usage (in the background)."""

@@ -76,9 +76,10 @@ class QueueConfig:
     def names(self) -> tuple[str, ...]:
         return tuple(c.name for c in self.classes)
 
-    def resolve(self, priority: str | None) -> str:
-        """The class a request goes in: its own when configured, else default_class."""
-        return priority if priority in self.names else self.default_class
+    def resolve(self, priority: str | None, default: str | None = None) -> str:
+        """The class a request goes in: its own when configured, else `default` (a route's),
+        else default_class."""
+        return priority if priority in self.names else default or self.default_class
 
 
 @dataclass(frozen=True, eq=False)

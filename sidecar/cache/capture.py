@@ -77,11 +77,10 @@ def response_refusal(headers: Mapping[str, str], stream: bool) -> Refusal | None
     content_type = (headers.get("content-type") or "").split(";")[0].strip().lower()
     if content_type != ("text/event-stream" if stream else "application/json"):
         return Refusal("content_type")
-    if "cache-control" in headers:
-        directives = cache_directives({"cache-control": headers["cache-control"]})
-        for name in ("no-store", "private"):
-            if name in directives:
-                return Refusal(name.replace("-", "_"))
+    directives = cache_directives(headers)
+    for name in ("no-store", "private"):
+        if name in directives:
+            return Refusal(name.replace("-", "_"))
     return None
 
 

@@ -89,7 +89,7 @@ class MemoryStore:
     async def put(self, scope: str, exact_key: str, prompt: str, vector: np.ndarray | None,
                   answer: bytes, ttl_s: float, asked_at: float | None = None) -> None:
         now = self._clock()
-        if asked_at is not None and self.purged_since(scope, asked_at):
+        if asked_at is not None and self._purged_since(scope, asked_at):
             return
         self.put_now(Entry(exact_key, scope, prompt, answer, now), vector, now + ttl_s)
 
@@ -180,7 +180,7 @@ class MemoryStore:
 
     # -- bookkeeping ----------------------------------------------------------------------
 
-    def purged_since(self, scope: str, since: float) -> bool:
+    def _purged_since(self, scope: str, since: float) -> bool:
         """The scope (or every scope) was purged at `since` or later."""
         return max(self._purged_at.get(scope, -math.inf), self._purged_at.get(None, -math.inf)) >= since
 

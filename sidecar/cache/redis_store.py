@@ -575,14 +575,18 @@ class RedisStore:
         info = await self._client.info("default")          # the server's and the cluster's
         if not self._said_misfit:
             self._said_misfit = True
-            if info.get("cluster_enabled"):
-                log.error("cache backend %s is a Redis Cluster node but SLUICE_REDIS_CLUSTER is off: "
-                          "every scope on another node fails (MOVED) and misses", self._where())
-            major = str(info.get("redis_version", "")).partition(".")[0]
-            if major.isdigit() and int(major) < 7:
-                log.error("cache backend %s runs Redis %s: storing answers needs 7.0 or later "
-                          "(PEXPIRE NX/GT); every put fails", self._where(), info.get("redis_version"))
+            self._say_misfit(info)
         return info.get("run_id")
+
+    def _say_misfit(self, info: dict) -> None:
+        """Log a server this store cannot work with as configured (once, at the first load)."""
+        if info.get("cluster_enabled"):
+            log.error("cache backend %s is a Redis Cluster node but SLUICE_REDIS_CLUSTER is off: "
+                      "every scope on another node fails (MOVED) and misses", self._where())
+        major = str(info.get("redis_version", "")).partition(".")[0]
+        if major.isdigit() and int(major) < 7:
+            log.error("cache backend %s runs Redis %s: storing answers needs 7.0 or later "
+                      "(PEXPIRE NX/GT); every put fails", self._where(), info.get("redis_version"))
 
     async def _load(self) -> bytes:
         """Rebuild the mirror from Redis; the stream position to follow it from."""
