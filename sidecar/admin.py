@@ -1,4 +1,5 @@
-"""The Admin gRPC service (proto/sluice/v1/admin.proto): clusters, cache purge, drain.
+"""The Admin gRPC service (proto/sluice/v1/admin.proto): clusters, cache purge, false-hit
+reports, drain.
 
 Served on the ext_proc port; only loopback peers may call it unless SLUICE_ADMIN_REMOTE=true.
 """
@@ -8,7 +9,7 @@ import logging
 import time
 import urllib.parse
 from dataclasses import dataclass
-from typing import Callable, Mapping, Protocol
+from typing import Awaitable, Callable, Mapping, Protocol
 
 import grpc
 from prometheus_client import REGISTRY
@@ -61,13 +62,15 @@ def is_loopback(peer: str) -> bool:
 class AdminService(admin_pb2_grpc.AdminServicer):
     def __init__(self, scheduler: ClusterView | None, store: PurgeableStore | None,
                  drain: Callable[[], DrainStarted], allow_remote: bool = False,
-                 score: Callable[[str], float | None] = last_score, clock=time.monotonic) -> None:
+                 score: Callable[[str], float | None] = last_score, clock=time.monotonic,
+                 report_false_hit: Callable[[str, str], Awaitable[object]] | None = None) -> None:
         self._scheduler = scheduler
         self._store = store
         self._drain = drain
         self._allow_remote = allow_remote
         self._score = score
         self._clock = clock
+        self._report_false_hit = report_false_hit   # CachingDirector.report_false_hit
 
     async def _check_peer(self, context) -> None:
         if not self._allow_remote and not is_loopback(context.peer()):
@@ -115,6 +118,23 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         log.warning("cache purged by %s: %s, %d entries", context.peer(),
                     "everything" if target == "all" else f"scope {request.scope}", deleted)
         return admin_pb2.PurgeCacheResponse(deleted=deleted)
+
+    async def ReportFalseHit(self, request, context):
+        await self._check_peer(context)
+        if self._report_false_hit is None:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "the cache is off (SLUICE_CACHE=false)")
+        if not request.scope or not request.prompt:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "name a scope and a prompt")
+        try:
+            found = await self._report_false_hit(request.scope, request.prompt)
+        except Exception as exc:       # the store or the embedder unreachable: retry later
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"cache: {type(exc).__name__}: {exc}")
+        response = admin_pb2.ReportFalseHitResponse(reported=found.tier is not None)
+        if found.tier is not None:
+            response.tier, response.stored_prompt = found.tier, found.entry.prompt
+            if found.tier == "semantic" and found.similarity is not None:
+                response.similarity = found.similarity
+        return response
 
     async def Drain(self, request, context):
         await self._check_peer(context)

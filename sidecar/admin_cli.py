@@ -2,6 +2,7 @@
 
     sluice admin clusters [--json]          # per cluster: breaker, score, in flight, P95 TTFB, errors
     sluice admin purge --scope KEY | --all  # delete cached answers
+    sluice admin report-false-hit --scope KEY --prompt TEXT   # that answer never serves TEXT again
     sluice admin drain                      # NOT_SERVING, then the graceful stop
 
 Each takes `--target`: the sidecar's gRPC address (default 127.0.0.1:50051, SLUICE_ADMIN_TARGET). The
@@ -32,6 +33,10 @@ def add_subcommands(subparsers: argparse._SubParsersAction) -> None:
     target = purge.add_mutually_exclusive_group(required=True)
     target.add_argument("--scope", help="one cache scope key (64 hex digits)")
     target.add_argument("--all", action="store_true", help="everything in the store")
+    report = actions.add_parser("report-false-hit", parents=[common],
+                                help="the answer the cache serves PROMPT in SCOPE is wrong: never serve it again")
+    report.add_argument("--scope", required=True, help="the cache scope key (x-sluice-cache-scope)")
+    report.add_argument("--prompt", required=True, help="the prompt that was served the wrong answer")
     actions.add_parser("drain", parents=[common], help="NOT_SERVING, then stop gracefully (as SIGTERM)")
     admin.set_defaults(func=run_admin)
 
@@ -51,6 +56,9 @@ def run_admin(args: argparse.Namespace) -> int:
                 request = (admin_pb2.PurgeCacheRequest(all=True) if args.all
                            else admin_pb2.PurgeCacheRequest(scope=args.scope))
                 response = stub.PurgeCache(request, timeout=args.timeout)
+            elif args.action == "report-false-hit":
+                response = stub.ReportFalseHit(admin_pb2.ReportFalseHitRequest(
+                    scope=args.scope, prompt=args.prompt), timeout=args.timeout)
             else:
                 response = stub.Drain(admin_pb2.DrainRequest(), timeout=args.timeout)
         except grpc.RpcError as exc:
@@ -63,6 +71,10 @@ def run_admin(args: argparse.Namespace) -> int:
         print(cluster_table(response.clusters))
     elif args.action == "purge":
         print(f"deleted {response.deleted} cached answers")
+    elif args.action == "report-false-hit":
+        print(f"reported: the {response.tier} hit (stored prompt of {len(response.stored_prompt)} characters) "
+              f"no longer serves this prompt" if response.reported else "nothing is served for this prompt: "
+              "nothing reported")
     else:
         print("already draining" if response.already_draining else
               f"draining: NOT_SERVING for {response.drain_delay_s:g}s, then {response.grace_s:g}s "

@@ -60,6 +60,7 @@ def build(config: SidecarConfig) -> App:
     routing.admission = _admission(config, routing, secret, redis)
     if not config.cache:
         return App(routing, closers=shared, scheduler=routing.scheduler)
+    from sidecar.cache.false_hits import MemoryFalseHits, RedisFalseHits
     from sidecar.cache.inflight import InFlight
     from sidecar.caching import CacheRuntime, CachingDirector
 
@@ -74,13 +75,16 @@ def build(config: SidecarConfig) -> App:
                                          timeout_s=config.redis_timeout_s,
                                          connect_timeout_s=config.redis_timeout_s), _limits(config))
         inflight = RedisInFlight(redis, InFlight(), op_timeout_s=config.redis_timeout_s)
+        false_hits = RedisFalseHits(redis)
         closers = [*shared, store, _Closing(inflight.aclose)]
     else:
         from sidecar.cache.memory_store import MemoryStore
         store = MemoryStore(_limits(config))
         inflight = InFlight()
+        false_hits = MemoryFalseHits()
         closers = [store]
-    runtime = CacheRuntime(store=store, inflight=inflight, embedder=embedder, secret=secret)
+    runtime = CacheRuntime(store=store, inflight=inflight, embedder=embedder, secret=secret,
+                           false_hits=false_hits)
     return App(CachingDirector(routing, runtime), embedder, closers, scheduler=routing.scheduler, store=store)
 
 

@@ -27,11 +27,12 @@ from sidecar import metrics, tracing
 from sidecar.cache.answer import CachedAnswer, decode_answer
 from sidecar.cache.capture import IDENTITY_ENCODING, Refusal, SseCapture, capture_json, response_refusal
 from sidecar.cache.equivalence import EquivalenceSettings, Verdict, same_question
+from sidecar.cache.false_hits import FEEDBACK_HEADER, MemoryFalseHits, pair_id
 from sidecar.cache.inflight import Answered, Follow, Lead, Near, Promoted
 from sidecar.cache.policy import TIME_SENSITIVE_WORDS, CachePolicy, cache_decision
 from sidecar.cache.replay import completion_id, hit_headers, json_body, sse_body
 from sidecar.cache.request_memo import RequestMemo
-from sidecar.cache.scope import credential_header, exact_key, prompt_text, scope_for
+from sidecar.cache.scope import credential_header, exact_key, exact_key_in, prompt_text, scope_for
 from sidecar.context import Outcome, RequestContext
 from sidecar.logs import Throttle
 from sidecar.events import BodyMode, ImmediateReply, Plan
@@ -71,6 +72,10 @@ def checked_same_question(a: str, b: str, cosine: float, settings: EquivalenceSe
         if _check_failure_warning.due():
             log.exception("same-question check failed, served as a miss")
         return Verdict(False, "check_failed")
+
+
+def _reports_false_hit(ctx: RequestContext) -> bool:
+    return ctx.headers.get(FEEDBACK_HEADER, "").strip() == "1"
 
 
 def _follow_for(ctx: RequestContext, route_limit_s: float) -> float:
@@ -170,6 +175,7 @@ class CacheRuntime:
     secret: bytes = field(default_factory=lambda: os.urandom(32))
     equivalence: EquivalenceSettings = field(default_factory=EquivalenceSettings)
     max_capture_bytes: int = 1 << 20
+    false_hits: object = field(default_factory=MemoryFalseHits)   # sidecar.cache.false_hits.FalseHits
 
 
 def _debug(ctx: RequestContext) -> tuple[tuple[str, str], ...]:
@@ -206,9 +212,11 @@ class CachingDirector:
             if plan is not None:                    # else decide routes and counts it
                 self._count_untouched(ctx)
             return plan
-        if self._get_exact_now is None or request.bypass is not None:
+        if self._get_exact_now is None or request.bypass is not None or _reports_false_hit(ctx):
             return None
         entry = self._get_exact_now(request.scope.key, request.key)
+        if entry is not None and self._reported(request.scope.key, entry, request.key):
+            entry = None
         answer = None if entry is None else readable(entry.answer)
         if answer is None:
             return None
@@ -238,6 +246,9 @@ class CachingDirector:
             if bypass is None:                                   # may serve from cache
                 with tracing.span("sluice.cache"):
                     found = await self.lookup(scope.key, key, prompt, settings)
+                if _reports_false_hit(ctx):
+                    await self._report(ctx.route_name, "client", scope.key, key, found, policy.ttl_s)
+                    found = dataclasses.replace(found, tier=None)     # the repeat goes upstream
                 answer = None if found.tier is None else readable(found.entry.answer)
                 if answer is not None:
                     return self._serve(ctx, answer, found.tier,
@@ -327,7 +338,7 @@ class CachingDirector:
         """The cache's decision for a prompt in its scope: exact tier, then the nearest stored
         prompt with the same-question checks. `sluice cache-check` runs this same code."""
         entry = await self._rt.store.get_exact(scope, key)
-        if entry is not None:
+        if entry is not None and not self._reported(scope, entry, key):
             return Lookup("exact", "exact", entry, 1.0)
         if not self._semantic(settings, prompt):
             return Lookup(None, "no_semantic_tier" if not settings.semantic else "too_long")
@@ -339,12 +350,44 @@ class CachingDirector:
         if neighbour is None:
             return Lookup(None, "below_threshold", vector=vector)
         if neighbour.entry.entry_id == key:       # stored while this request was embedding
+            if self._reported(scope, neighbour.entry, key):
+                return Lookup(None, "reported_false_hit", neighbour.entry, vector=vector)
             return Lookup("exact", "exact", neighbour.entry, 1.0, vector)
         checks = dataclasses.replace(self._rt.equivalence, threshold=policy.semantic_threshold)
         verdict = checked_same_question(neighbour.entry.prompt, prompt, neighbour.similarity, checks)
+        if verdict.hit and await self._rt.false_hits.known(
+                scope, pair_id(neighbour.entry.entry_id, neighbour.entry.stored_at, key)):
+            verdict = Verdict(False, "reported_false_hit")
         metrics.child(metrics.CACHE_SEMANTIC_VERDICTS, verdict.reason).inc()
         return Lookup("semantic" if verdict.hit else None, verdict.reason, neighbour.entry,
                       neighbour.similarity, vector)
+
+    def _reported(self, scope: str, entry, key: str) -> bool:
+        """An exact entry reported wrong for its own prompt, as this process knows (exact hits
+        answer without waiting; elsewhere the fresh answer the report fetched replaces it)."""
+        return self._rt.false_hits.known_now(scope, pair_id(entry.entry_id, entry.stored_at, key))
+
+    async def _report(self, route: str, source: str, scope: str, key: str, found: Lookup,
+                      ttl_s: float) -> bool:
+        """Remembers that what `found` served must not serve this prompt again; False when
+        nothing would have been served (nothing to report)."""
+        if found.tier is None:
+            return False
+        entry = found.entry
+        await self._rt.false_hits.report(scope, pair_id(entry.entry_id, entry.stored_at, key), ttl_s)
+        metrics.child(metrics.CACHE_FALSE_HIT_REPORTS, route, found.tier, source).inc()
+        log.warning("false hit reported by %s on route %s: a %s hit in scope %s", source, route,
+                    found.tier, scope)
+        return True
+
+    async def report_false_hit(self, scope: str, prompt: str) -> Lookup:
+        """Admin ReportFalseHit: what the scope would serve `prompt` (with the default cache
+        settings of a route), remembered as a false hit from now on. A miss: nothing to report."""
+        settings = RouteCache(CachePolicy(), True, RequestMemo(credential_header("")))
+        key = exact_key_in(scope, prompt)
+        found = await self.lookup(scope, key, prompt, settings)
+        await self._report("admin", "admin", scope, key, found, CachePolicy().ttl_s)
+        return found
 
     async def _coalesce(self, ctx, scope, key, prompt, vector, policy):
         """(lead, None) to go upstream leading (or alone); (None, answer) when a twin answered."""

@@ -89,6 +89,7 @@ CACHE_NOT_STORED = Counter("sluice_cache_not_stored_total", "Answers not stored,
 CACHE_SEMANTIC_VERDICTS = Counter("sluice_cache_semantic_checks_total", "Semantic candidates by the check that decided (ok = served).", ["reason"])
 CACHE_EMBED_SKIPPED = Counter("sluice_cache_embedding_skipped_total", "Requests that skipped the semantic tier because embedding failed.", ["reason"])
 CACHE_UNREADABLE = Counter("sluice_cache_unreadable_total", "Stored entries (answers, index vectors) and relayed answers this version cannot read (another version's, corrupt): skipped, served as misses.")
+CACHE_FALSE_HIT_REPORTS = Counter("sluice_cache_false_hit_reports_total", "Cached answers reported wrong for the prompt they served, by tier and by who reported (client, admin).", ["route", "tier", "source"])
 CACHE_FOLLOWERS = Counter("sluice_cache_dedup_followers_total", "Requests that waited for an identical in-flight request.")
 ADMISSION_REFUSED = Counter("sluice_admission_requests_refused_total", "Requests refused by admission control, by route and reason (rpm, tpm, queue_full, deadline, expired, ...).", ["route", "reason"])
 

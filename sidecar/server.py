@@ -228,7 +228,8 @@ async def serve(config: SidecarConfig, app: App | None = None,
         return started
 
     scheduler, store = admin_parts(app)
-    admin = AdminService(scheduler, store, drain, allow_remote=config.admin_remote)
+    admin = AdminService(scheduler, store, drain, allow_remote=config.admin_remote,
+                         report_false_hit=getattr(app.director, "report_false_hit", None))
     sidecar = Sidecar(config, app.director, new_processor, access_log=access_log, tracing=tracing, admin=admin)
 
     def apply(new: SidecarConfig) -> None:

@@ -202,6 +202,26 @@ def test_semantic_hit_for_a_paraphrase(stack):
     assert requests_of(stack, "a") - before == 1
 
 
+def test_a_client_reports_a_false_hit_and_that_answer_stops_serving_its_prompt(stack):
+    """The repeat with x-cache-false-hit goes upstream; the pair never serves again; another
+    rewording of the stored prompt, and another tenant, are unaffected."""
+    c = sdk(stack, "key-false-hit")
+    ask(c, "How do I reset my password?")
+    assert status(ask(c, "how can I reset my password?")[2]) == "semantic"
+    before, stored = requests_of(stack, "a"), metric(stack, "sluice_cache_stored_total", route="chat")
+    _, _, headers = ask(c, "how can I reset my password?", extra_headers={"x-cache-false-hit": "1"})
+    assert status(headers) == "miss" and requests_of(stack, "a") - before == 1
+    assert metric(stack, "sluice_cache_false_hit_reports_total", route="chat", tier="semantic",
+                  source="client") == 1
+    wait_stored(stack, "chat", stored + 1)
+    # The fresh answer now serves the reported prompt as its own (exact), never the old one.
+    assert status(ask(c, "how can I reset my password?")[2]) == "exact"
+    assert status(ask(c, "How can I reset my password")[2]) == "semantic"
+    other = sdk(stack, "key-false-hit-2")
+    ask(other, "How do I reset my password?")
+    assert status(ask(other, "how can I reset my password?")[2]) == "semantic"
+
+
 def test_near_question_with_other_numbers_is_not_a_hit(stack):
     c = sdk(stack, "key-numbers")
     before = requests_of(stack, "a")

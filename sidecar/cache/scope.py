@@ -265,5 +265,10 @@ def exact_text(prompt: str) -> str:
 
 def exact_key(scope: CacheScope, prompt: str) -> str:
     """SHA-256 hex of the scope key and the exact-tier text of the prompt."""
-    material = scope.key + "\n" + exact_text(prompt)
+    return exact_key_in(scope.key, prompt)
+
+
+def exact_key_in(scope_key: str, prompt: str) -> str:
+    """exact_key for a scope known by its key alone (an operator's report names it)."""
+    material = scope_key + "\n" + exact_text(prompt)
     return hashlib.sha256(material.encode("utf-8", "surrogatepass")).hexdigest()
