@@ -108,7 +108,8 @@ def _admission(config: SidecarConfig, routing: RoutingDirector, secret: bytes, r
 def _limits(config: SidecarConfig):
     from sidecar.cache.store import StoreLimits
     return StoreLimits(max_entries=config.cache_max_entries,
-                       max_entries_per_scope=min(config.cache_max_entries, 20_000))
+                       max_entries_per_scope=min(config.cache_max_entries, 20_000),
+                       max_bytes=int(config.cache_max_mib * 2**20))
 
 
 class _SharedRedis:

@@ -36,6 +36,9 @@ class SidecarConfig:
     redis_timeout_s: float = 0.05
     cache_secret: str = ""       # HMAC key for tenant ids; replicas sharing Redis need the same one
     cache_max_entries: int = 100_000
+    # The in-process cache's byte budget, whatever the mix of scopes (entries, answers, vectors,
+    # each scope's index; with Redis, the local tier and the mirror of the shared vectors).
+    cache_max_mib: float = 256.0
     admission_reserved_slots: int = 0  # per cluster, only for the highest priority class (see GateConfig)
     access_log: bool = True      # one JSON line per request on stdout
     config_file: str = ""        # KEY=VALUE file of SLUICE_* settings, re-read on SIGHUP
@@ -59,6 +62,8 @@ class SidecarConfig:
             raise ConfigError("admission_reserved_slots: must be >= 0")
         if self.cache_max_entries < 1:
             raise ConfigError("cache_max_entries: must be >= 1")
+        if not (_finite_non_negative(self.cache_max_mib) and self.cache_max_mib >= 1):
+            raise ConfigError(f"cache_max_mib: must be a number >= 1, got {self.cache_max_mib!r}")
         if self.cache_secret and len(self.cache_secret.encode()) < 16:
             raise ConfigError("cache_secret: must be at least 16 bytes")
         if self.redis_url and not _is_redis_url(self.redis_url):

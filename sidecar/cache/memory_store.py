@@ -1,20 +1,27 @@
-"""The cache store of a single replica: everything in this process, bounded three ways.
+"""The cache store of a single replica: everything in this process, bounded four ways.
 
-- Overall: at most `max_entries`; a put into a full store evicts the least recently used
-  entry of any scope (a hit, exact or semantic, counts as a use).
+- In bytes: at most `max_bytes`, whatever the mix of scopes; a put that goes past it evicts
+  the least recently used entries of any scope (a hit, exact or semantic, counts as a use).
+  An entry is charged its key, scope name, prompt, answer and vector row, plus a measured
+  constant for its share of the dicts, heap and objects that find it; a scope is charged its
+  index arrays (sized to its entries: see vector_index.py) and a constant for its own
+  structures.  bench/scopes.py compares this account with the process's RSS.
+- Overall: at most `max_entries`, least recently used first, as above.
 - Per scope: at most `max_entries_per_scope`; a put into a full scope evicts that scope's
   least recently used entry, so one tenant cannot push out the others.
 - In time: an entry is never returned once its TTL has passed.  Expired entries are also
   dropped without being asked for: every operation pops a few from an expiry heap, so a
   store that is only written to does not keep dead entries until the LRU reaches them.
 
-RedisStore keeps one of these, with empty prompts and answers, as its local mirror of the
-shared vectors.  The clock is injected (seconds since the epoch) for tests.
+RedisStore keeps one of these as its local tier: the shared vectors (with empty prompts and
+answers) and the answers this replica stored or fetched.  The clock is injected (seconds since
+the epoch) for tests.
 """
 from __future__ import annotations
 
 import heapq
 import math
+import sys
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -31,18 +38,34 @@ __all__ = ["MemoryStore"]
 _PURGE_BATCH = 16
 # A semantic hit whose entry has expired is dropped and the search runs again, this often.
 _NEAREST_TRIES = 4
+# Bytes an entry holds besides its strings and vector row: its Entry and slot, its nodes in
+# the two LRU orders, its expiry-heap tuples (stale ones included, up to two per entry), and
+# with a vector its key's place in the index.  Measured with tracemalloc on CPython 3.11
+# (tests/test_cache_store.py checks the account against it).
+ENTRY_BYTES = 460
+INDEX_ROW_BYTES = 130
+# A scope's own structures: its LRU order, index object, empty arrays and dict entry.
+SCOPE_BYTES = 1_300
 
 
 @dataclass(slots=True)
 class _Slot:
     entry: Entry
     expires_at: float
+    cost: int           # bytes charged for it, besides its scope's index arrays
 
 
 @dataclass(slots=True)
 class _Scope:
     index: VectorIndex
     order: OrderedDict[str, None] = field(default_factory=OrderedDict)  # least recent first
+    index_bytes: int = 0        # the index's arrays as last charged
+
+
+def entry_cost(entry: Entry, with_vector: bool) -> int:
+    """Bytes charged for one entry (its vector's row is charged with its scope's index)."""
+    return (ENTRY_BYTES + (INDEX_ROW_BYTES if with_vector else 0) + sys.getsizeof(entry.entry_id)
+            + sys.getsizeof(entry.scope) + sys.getsizeof(entry.prompt) + sys.getsizeof(entry.answer))
 
 
 class MemoryStore:
@@ -58,6 +81,7 @@ class MemoryStore:
         self._slots: OrderedDict[tuple[str, str], _Slot] = OrderedDict()  # least recent first
         self._scopes: dict[str, _Scope] = {}
         self._expiry: list[tuple[float, str, str]] = []  # (expires_at, scope, key), stale ok
+        self._bytes = 0         # charged for what is held now: entries and scopes
         # When each scope (None: all of them) was last purged, for puts asked for before then;
         # kept PURGE_MEMORY_S, so bounded by the purges of that long.
         self._purged_at: dict[str | None, float] = {}
@@ -89,21 +113,24 @@ class MemoryStore:
     async def put(self, scope: str, exact_key: str, prompt: str, vector: np.ndarray | None,
                   answer: bytes, ttl_s: float, asked_at: float | None = None) -> None:
         now = self._clock()
-        if asked_at is not None and self._purged_since(scope, asked_at):
+        if asked_at is not None and self.purged_since(scope, asked_at):
             return
         self.put_now(Entry(exact_key, scope, prompt, answer, now), vector, now + ttl_s)
 
     async def purge_scope(self, scope: str) -> int:
-        self._note_purge(scope)
         return self.purge_scope_now(scope)
 
     async def purge_all(self) -> int:
         """Delete every entry of every scope (admin); how many there were."""
+        return self.purge_all_now()
+
+    def purge_all_now(self) -> int:
         self._note_purge(None)
         deleted = len(self._slots)
         self._slots.clear()
         self._scopes.clear()
         self._expiry.clear()
+        self._bytes = 0
         return deleted
 
     # -- the same, synchronous (RedisStore drives its mirror with these) -----------------
@@ -111,9 +138,23 @@ class MemoryStore:
     def __len__(self) -> int:
         return len(self._slots)
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes charged against limits.max_bytes for what the store holds now."""
+        return self._bytes
+
+    @property
+    def scope_count(self) -> int:
+        return len(self._scopes)
+
     def scope_size(self, scope: str) -> int:
         s = self._scopes.get(scope)
         return 0 if s is None else len(s.order)
+
+    def peek(self, scope: str, exact_key: str) -> Entry | None:
+        """The entry held under the key, expired or not, without marking it used."""
+        slot = self._slots.get((scope, exact_key))
+        return None if slot is None else slot.entry
 
     def nearest_now(self, scope: str, vector: np.ndarray,
                     min_similarity: float) -> Neighbour | None:
@@ -138,23 +179,29 @@ class MemoryStore:
         now = self._clock()
         self._purge_expired(now)
         expires_at = min(expires_at, now + self.limits.max_ttl_s)
-        if expires_at <= now:
-            return
         scope, key = entry.scope, entry.entry_id
+        cost = entry_cost(entry, unit is not None)
+        if expires_at <= now or cost + SCOPE_BYTES > self.limits.max_bytes:
+            self.discard(scope, key)        # the replaced answer is not served in its stead
+            return
+        old = self._slots.get((scope, key))
+        if old is None:
+            s = self._scopes.get(scope)
+            if s is not None and len(s.order) >= self.limits.max_entries_per_scope:
+                self._remove(scope, next(iter(s.order)))
+            if len(self._slots) >= self.limits.max_entries:
+                self._remove(*next(iter(self._slots)))
         s = self._scopes.get(scope)
         if s is None:
             s = self._scopes[scope] = _Scope(VectorIndex(self.dim, exact_max=self._exact_max))
+            self._bytes += SCOPE_BYTES
         if unit is not None:
             s.index.add(key, unit)
         elif key in s.index:
             s.index.discard(key)
-        if (scope, key) not in self._slots:
-            if len(s.order) >= self.limits.max_entries_per_scope:
-                self._remove(scope, next(iter(s.order)))
-            if len(self._slots) >= self.limits.max_entries:
-                self._remove(*next(iter(self._slots)))
-            s = self._scopes.setdefault(scope, s)  # _remove may have dropped an empty scope
-        self._slots[(scope, key)] = _Slot(entry, expires_at)
+        self._index_changed(s)
+        self._bytes += cost - (0 if old is None else old.cost)
+        self._slots[(scope, key)] = _Slot(entry, expires_at, cost)
         self._slots.move_to_end((scope, key))
         s.order[key] = None
         s.order.move_to_end(key)
@@ -162,6 +209,8 @@ class MemoryStore:
         if len(self._expiry) > 2 * len(self._slots) + 1024:
             self._expiry = [(v.expires_at, sc, k) for (sc, k), v in self._slots.items()]
             heapq.heapify(self._expiry)
+        while self._bytes > self.limits.max_bytes and self._slots:
+            self._remove(*next(iter(self._slots)))     # the least recently used, any scope
 
     def discard(self, scope: str, exact_key: str) -> bool:
         """Forget one entry; False if it was not here."""
@@ -171,16 +220,24 @@ class MemoryStore:
         return True
 
     def purge_scope_now(self, scope: str) -> int:
+        """Delete the scope's entries; puts asked for before now are dropped (put's asked_at)."""
+        self._note_purge(scope)
         s = self._scopes.pop(scope, None)
         if s is None:
             return 0
         for key in s.order:
-            del self._slots[(scope, key)]
+            self._bytes -= self._slots.pop((scope, key)).cost
+        self._bytes -= SCOPE_BYTES + s.index_bytes
         return len(s.order)
+
+    def adopt_purges(self, other: "MemoryStore") -> None:
+        """Remember `other`'s recent purges, as this store replaces it (same clock)."""
+        for scope, at in other._purged_at.items():
+            self._purged_at[scope] = max(at, self._purged_at.get(scope, -math.inf))
 
     # -- bookkeeping ----------------------------------------------------------------------
 
-    def _purged_since(self, scope: str, since: float) -> bool:
+    def purged_since(self, scope: str, since: float) -> bool:
         """The scope (or every scope) was purged at `since` or later."""
         return max(self._purged_at.get(scope, -math.inf), self._purged_at.get(None, -math.inf)) >= since
 
@@ -202,12 +259,19 @@ class MemoryStore:
         return slot
 
     def _remove(self, scope: str, key: str) -> None:
-        del self._slots[(scope, key)]
+        self._bytes -= self._slots.pop((scope, key)).cost
         s = self._scopes[scope]
         del s.order[key]
-        s.index.discard(key)
+        if s.index.discard(key):
+            self._index_changed(s)
         if not s.order:
             del self._scopes[scope]
+            self._bytes -= SCOPE_BYTES + s.index_bytes
+
+    def _index_changed(self, s: _Scope) -> None:
+        now_bytes = s.index.nbytes
+        self._bytes += now_bytes - s.index_bytes
+        s.index_bytes = now_bytes
 
     def _purge_expired(self, now: float) -> None:
         heap = self._expiry

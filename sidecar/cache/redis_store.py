@@ -14,24 +14,34 @@ Keys (prefix `sluice`, configurable):
   sluice:events                   stream put / del / purge events, MAXLEN ~ bound
 
 Exact lookups go straight to Redis (HGETALL, and a ZADD XX that marks the use).  Semantic
-lookups search this replica's mirror of the shared vectors (a MemoryStore of vectors only)
-and then fetch the entry, which both gets the answer and proves the entry has not expired
-or been evicted in Redis meanwhile; a vanished hit is dropped and the search repeats.  The
-mirror follows the stream; it is rebuilt from a SCAN of the scope sets at start and after
-a reconnect (in the background: lookups keep using the old one meanwhile), unless the
-outage was short enough to catch up from the stream: same Redis process, and the stream
-still holds the last event applied.
+lookups search this replica's mirror of the shared vectors and then fetch the entry, which
+both gets the answer and proves the entry has not expired or been evicted in Redis
+meanwhile; a vanished hit is dropped and the search repeats.  The mirror follows the
+stream; it is rebuilt from a SCAN of the scope sets at start and after a reconnect (in the
+background: lookups keep using the old one meanwhile), unless the outage was short enough
+to catch up from the stream: same Redis process, and the stream still holds the last event
+applied.
+
+The local tier: the mirror is a MemoryStore that also keeps, beside the shared vectors, the
+answers this replica stored or fetched (until their TTL; within the one byte budget,
+least recently used first).  While Redis is up it is never read for an answer (Redis is the
+truth: a purge there is seen at once).  While Redis is down, exact and semantic lookups are
+answered from it, and answers that arrive are kept in it, so an outage costs sharing, not
+caching.  It honours what the stream says: a purge or purge_all empties it as the shared
+tier (and drops a later put asked for before it), a del or another replica's put of the same
+key drops its copy.  A rebuild after a reconnect starts it empty: purges made while this
+replica could not hear them cannot be ruled out.
 
 Bounds: a put runs one script that writes the entry and evicts the scope's least recently
 used entries beyond max_entries_per_scope.  Redis has no cross-slot count, so the overall
 bound in Redis is its own maxmemory with an eviction policy (volatile-lru: every key here
-has a TTL); the mirror is bounded by max_entries like any MemoryStore.
+has a TTL); the mirror and local tier are bounded like any MemoryStore (max_bytes, max_entries).
 
 Failure: every command runs under a short deadline.  A connection error or timeout marks
 the backend down (logged once, sluice_cache_backend_up 0, counted in
-sluice_cache_backend_errors_total): from then on lookups miss and puts are dropped at once,
-without touching the network, while a background task reconnects with backoff, then
-rebuilds the mirror.  Only purge_scope, an admin call, raises (StoreUnavailable).
+sluice_cache_backend_errors_total): from then on lookups are answered by the local tier
+alone and puts kept there, at once, without touching the network, while a background task
+reconnects with backoff, then rebuilds the mirror (or catches up from the stream).  Only purge_scope, an admin call, raises (StoreUnavailable).
 """
 from __future__ import annotations
 
@@ -63,7 +73,7 @@ from sidecar.redis_retry import once_more_on_a_closed_connection
 from sidecar.cache.vector_index import DEFAULT_EXACT_MAX, as_unit
 from sidecar.logs import Throttle
 
-__all__ = ["RedisSettings", "RedisStore", "BACKEND_UP", "BACKEND_ERRORS"]
+__all__ = ["RedisSettings", "RedisStore", "BACKEND_UP", "BACKEND_ERRORS", "LOCAL_HITS"]
 
 log = logging.getLogger("sluice.cache")
 
@@ -71,6 +81,9 @@ BACKEND_UP = Gauge("sluice_cache_backend_up",
                    "1 while the shared cache backend (Redis) answers, else 0.")
 BACKEND_ERRORS = Counter("sluice_cache_backend_errors_total",
                          "Shared cache backend calls that failed, by operation.", ["op"])
+LOCAL_HITS = Counter("sluice_cache_local_tier_hits_total",
+                     "Lookups answered from this replica's local tier while the shared backend was down.",
+                     ["tier"])
 
 # Errors that mean "the backend is not there": they mark it down.  Any other RedisError
 # (a bad reply, a script error) is counted and logged but leaves it up.
@@ -196,7 +209,7 @@ class RedisStore:
         self._exact_max = exact_max
         self._clock = clock
         self._keys = _Keys(self.settings.key_prefix)
-        self._mirror = self._new_mirror()
+        self._local = self._new_local_tier()
         self._up: bool | None = None  # None until the first answer or failure
         self._client: Any = None
         self._reader: Any = None
@@ -214,7 +227,7 @@ class RedisStore:
         self._other_error_warning = Throttle(_OTHER_ERROR_LOG_EVERY_S)
         self._malformed_warning = Throttle(_OTHER_ERROR_LOG_EVERY_S)
 
-    def _new_mirror(self) -> MemoryStore:
+    def _new_local_tier(self) -> MemoryStore:
         return MemoryStore(self.limits, dim=self.dim, exact_max=self._exact_max, clock=self._clock)
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -289,8 +302,8 @@ class RedisStore:
     def _mark_down(self, op: str, exc: BaseException) -> None:
         BACKEND_ERRORS.labels(op).inc()
         if self._up is not False:
-            log.warning("cache backend %s unreachable (%s: %s); lookups miss and puts are "
-                        "dropped until it is back", self._where(), type(exc).__name__, exc)
+            log.warning("cache backend %s unreachable (%s: %s); only this replica's local tier answers "
+                        "until it is back", self._where(), type(exc).__name__, exc)
         self._up = False
         self._went_down.set()
         BACKEND_UP.set(0)
@@ -324,31 +337,57 @@ class RedisStore:
 
     async def get_exact(self, scope: str, exact_key: str) -> Entry | None:
         found = await self._run("get", lambda c: self._fetch(c, scope, exact_key))
-        return None if found is _FAILED else found
+        if found is _FAILED:
+            return self._local_answer(scope, exact_key, "exact")
+        if found is None:
+            self._local.discard(scope, exact_key)      # gone from the shared tier: gone here
+            return None
+        return self._keep(*found)
 
     async def nearest(self, scope: str, vector: np.ndarray,
                       min_similarity: float) -> Neighbour | None:
-        if not self._up:
-            return None
         for _ in range(_NEAREST_TRIES):
-            local = self._mirror.nearest_now(scope, vector, min_similarity)
+            local = self._local.nearest_now(scope, vector, min_similarity)
             if local is None:
                 return None
             key = local.entry.entry_id
-            entry = await self._run("nearest", lambda c, key=key: self._fetch(c, scope, key))
-            if entry is _FAILED:
-                return None
-            if entry is not None:
-                return Neighbour(entry, local.similarity)
-            self._mirror.discard(scope, key)  # expired or evicted in Redis: not servable
+            found = await self._run("nearest", lambda c, key=key: self._fetch(c, scope, key))
+            if found is _FAILED:
+                entry = self._local_answer(scope, key, "semantic")
+                return None if entry is None else Neighbour(entry, local.similarity)
+            if found is not None:
+                return Neighbour(self._keep(*found), local.similarity)
+            self._local.discard(scope, key)  # expired or evicted in Redis: not servable
         return None
+
+    def _local_answer(self, scope: str, exact_key: str, tier: str) -> Entry | None:
+        """The local tier's answer, while Redis cannot give one."""
+        entry = self._local.get_exact_now(scope, exact_key)
+        if entry is None or not entry.answer:            # a shared vector alone: no answer here
+            return None
+        LOCAL_HITS.labels(tier).inc()
+        return entry
+
+    def _keep(self, entry: Entry, expires_at: float | None, vector: np.ndarray | None) -> Entry:
+        """A fetched entry, kept in the local tier for an outage (already there: marked used)."""
+        held = self._local.get_exact_now(entry.scope, entry.entry_id)
+        if expires_at is not None and (held is None or not held.answer or held.stored_at != entry.stored_at):
+            try:
+                self._local.put_now(entry, vector, expires_at)
+            except ValueError:                           # a malformed vector: kept exact-only
+                self._local.put_now(entry, None, expires_at)
+        return entry
 
     async def put(self, scope: str, exact_key: str, prompt: str, vector: np.ndarray | None,
                   answer: bytes, ttl_s: float, asked_at: float | None = None) -> None:
         now = self._clock()
         ttl_s = min(ttl_s, self.limits.max_ttl_s)
         unit = None if vector is None else as_unit(vector, self.dim)  # a bad vector raises
-        if ttl_s <= 0 or not self._up or (asked_at is not None and asked_at <= self._purged_all_at):
+        if ttl_s <= 0 or (asked_at is not None and (asked_at <= self._purged_all_at
+                                                    or self._local.purged_since(scope, asked_at))):
+            return
+        self._local.put_now(Entry(exact_key, scope, prompt, answer, now), unit, now + ttl_s)
+        if not self._up:
             return
         expires_ms = int((now + ttl_s) * 1000)
         fields: dict[str, Any] = {"p": prompt, "a": answer, "t": repr(now), "x": expires_ms}
@@ -371,6 +410,7 @@ class RedisStore:
             event["v"] = fields["v"]
         evicted = await self._run("put", write)
         if evicted is None:             # the scope was purged after the answer was asked for
+            self._local.discard(scope, exact_key)
             return
         if evicted is _FAILED:
             # The script may have run before the failure: replicas hear of the entry once Redis
@@ -386,14 +426,10 @@ class RedisStore:
             self._unpublished.extendleft(reversed(backlog))
             self._unpublished.extend(events[len(backlog):])
         for key in evicted:
-            self._mirror.discard(scope, key.decode())
-        if unit is None:
-            self._mirror.discard(scope, exact_key)
-        else:
-            self._mirror.put_now(Entry(exact_key, scope, "", b"", now), unit, now + ttl_s)
+            self._local.discard(scope, key.decode())
 
     async def purge_scope(self, scope: str) -> int:
-        self._mirror.purge_scope_now(scope)
+        self._local.purge_scope_now(scope)
         deleted = await self._run("purge", lambda c: self._purge(c, scope), round_trips=None)
         if deleted is _FAILED:
             raise StoreUnavailable(f"cache backend {self._where()} unreachable: scope "
@@ -402,7 +438,7 @@ class RedisStore:
 
     async def purge_all(self) -> int:
         """purge_scope for every scope there is (admin); raises StoreUnavailable."""
-        self._mirror = self._new_mirror()
+        self._local.purge_all_now()
         now = self._clock()
         self._purged_all_at = now
 
@@ -460,7 +496,9 @@ class RedisStore:
 
     # -- Redis commands -------------------------------------------------------------------
 
-    async def _fetch(self, client: Any, scope: str, exact_key: str) -> Entry | None:
+    async def _fetch(self, client: Any, scope: str, exact_key: str
+                     ) -> tuple[Entry, float | None, np.ndarray | None] | None:
+        """The entry, when it expires (None if unreadable) and its vector (None: none or bad)."""
         pipe = client.pipeline(transaction=False)
         pipe.hgetall(self._keys.entry(scope, exact_key))
         pipe.zadd(self._keys.ids(scope), {exact_key: int(self._clock() * 1000)}, xx=True)
@@ -474,8 +512,16 @@ class RedisStore:
             stored_at = float(fields.get(b"t", b"0"))
         except ValueError:              # not written by this code: a miss, not a failed request
             return None
-        return Entry(exact_key, scope, fields.get(b"p", b"").decode("utf-8", "replace"),
-                     fields[b"a"], stored_at)
+        entry = Entry(exact_key, scope, fields.get(b"p", b"").decode("utf-8", "replace"),
+                      fields[b"a"], stored_at)
+        try:
+            expires_at: float | None = int(fields.get(b"x", b"")) / 1000
+        except ValueError:
+            expires_at = None           # served, but not kept locally: its TTL is unknown
+        vector = fields.get(b"v")
+        if vector is not None and len(vector) == 4 * self.dim:
+            return entry, expires_at, np.frombuffer(vector, np.float32)
+        return entry, expires_at, None
 
     async def _republish(self) -> None:
         """Stream events puts could not publish, now that Redis answers again."""
@@ -595,7 +641,7 @@ class RedisStore:
         self._note_purge_all(await client.get(self._keys.purged_all))
         newest = await client.xrevrange(self._keys.events, count=1)
         last_id = newest[0][0] if newest else b"0-0"
-        mirror = self._new_mirror()
+        mirror = self._new_local_tier()
         per_scope = self.limits.max_entries_per_scope
         started = time.monotonic()
         async for ids_key in client.scan_iter(match=self._keys.ids_pattern, count=1000,
@@ -610,7 +656,8 @@ class RedisStore:
                 for member, (vector, expires_ms, stored_at) in zip(chunk, await pipe.execute()):
                     if vector and expires_ms:
                         self._add_to(mirror, scope, member.decode(), vector, expires_ms, stored_at)
-        self._mirror = mirror
+        mirror.adopt_purges(self._local)
+        self._local = mirror
         log.info("cache index loaded: %d vectors in %.2fs", len(mirror), time.monotonic() - started)
         return last_id
 
@@ -624,6 +671,9 @@ class RedisStore:
             v = np.frombuffer(vector, np.float32)
             if v.shape[0] != self.dim:
                 return  # written by a replica with another embedding size: not ours to serve
+            held = mirror.peek(scope, key)
+            if held is not None and held.answer and held.stored_at == float(stored_at or 0):
+                return  # this replica's own put (or fetch) coming back: it has the answer
             mirror.put_now(Entry(key, scope, "", b"", float(stored_at or 0)), v, int(expires_ms) / 1000)
         except (ValueError, TypeError) as exc:      # zero or non-finite vector, junk numbers
             metrics.CACHE_UNREADABLE.inc()
@@ -644,13 +694,13 @@ class RedisStore:
         key = fields.get(b"k", b"").decode()
         if op == b"put":
             if b"v" in fields:
-                self._add_to(self._mirror, scope, key, fields[b"v"], fields.get(b"x"), fields.get(b"t"))
+                self._add_to(self._local, scope, key, fields[b"v"], fields.get(b"x"), fields.get(b"t"))
             else:
-                self._mirror.discard(scope, key)
+                self._local.discard(scope, key)
         elif op == b"del":
-            self._mirror.discard(scope, key)
+            self._local.discard(scope, key)
         elif op == b"purge":
-            self._mirror.purge_scope_now(scope)
+            self._local.purge_scope_now(scope)
         elif op == b"purge_all":
-            self._mirror = self._new_mirror()
+            self._local.purge_all_now()
             self._note_purge_all(fields.get(b"t"))

@@ -22,9 +22,11 @@ __all__ = ["CacheStore", "Entry", "Neighbour", "StoreLimits", "StoreUnavailable"
 # How long a purge is remembered, so that a put asked for before it is dropped: longer than
 # an answer takes to arrive (the reference Envoy's stream idle timeout is 300 s).
 PURGE_MEMORY_S = 900.0
+# The in-process cache's byte budget (SLUICE_CACHE_MAX_MIB, sidecar/config.py).
+DEFAULT_MAX_BYTES = 256 * 2**20
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Entry:
     entry_id: str      # the exact key it was stored under; unique within its scope
     scope: str
@@ -33,7 +35,7 @@ class Entry:
     stored_at: float   # seconds since the epoch
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Neighbour:
     entry: Entry
     similarity: float  # cosine between the query and the stored prompt vector
@@ -47,6 +49,10 @@ class StoreUnavailable(Exception):
 class StoreLimits:
     """Bounds on what a store holds.  Every entry also has its own TTL.
 
+    max_bytes: what the store's entries hold in this process, all scopes together: keys,
+        prompts, answers, vectors and each scope's own structures (sidecar/cache/memory_store.py
+        counts them); the least recently used entry of any scope goes first.  The bound that
+        holds whatever the mix: one scope of many entries or many scopes of one.
     max_entries: all scopes together; the least recently used entry goes first.
     max_entries_per_scope: one scope (tenant) never holds more than this; a full scope
         evicts its own least recently used entry, never another scope's.  So a tenant
@@ -58,8 +64,11 @@ class StoreLimits:
     max_entries: int = 100_000
     max_entries_per_scope: int = 20_000
     max_ttl_s: float = 7 * 24 * 3600.0
+    max_bytes: int = DEFAULT_MAX_BYTES
 
     def __post_init__(self) -> None:
+        if self.max_bytes <= 0:
+            raise ValueError(f"max_bytes: must be > 0, got {self.max_bytes!r}")
         if self.max_entries <= 0:
             raise ValueError(f"max_entries: must be > 0, got {self.max_entries!r}")
         if not 0 < self.max_entries_per_scope <= self.max_entries:

@@ -2,7 +2,9 @@
 
 Vectors are unit float32 rows, so cosine similarity is a dot product.  A scope keeps one
 contiguous matrix (grown and shrunk geometrically, rows swap-removed on delete: no
-tombstones, no rebuild) and, beside it, one bit per dimension: the sign.
+tombstones, no rebuild) and, beside it, one bit per dimension: the sign.  An index starts
+with no rows allocated and grows from one: a cache may hold many scopes of one entry each
+(one per tenant, system prompt or sampling seed), and each must cost about its entries.
 
 - Up to `exact_max` rows the search is an exact matrix-vector product.
 - Above it, a float32 scan is memory-bound (100k x 384 x 4 B = 154 MB read per query:
@@ -26,7 +28,7 @@ import numpy as np
 __all__ = ["VectorIndex", "hamming_radius", "as_unit"]
 
 DEFAULT_EXACT_MAX = 4096
-_MIN_CAPACITY = 16
+_SHRINK_FLOOR = 16      # rows an index shrinks to at least: no churn at a scope's small sizes
 # Rows scored exactly at most, when a low threshold or a dense cluster lets many through.
 DEFAULT_MAX_CANDIDATES = 1024
 _SIGMAS = 6.0
@@ -67,7 +69,7 @@ class VectorIndex:
         self._words = (dim + 63) // 64
         self._keys: list[str] = []
         self._rows: dict[str, int] = {}
-        self._alloc(_MIN_CAPACITY)
+        self._alloc(0)
 
     def _alloc(self, capacity: int) -> None:
         n = len(self._keys)
@@ -77,9 +79,11 @@ class VectorIndex:
             vecs[:n] = self._vecs[:n]
             bits[:, :n] = self._bits[:, :n]
         self._vecs, self._bits = vecs, bits
-        self._dist = np.empty(capacity, np.uint16)
-        self._xor = np.empty((self._words, capacity), np.uint64)
-        self._count = np.empty((self._words, capacity), np.uint8)
+        # Scratch of the sign-bit prefilter, which only runs above exact_max rows.
+        scratch = capacity if capacity > self.exact_max else 0
+        self._dist = np.empty(scratch, np.uint16)
+        self._xor = np.empty((self._words, scratch), np.uint64)
+        self._count = np.empty((self._words, scratch), np.uint8)
 
     def __len__(self) -> int:
         return len(self._keys)
@@ -93,7 +97,7 @@ class VectorIndex:
 
     @property
     def nbytes(self) -> int:
-        """Bytes held by the arrays (keys and the row map are extra, ~150 B a row)."""
+        """Bytes held by the arrays' data (keys and the row map are extra, ~150 B a row)."""
         return sum(a.nbytes for a in (self._vecs, self._bits, self._dist, self._xor, self._count))
 
     def _sign_bits(self, v: np.ndarray) -> np.ndarray:
@@ -109,7 +113,7 @@ class VectorIndex:
         if row is None:
             row = len(self._keys)
             if row == self.capacity:
-                self._alloc(self.capacity * 2)
+                self._alloc(max(1, self.capacity * 2))
             self._keys.append(key)
             self._rows[key] = row
         self._vecs[row] = v
@@ -128,14 +132,16 @@ class VectorIndex:
             self._vecs[row] = self._vecs[last]
             self._bits[:, row] = self._bits[:, last]
         self._keys.pop()
-        if self.capacity > _MIN_CAPACITY and len(self._keys) < self.capacity // 4:
-            self._alloc(max(_MIN_CAPACITY, self.capacity // 2))
+        if not self._keys:
+            self._alloc(0)
+        elif self.capacity > _SHRINK_FLOOR and len(self._keys) < self.capacity // 4:
+            self._alloc(max(_SHRINK_FLOOR, self.capacity // 2))
         return True
 
     def clear(self) -> None:
         self._keys.clear()
         self._rows.clear()
-        self._alloc(_MIN_CAPACITY)
+        self._alloc(0)
 
     def vector(self, key: str) -> np.ndarray | None:
         row = self._rows.get(key)
