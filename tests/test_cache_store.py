@@ -1,12 +1,16 @@
 """CacheStore behaviour, the same tests for MemoryStore and RedisStore (real redis-server),
 then what only the Redis store does: replicas sharing entries, and Redis going away."""
 import asyncio
+import gc
+import hashlib
 import logging
 import math
 import shutil
+import signal
 import socket
 import subprocess
 import time
+import tracemalloc
 
 import numpy as np
 import pytest
@@ -294,6 +298,80 @@ def test_limits_are_validated():
         StoreLimits(max_entries=10, max_entries_per_scope=11)
     with pytest.raises(ValueError, match="max_entries:"):
         StoreLimits(max_entries=0)
+    with pytest.raises(ValueError, match="max_bytes"):
+        StoreLimits(max_bytes=0)
+
+
+def _flood(store: MemoryStore, n: int, scopes: int, vectors: bool, text: int = 200) -> None:
+    """n entries spread over `scopes` scopes, as a caller that varies the system prompt or the
+    seed per request opens a scope each time (scopes=n)."""
+    for i in range(n):
+        scope = hashlib.sha256(b"scope %d" % (i % scopes)).hexdigest()
+        key = hashlib.sha256(b"key %d" % i).hexdigest()
+        store.put_now(Entry(key, scope, "p" * text + str(i), b"a" * (2 * text) + str(i).encode(), 1.0),
+                      unit(i % 64) if vectors else None, 2e9)
+
+
+@pytest.mark.parametrize("scopes", [1, 50, 4000])
+@pytest.mark.parametrize("vectors", [True, False])
+def test_memory_byte_account_is_what_the_entries_take(scopes, vectors):
+    """The account against max_bytes is the memory the store's entries really take (Python's
+    allocations, traced), within 15 %, whatever the mix of scopes."""
+    store = MemoryStore(StoreLimits(max_bytes=2**40), clock=lambda: 1000.0)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        _flood(store, 4000, scopes, vectors)
+        gc.collect()
+        taken = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert 0.85 < taken / store.nbytes < 1.15, (taken, store.nbytes)
+
+
+def test_memory_a_flood_of_scopes_stays_within_the_byte_budget():
+    """One scope per request: the store holds what its bytes allow, the most recent first, and
+    forgets the rest entirely (no scope left behind)."""
+    budget = 2 * 2**20
+    store = MemoryStore(StoreLimits(max_bytes=budget), clock=lambda: 1000.0)
+    _flood(store, 5000, 5000, vectors=True)
+    assert store.nbytes <= budget
+    assert 300 < len(store) < 5000 and store.scope_count == len(store)
+    last = hashlib.sha256(b"scope 4999").hexdigest(), hashlib.sha256(b"key 4999").hexdigest()
+    first = hashlib.sha256(b"scope 0").hexdigest(), hashlib.sha256(b"key 0").hexdigest()
+    assert store.get_exact_now(*last) is not None and store.get_exact_now(*first) is None
+
+
+async def test_memory_byte_budget_evicts_the_least_recently_used_of_any_scope():
+    answer = b"x" * 100_000
+    store = MemoryStore(StoreLimits(max_bytes=350_000), clock=Clock())
+    for scope in "abc":
+        await store.put(scope, "k", "p", unit(ord(scope)), answer, ttl_s=60)
+    assert await store.get_exact("a", "k") is not None        # "b" is now the least recent
+    await store.put("d", "k", "p", unit(9), answer, ttl_s=60)
+    assert await store.get_exact("b", "k") is None
+    assert await store.nearest("b", unit(ord("b")), 0.5) is None
+    assert all([await store.get_exact(s, "k") for s in "acd"])
+    await store.put("e", "k", "p", None, b"y" * 400_000, ttl_s=60)   # larger than the budget: not kept
+    assert await store.get_exact("e", "k") is None and len(store) == 3
+
+
+async def test_memory_byte_account_returns_to_zero():
+    clock = Clock()
+    store = MemoryStore(StoreLimits(max_entries=50, max_entries_per_scope=20), clock=clock)
+    for i in range(200):
+        await store.put(f"s{i % 7}", f"k{i % 60}", "p" * i, unit(i) if i % 3 else None, b"a" * i, ttl_s=1 + i % 5)
+    await store.purge_scope("s1")
+    store.discard("s2", "k2")
+    assert store.nbytes > 0
+    clock.now += 10
+    for _ in range(20):
+        store.nearest_now("s0", unit(1), 0.9)                   # each pops a few expired entries
+    assert len(store) == 0 and store.nbytes == 0
+    await store.put("t", "k", "p", unit(1), b"a", ttl_s=60)
+    await store.purge_all()
+    assert store.nbytes == 0
 
 
 # -- RedisStore only ------------------------------------------------------------------------
@@ -833,3 +911,102 @@ async def test_a_redis_older_than_7_is_named_in_the_log(redis_stores, caplog):
     caplog.set_level(logging.ERROR, logger="sluice.cache")
     await store._server_id()
     assert any("runs Redis 6.2.14" in r.getMessage() for r in caplog.records)
+
+
+# -- the local tier: what a replica answers while Redis is down -----------------------------
+
+
+@pytest.fixture
+async def own_redis(tmp_path, started):
+    """A redis-server of this test's own (to kill or freeze) and started_replica() on it."""
+    server = RedisServer(tmp_path).start()
+
+    async def replica(**kw):
+        return await started(RedisStore(redis_settings(server.url, **kw)))
+
+    yield server, replica
+    if server.proc is not None and server.proc.poll() is None:
+        server.proc.send_signal(signal.SIGCONT)
+    server.stop()
+
+
+async def _until_down(store: RedisStore) -> None:
+    """The first lookup after the fault marks Redis down (one deadline); later ones are local."""
+    await store.get_exact("none", "none")
+    assert not store.healthy
+
+
+@needs_redis
+@pytest.mark.parametrize("fault", ["SIGKILL", "SIGSTOP"])
+async def test_redis_down_the_local_tier_answers_what_this_replica_stored_or_fetched(own_redis, fault):
+    server, replica = own_redis
+    a, b = await replica(), await replica()
+    await a.put("t", "mine", "p", unit(1), b"a-mine", ttl_s=60)
+    await b.put("t", "theirs", "p", unit(2), b"b-theirs", ttl_s=60)
+    await b.put("t", "unread", "p", unit(3), b"b-unread", ttl_s=60)
+    assert (await a.get_exact("t", "theirs")).answer == b"b-theirs"   # fetched: kept locally
+    hits = _metric("sluice_cache_local_tier_hits_total", {"tier": "exact"})
+
+    server.proc.send_signal(getattr(signal, fault))
+    await _until_down(a)
+    started = time.monotonic()
+    assert (await a.get_exact("t", "mine")).answer == b"a-mine"
+    assert (await a.get_exact("t", "theirs")).answer == b"b-theirs"
+    assert (await a.nearest("t", towards(unit(1), 0.95), 0.9)).entry.answer == b"a-mine"
+    assert await a.get_exact("t", "unread") is None               # never had it: a miss
+    assert await a.nearest("t", unit(3), 0.9) is None             # its vector alone serves nothing
+    await a.put("t", "during", "p", unit(4), b"a-during", ttl_s=60)
+    assert (await a.get_exact("t", "during")).answer == b"a-during"
+    assert time.monotonic() - started < 0.1                       # no call waits on Redis
+    assert _metric("sluice_cache_local_tier_hits_total", {"tier": "exact"}) == hits + 3
+    if fault == "SIGSTOP":
+        server.proc.send_signal(signal.SIGCONT)                   # the same process: caught up, kept
+        assert await eventually(lambda: _true(a.healthy), timeout=5)
+        assert (await a.get_exact("t", "mine")).answer == b"a-mine"
+        assert (await b.get_exact("t", "mine")).answer == b"a-mine"
+
+
+@needs_redis
+async def test_redis_the_local_tier_honours_purges_and_other_replicas_puts(own_redis):
+    server, replica = own_redis
+    a, b = await replica(), await replica()
+    for key in ("purged", "replaced", "deleted", "kept"):
+        await b.put("t", key, "p", None, b"old " + key.encode(), ttl_s=60)
+    await b.put("other", "purged", "p", None, b"elsewhere", ttl_s=60)
+    asked_at = time.time()
+    await a.purge_scope("t")                                      # heard by b from the stream
+    assert await eventually(lambda: _true(b._local.peek("t", "purged") is None))
+    for key in ("replaced", "kept", "deleted"):
+        await b.put("t", key, "p", None, b"new " + key.encode(), ttl_s=60)
+    await a.put("t", "replaced", "p", None, b"a's answer", ttl_s=60)
+    assert await eventually(lambda: _true(b._local.peek("t", "replaced") is None))
+    async with AsyncRedis(port=server.port) as raw:              # gone from Redis, as Redis evicts
+        await raw.delete(b._keys.entry("t", "deleted"))
+    assert await b.get_exact("t", "deleted") is None
+
+    server.proc.send_signal(signal.SIGKILL)
+    await _until_down(b)
+    await b.put("t", "late", "p", None, b"asked before the purge", ttl_s=60, asked_at=asked_at)
+    assert await b.get_exact("t", "purged") is None
+    assert await b.get_exact("t", "late") is None
+    assert await b.get_exact("t", "replaced") is None             # not b's stale answer
+    assert await b.get_exact("t", "deleted") is None
+    assert (await b.get_exact("t", "kept")).answer == b"new kept"
+    assert (await b.get_exact("other", "purged")).answer == b"elsewhere"
+
+
+@needs_redis
+async def test_redis_the_local_tier_honours_purge_all_and_its_ttl(own_redis):
+    server, replica = own_redis
+    a, b = await replica(), await replica()
+    await b.put("t", "k", "p", None, b"a", ttl_s=60)
+    await a.purge_all()
+    assert await eventually(lambda: _true(len(b._local) == 0))
+    await b.put("t", "k2", "p", None, b"kept", ttl_s=60)
+    await b.put("t", "short", "p", None, b"brief", ttl_s=0.3)
+    server.proc.send_signal(signal.SIGKILL)
+    await _until_down(b)
+    assert (await b.get_exact("t", "k2")).answer == b"kept"
+    assert (await b.get_exact("t", "short")).answer == b"brief"
+    await asyncio.sleep(0.35)
+    assert await b.get_exact("t", "short") is None

@@ -153,3 +153,15 @@ def test_dimension_not_a_multiple_of_64(rng):
     for i, v in enumerate(vectors):
         index.add(str(i), v)
     assert index.search(near(rng, vectors[9], 0.95), 0.9)[0] == "9"
+
+
+def test_an_index_holds_rows_for_its_vectors_only(rng):
+    """A cache may hold many scopes of one entry each: each must cost about its one row."""
+    index = VectorIndex()
+    assert index.capacity == 0 and index.nbytes == 0 and index.search(unit(rng, 1)[0], 0.5) is None
+    v = unit(rng, 1)[0]
+    index.add("k", v)
+    assert index.capacity == 1 and index.nbytes < 1.1 * 384 * 4
+    assert index.search(v, 0.99)[0] == "k"
+    index.discard("k")
+    assert index.capacity == 0 and index.nbytes == 0

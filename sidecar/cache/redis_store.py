@@ -671,9 +671,6 @@ class RedisStore:
             v = np.frombuffer(vector, np.float32)
             if v.shape[0] != self.dim:
                 return  # written by a replica with another embedding size: not ours to serve
-            held = mirror.peek(scope, key)
-            if held is not None and held.answer and held.stored_at == float(stored_at or 0):
-                return  # this replica's own put (or fetch) coming back: it has the answer
             mirror.put_now(Entry(key, scope, "", b"", float(stored_at or 0)), v, int(expires_ms) / 1000)
         except (ValueError, TypeError) as exc:      # zero or non-finite vector, junk numbers
             metrics.CACHE_UNREADABLE.inc()
@@ -689,10 +686,20 @@ class RedisStore:
         if math.isfinite(at):
             self._purged_all_at = max(self._purged_all_at, at)
 
+    def _holds_answer(self, scope: str, key: str, stored_at: bytes | None) -> bool:
+        """The local tier has the answer stored at `stored_at` under the key."""
+        held = self._local.peek(scope, key)
+        try:
+            return held is not None and bool(held.answer) and held.stored_at == float(stored_at or b"nan")
+        except ValueError:
+            return False
+
     def _apply(self, fields: dict[bytes, bytes]) -> None:
         op, scope = fields.get(b"op"), fields.get(b"s", b"").decode()
         key = fields.get(b"k", b"").decode()
         if op == b"put":
+            if self._holds_answer(scope, key, fields.get(b"t")):
+                return      # this replica's own put (or a fetch of it) coming back
             if b"v" in fields:
                 self._add_to(self._local, scope, key, fields[b"v"], fields.get(b"x"), fields.get(b"t"))
             else:
