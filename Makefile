@@ -7,7 +7,7 @@ GEN     := sidecar/gen/.stamp
 MODEL   := build/models/.stamp
 PROTOS  := $(wildcard proto/sluice/v1/*.proto)
 
-.PHONY: all run test test-fast proto bench bench-overhead bench-embed bench-decode bench-route bench-overload bench-cache bench-index bench-instructions model-fp16 gpu-check docs lint system-deps clean
+.PHONY: all run test test-fast proto bench bench-overhead bench-embed bench-decode bench-route bench-overload bench-cache bench-cache-memory bench-index bench-instructions model-fp16 gpu-check docs lint system-deps clean
 
 all: $(STAMP) $(GEN) $(MODEL)
 
@@ -61,6 +61,9 @@ bench-overload: all system-deps
 
 bench-cache: all system-deps
 	$(BIN)/python -m bench.cache
+
+bench-cache-memory: all
+	$(BIN)/python -m bench.cache_memory
 
 bench-index: all
 	$(BIN)/python -m bench.index

@@ -315,8 +315,9 @@ def _flood(store: MemoryStore, n: int, scopes: int, vectors: bool, text: int = 2
 @pytest.mark.parametrize("scopes", [1, 50, 4000])
 @pytest.mark.parametrize("vectors", [True, False])
 def test_memory_byte_account_is_what_the_entries_take(scopes, vectors):
-    """The account against max_bytes is the memory the store's entries really take (Python's
-    allocations, traced), within 15 %, whatever the mix of scopes."""
+    """The account against max_bytes covers the memory the store's entries really take (Python's
+    allocations, traced), whatever the mix of scopes, and not much more: what it adds is the
+    allocator's share, which bench/cache_memory.py measures as RSS."""
     store = MemoryStore(StoreLimits(max_bytes=2**40), clock=lambda: 1000.0)
     gc.collect()
     tracemalloc.start()
@@ -327,7 +328,7 @@ def test_memory_byte_account_is_what_the_entries_take(scopes, vectors):
         taken = tracemalloc.get_traced_memory()[0] - before
     finally:
         tracemalloc.stop()
-    assert 0.85 < taken / store.nbytes < 1.15, (taken, store.nbytes)
+    assert 0.7 < taken / store.nbytes <= 1.0, (taken, store.nbytes)
 
 
 def test_memory_a_flood_of_scopes_stays_within_the_byte_budget():

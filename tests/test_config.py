@@ -30,10 +30,19 @@ def test_env_then_overrides():
     ({"SLUICE_METRICS_LISTEN": "127.0.0.1:\u0669"}, "metrics_listen"),   # Arabic-Indic nine
     ({"SLUICE_REDIS_TIMEOUT_S": "0"}, "redis_timeout_s"),
     ({"SLUICE_REDIS_TIMEOUT_S": "nan"}, "redis_timeout_s"),
+    ({"SLUICE_CACHE_MAX_MIB": "0.5"}, "cache_max_mib"),
+    ({"SLUICE_CACHE_MAX_MIB": "inf"}, "cache_max_mib"),
+    ({"SLUICE_CACHE_MAX_MIB": "lots"}, "SLUICE_CACHE_MAX_MIB"),
 ])
 def test_bad_values_name_the_field(environ, field):
     with pytest.raises(ConfigError, match=field):
         SidecarConfig.from_env(environ)
+
+
+def test_the_cache_byte_budget_reaches_the_store():
+    from sidecar.app import _limits
+    assert _limits(SidecarConfig.from_env({"SLUICE_CACHE_MAX_MIB": "64"})).max_bytes == 64 * 2**20
+    assert _limits(SidecarConfig()).max_bytes == 256 * 2**20
 
 
 def test_the_metrics_address_of_an_ipv6_listen_has_no_brackets():

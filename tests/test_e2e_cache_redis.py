@@ -6,6 +6,7 @@ sluice_cache_requests_total before it answers).
 """
 import asyncio
 import re
+import signal
 import time
 from collections import Counter
 
@@ -99,6 +100,14 @@ def wait_stored(stack, replica, count, timeout=5.0) -> None:
         time.sleep(0.05)
 
 
+def wait_backend_up(stack, timeout=5.0) -> None:
+    for replica in REPLICAS:
+        deadline = time.monotonic() + timeout
+        while replica_metric(stack, replica, "sluice_cache_backend_up") != 1 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert replica_metric(stack, replica, "sluice_cache_backend_up") == 1, replica
+
+
 def ask_on_other_replica(stack, c, prompt, first, tries=30):
     """Ask until a replica other than `first` serves the request: its (content, status)."""
     for _ in range(tries):
@@ -188,22 +197,58 @@ def test_concurrent_identical_requests_across_replicas_go_upstream_once(stack):
 
 
 def test_requests_keep_succeeding_while_redis_is_down(stack, redis):
+    """Redis down costs sharing, not caching: a replica answers its own repeats from its local
+    tier (a prompt goes upstream at most once per replica), fast, and nothing fails."""
     redis.stop()
     c = sdk(stack, "key-redis-down")
     before = upstream_requests(stack)
-    seen, slowest = set(), 0.0
+    seen, slowest, first_answer, statuses = set(), 0.0, {}, Counter()
     for i in range(12):
         prompt = f"Name a river in country number {i % 3}."     # each asked 4 times
         content, status, replica, elapsed = ask(stack, c, prompt)
-        assert content and status == "miss", (i, status)
+        if (prompt, replica) in first_answer:               # this replica has it: a local hit
+            assert (content, status) == (first_answer[prompt, replica], "exact"), i
+        else:
+            assert content and status == "miss", (i, status)
+            first_answer[prompt, replica] = content
+        statuses[status] += 1
         seen.add(replica)
         slowest = max(slowest, elapsed)
     assert slowest < 2.0, slowest
     assert seen == set(REPLICAS)
-    assert upstream_requests(stack) - before == 12
+    assert statuses["exact"] >= 6 and statuses["miss"] == len(first_answer), statuses
+    assert upstream_requests(stack) - before == statuses["miss"]
     for replica in REPLICAS:
         assert stack.procs[replica].poll() is None
         assert replica_metric(stack, replica, "sluice_cache_backend_up") == 0
+
+
+@pytest.mark.parametrize("fault", [signal.SIGSTOP, signal.SIGKILL], ids=["frozen", "killed"])
+def test_exact_hits_stored_before_redis_fails_continue_on_every_replica(stack, redis, fault):
+    """An answer stored via one replica and fetched via the other is served by both from their
+    local tiers once Redis is frozen or killed: no request goes upstream for it."""
+    wait_backend_up(stack)
+    c = sdk(stack, f"key-local-tier-{fault.name}")
+    prompt = f"Which sea is the saltiest ({fault.name})?"
+    original, first = store_via_one_replica(stack, c, prompt)
+    assert ask_on_other_replica(stack, c, prompt, first) == (original, "exact")
+    before = upstream_requests(stack)
+    redis.proc.send_signal(fault)
+    try:
+        served = Counter()
+        for _ in range(10):
+            content, status, replica, elapsed = ask(stack, c, prompt)
+            assert (content, status) == (original, "exact")
+            assert elapsed < 1.0, elapsed
+            served[replica] += 1
+        assert upstream_requests(stack) - before == 0
+        assert set(served) == set(REPLICAS), served
+        assert sum(replica_metric(stack, r, "sluice_cache_local_tier_hits_total") for r in REPLICAS) >= 10
+    finally:
+        if fault == signal.SIGSTOP:
+            redis.proc.send_signal(signal.SIGCONT)
+        else:
+            redis.stop()            # reaped; the next test's fixture starts it again
 
 
 def test_shared_tier_resumes_after_redis_restart(stack, redis):
@@ -220,11 +265,7 @@ def test_shared_tier_resumes_after_redis_restart(stack, redis):
         if status != "exact":
             time.sleep(0.25)
     assert status == "exact" and content == original
-    for replica in REPLICAS:
-        deadline = time.monotonic() + 5
-        while replica_metric(stack, replica, "sluice_cache_backend_up") != 1 and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert replica_metric(stack, replica, "sluice_cache_backend_up") == 1
+    wait_backend_up(stack)
 
 
 def test_zz_replicas_alive_and_streams_closed(stack):

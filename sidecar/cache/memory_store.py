@@ -4,8 +4,8 @@
   the least recently used entries of any scope (a hit, exact or semantic, counts as a use).
   An entry is charged its key, scope name, prompt, answer and vector row, plus a measured
   constant for its share of the dicts, heap and objects that find it; a scope is charged its
-  index arrays (sized to its entries: see vector_index.py) and a constant for its own
-  structures.  bench/scopes.py compares this account with the process's RSS.
+  index arrays (sized to its entries: see vector_index.py) and constants for its own
+  structures.  bench/cache_memory.py compares this account with the process's RSS.
 - Overall: at most `max_entries`, least recently used first, as above.
 - Per scope: at most `max_entries_per_scope`; a put into a full scope evicts that scope's
   least recently used entry, so one tenant cannot push out the others.
@@ -42,10 +42,14 @@ _NEAREST_TRIES = 4
 # the two LRU orders, its expiry-heap tuples (stale ones included, up to two per entry), and
 # with a vector its key's place in the index.  Measured with tracemalloc on CPython 3.11
 # (tests/test_cache_store.py checks the account against it).
-ENTRY_BYTES = 460
-INDEX_ROW_BYTES = 130
-# A scope's own structures: its LRU order, index object, empty arrays and dict entry.
-SCOPE_BYTES = 1_300
+ENTRY_BYTES = 480
+INDEX_ROW_BYTES = 240
+# A scope's own structures (its LRU order, index object, dict entry), and while its index has
+# rows, the arrays' objects and the allocator's share of their small blocks.  Measured as RSS
+# under a flood of one-entry scopes with evictions (bench/cache_memory.py), where the freed
+# blocks of evicted scopes fragment the heap: RSS stays within a few % of the account there.
+SCOPE_BYTES = 1_600
+INDEX_ARRAYS_BYTES = 800
 
 
 @dataclass(slots=True)
@@ -269,7 +273,7 @@ class MemoryStore:
             self._bytes -= SCOPE_BYTES + s.index_bytes
 
     def _index_changed(self, s: _Scope) -> None:
-        now_bytes = s.index.nbytes
+        now_bytes = s.index.nbytes + (INDEX_ARRAYS_BYTES if s.index.capacity else 0)
         self._bytes += now_bytes - s.index_bytes
         s.index_bytes = now_bytes
 

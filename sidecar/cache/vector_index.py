@@ -32,6 +32,7 @@ _SHRINK_FLOOR = 16      # rows an index shrinks to at least: no churn at a scope
 # Rows scored exactly at most, when a low threshold or a dense cluster lets many through.
 DEFAULT_MAX_CANDIDATES = 1024
 _SIGMAS = 6.0
+_NO_SCRATCH = np.empty(0, np.uint8)     # shared by every index at or below exact_max rows
 
 
 def as_unit(vector: np.ndarray, dim: int) -> np.ndarray:
@@ -80,10 +81,12 @@ class VectorIndex:
             bits[:, :n] = self._bits[:, :n]
         self._vecs, self._bits = vecs, bits
         # Scratch of the sign-bit prefilter, which only runs above exact_max rows.
-        scratch = capacity if capacity > self.exact_max else 0
-        self._dist = np.empty(scratch, np.uint16)
-        self._xor = np.empty((self._words, scratch), np.uint64)
-        self._count = np.empty((self._words, scratch), np.uint8)
+        if capacity > self.exact_max:
+            self._dist = np.empty(capacity, np.uint16)
+            self._xor = np.empty((self._words, capacity), np.uint64)
+            self._count = np.empty((self._words, capacity), np.uint8)
+        else:
+            self._dist = self._xor = self._count = _NO_SCRATCH
 
     def __len__(self) -> int:
         return len(self._keys)
