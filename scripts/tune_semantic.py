@@ -494,7 +494,7 @@ def time_checks(pairs: list[Pair], settings: EquivalenceSettings) -> dict:
     for p in sample:
         same_question(p.a, p.b, 1.0, settings)
     warm = (time.perf_counter() - start) / len(sample) * 1e6
-    forget_profiles(cache_size=None)
+    forget_profiles(max_bytes=None)
     return {"cold_us": round(cold, 1), "warm_us": round(warm, 1), "pairs": len(sample)}
 
 
@@ -830,7 +830,7 @@ def main(argv=None) -> int:
         print(f"no pairs at {args.pairs}: set SLUICE_PARAPHRASE", file=sys.stderr)
         return 2
 
-    forget_profiles(cache_size=None)    # every labelled prompt is profiled many times over
+    forget_profiles(max_bytes=None)    # every labelled prompt is profiled many times over
     pairs = load_pairs(args.pairs)
     cosines = cosines_of([(p.a, p.b) for p in pairs])
     suite_cos = cosines_of([(a, b) for _, a, b in SUITE])

@@ -60,10 +60,14 @@ def build(config: SidecarConfig) -> App:
     routing.admission = _admission(config, routing, secret, redis)
     if not config.cache:
         return App(routing, closers=shared, scheduler=routing.scheduler)
+    from sidecar.cache.budget import BytePool
+    from sidecar.cache.equivalence import forget_profiles
     from sidecar.cache.false_hits import MemoryFalseHits, RedisFalseHits
     from sidecar.cache.inflight import InFlight
     from sidecar.caching import CacheRuntime, CachingDirector
 
+    budget = _budget(config)            # one budget, its shares: sidecar/cache/budget.py
+    forget_profiles(budget.profiles)
     embedder = None
     if config.semantic:
         from sidecar.embedding import EmbeddingService, EmbeddingSettings
@@ -75,16 +79,16 @@ def build(config: SidecarConfig) -> App:
                                          timeout_s=config.redis_timeout_s,
                                          connect_timeout_s=config.redis_timeout_s), _limits(config))
         inflight = RedisInFlight(redis, InFlight(), op_timeout_s=config.redis_timeout_s)
-        false_hits = RedisFalseHits(redis)
+        false_hits = RedisFalseHits(redis, local=MemoryFalseHits(budget.false_hits))
         closers = [*shared, store, _Closing(inflight.aclose)]
     else:
         from sidecar.cache.memory_store import MemoryStore
         store = MemoryStore(_limits(config))
         inflight = InFlight()
-        false_hits = MemoryFalseHits()
+        false_hits = MemoryFalseHits(budget.false_hits)
         closers = [store]
     runtime = CacheRuntime(store=store, inflight=inflight, embedder=embedder, secret=secret,
-                           false_hits=false_hits)
+                           false_hits=false_hits, memo_pool=BytePool(budget.memos))
     return App(CachingDirector(routing, runtime), embedder, closers, scheduler=routing.scheduler, store=store)
 
 
@@ -105,11 +109,16 @@ def _admission(config: SidecarConfig, routing: RoutingDirector, secret: bytes, r
     return Admission(gate, tokens, secret)
 
 
+def _budget(config: SidecarConfig):
+    from sidecar.cache.budget import CacheBudget
+    return CacheBudget(int(config.cache_max_mib * 2**20))
+
+
 def _limits(config: SidecarConfig):
     from sidecar.cache.store import StoreLimits
     return StoreLimits(max_entries=config.cache_max_entries,
                        max_entries_per_scope=min(config.cache_max_entries, 20_000),
-                       max_bytes=int(config.cache_max_mib * 2**20))
+                       max_bytes=_budget(config).store)
 
 
 class _SharedRedis:

@@ -17,6 +17,7 @@ import dataclasses
 import logging
 import os
 import random
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Callable, NamedTuple
@@ -25,6 +26,7 @@ import numpy as np
 
 from sidecar import metrics, tracing
 from sidecar.cache.answer import CachedAnswer, decode_answer
+from sidecar.cache.budget import BytePool
 from sidecar.cache.capture import IDENTITY_ENCODING, Refusal, SseCapture, capture_json, response_refusal
 from sidecar.cache.equivalence import EquivalenceSettings, Verdict, same_question
 from sidecar.cache.false_hits import FEEDBACK_HEADER, MemoryFalseHits, pair_id
@@ -95,11 +97,13 @@ class RouteCache:
     requests: RequestMemo = field(compare=False)
 
 
-def route_cache(route: RouteSettings) -> RouteCache:
+def route_cache(route: RouteSettings, memo_pool: BytePool | None = None) -> RouteCache:
+    """memo_pool: the bytes every route's request memo draws on (None: this memo's own)."""
     c = route.cache
     policy = cache_policy(route)
     return RouteCache(policy, c.semantic if c.HasField("semantic") else True,
-                      RequestMemo(credential_header(policy.tenant_header)))
+                      RequestMemo(credential_header(policy.tenant_header), pool=memo_pool,
+                                  size=lambda request: sys.getsizeof(request.prompt)))
 
 
 def cache_policy(route: RouteSettings) -> CachePolicy:
@@ -176,6 +180,7 @@ class CacheRuntime:
     equivalence: EquivalenceSettings = field(default_factory=EquivalenceSettings)
     max_capture_bytes: int = 1 << 20
     false_hits: object = field(default_factory=MemoryFalseHits)   # sidecar.cache.false_hits.FalseHits
+    memo_pool: BytePool | None = None  # the bytes every route's request memo draws on together
 
 
 def _debug(ctx: RequestContext) -> tuple[tuple[str, str], ...]:
@@ -309,10 +314,9 @@ class CachingDirector:
         # whose verdicts carry the route's scope, so two routes must never share one.
         return self._route_cache_of.get(route, self._build_route_cache, ctx.route_name)
 
-    @staticmethod
-    def _build_route_cache(route: RouteSettings, route_name: str) -> RouteCache | None:
+    def _build_route_cache(self, route: RouteSettings, route_name: str) -> RouteCache | None:
         try:
-            built = route_cache(route)
+            built = route_cache(route, self._rt.memo_pool)
         except ValueError as exc:
             log.error("invalid cache settings of route %s, cache off: %s", route_name, exc)
             return None

@@ -1,7 +1,10 @@
 """The cache's verdict on a request, remembered for byte-identical repeats."""
+import gc
+
 import pytest
 
-from sidecar.cache.request_memo import RequestMemo, request_digest
+from sidecar.cache.budget import BytePool
+from sidecar.cache.request_memo import ENTRY_BYTES, RequestMemo, request_digest
 
 HEADERS = {"authorization": "Bearer k1", "cache-control": "max-age=60"}
 
@@ -63,3 +66,33 @@ def test_a_no_store_request_is_not_remembered():
         _, worked = remembered(memo, headers={"authorization": "Bearer k1", "cache-control": "no-store"})
         assert worked
     assert len(memo) == 0
+
+
+def test_every_routes_memo_draws_on_one_pool_of_bytes():
+    pool = BytePool(10 * (ENTRY_BYTES + 400))
+    busy, quiet = RequestMemo("authorization", pool=pool), RequestMemo("authorization", pool=pool)
+    for i in range(50):                       # one route's flood of distinct bodies
+        remembered(busy, body=b'{"i":%d}' % i + b" " * 90)
+        assert pool.used <= pool.max_bytes
+    assert 0 < len(busy) < 50
+    remembered(quiet, body=b"{}")             # the full pool: the other route keeps nothing...
+    assert len(quiet) == 0
+    for i in range(3):                        # ...while the busy one churns its own oldest
+        remembered(busy, body=b'{"j":%d}' % i + b" " * 90)
+    assert pool.used <= pool.max_bytes
+    held = pool.used
+    del busy
+    gc.collect()
+    assert pool.used == 0 < held              # a memo dropped with its route gives its bytes back
+    remembered(quiet, body=b"{}")
+    assert len(quiet) == 1
+
+
+def test_a_result_is_charged_what_it_holds():
+    pool = BytePool(1 << 20)
+    memo = RequestMemo("authorization", pool=pool, size=lambda result: 1000)
+    remembered(memo)
+    assert pool.used == ENTRY_BYTES + 1000
+    unsized = RequestMemo("authorization", pool=pool)
+    remembered(unsized, body=b"x" * 100)      # unsaid: four bytes a body byte (UCS-4 at worst)
+    assert pool.used == 2 * ENTRY_BYTES + 1000 + 400

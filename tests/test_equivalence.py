@@ -431,3 +431,31 @@ def encoder():
 def test_real_token_states_align_rewordings_not_swapped_words(encoder, a, b, expect_aligned):
     states = run_content_states(encoder, [a, b])
     assert (unaligned(*states, 0.5) == 0) == expect_aligned
+
+
+def test_the_profile_cache_is_bounded_in_bytes_and_charges_what_profiles_take():
+    """Profiles of distinct long prompts (a caller can send any) stay within the cache's byte
+    share, and the charge covers what a profile really takes (traced)."""
+    import gc
+    import tracemalloc
+
+    from sidecar.cache import equivalence
+    rng = np.random.default_rng(5)
+    words = [f"{w}{i}" for i, w in enumerate("river capital mountain paris how why best 3.5 km not".split())]
+    texts = [" ".join(rng.choice(words, 500))[:3990] + f" {n}?" for n in range(40)]
+    try:
+        equivalence.forget_profiles(max_bytes=2 * 2**20)
+        gc.collect()
+        tracemalloc.start()
+        before = tracemalloc.get_traced_memory()[0]
+        for text in texts:
+            profile(text)
+        gc.collect()
+        taken = tracemalloc.get_traced_memory()[0] - before
+        tracemalloc.stop()
+        cache = equivalence._profiles
+        assert 0 < len(cache) < len(texts) and cache.nbytes <= 2 * 2**20
+        assert 0.5 * cache.nbytes < taken <= cache.nbytes + 64 * 1024   # the charge covers what is held
+        assert profile(texts[-1]) is profile(texts[-1])      # the most recent are still cached
+    finally:
+        equivalence.forget_profiles()

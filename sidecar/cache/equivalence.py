@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import re
 from bisect import bisect_left
+from collections import OrderedDict
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
-from functools import lru_cache
 
 from sidecar.embedding.normalize import normalize_text
 
@@ -601,23 +601,52 @@ def _roles(tokens: list[_Token]) -> tuple[str, ...]:
 _SENTENCE_END = re.compile(r"(?<=[.!?:。？！])\s+|\n+")
 
 
-# Profiles of prompts up to this long are cached, as stored prompts recur; a profile takes
-# about 25 times its text (a 4,000-character prompt's: ~100 KiB), so at most ~50 MiB. Longer
-# texts (the checks see none with the default max_prompt_chars) are profiled each time.
+# Profiles of prompts up to this long are cached, as stored prompts recur, within a byte bound
+# (the cache budget's share, sidecar/cache/budget.py; least recently used first). A profile is
+# charged PROFILE_BYTES and PROFILE_BYTES_PER_CHAR a character of its text: measured with
+# tracemalloc, a 4,000-character English prompt's takes ~170 KB, a 300-character one ~13 KB;
+# texts in other scripts take less. Longer texts (the checks see none with the default
+# max_prompt_chars) are profiled each time.
 CACHED_PROFILE_CHARS = 4000
-PROFILE_CACHE_SIZE = 512
+PROFILE_CACHE_BYTES = 16 * 2**20
+PROFILE_BYTES = 4_000
+PROFILE_BYTES_PER_CHAR = 44
 
 
 def profile(text: str) -> Profile:
     """Everything the checks need from one prompt (cached when it is short)."""
-    return _cached_profile(text) if len(text) <= CACHED_PROFILE_CHARS else _profile(text)
+    return _profiles.get(text) if len(text) <= CACHED_PROFILE_CHARS else _profile(text)
 
 
-def forget_profiles(cache_size: int = PROFILE_CACHE_SIZE) -> None:
-    """Empty the profile cache and give it room for `cache_size` profiles (None: no bound;
-    scripts/tune_semantic.py profiles every labelled prompt many times over)."""
-    global _cached_profile
-    _cached_profile = lru_cache(maxsize=cache_size)(_profile)
+def forget_profiles(max_bytes: int | None = PROFILE_CACHE_BYTES) -> None:
+    """Empty the profile cache and give it `max_bytes` (None: no bound; scripts/tune_semantic.py
+    profiles every labelled prompt many times over)."""
+    global _profiles
+    _profiles = _ProfileCache(max_bytes)
+
+
+class _ProfileCache:
+    def __init__(self, max_bytes: int | None) -> None:
+        self._max_bytes = max_bytes
+        self._held: OrderedDict[str, tuple[Profile, int]] = OrderedDict()   # least recent first
+        self.nbytes = 0
+
+    def get(self, text: str) -> Profile:
+        found = self._held.get(text)
+        if found is not None:
+            self._held.move_to_end(text)
+            return found[0]
+        made = _profile(text)
+        cost = PROFILE_BYTES + PROFILE_BYTES_PER_CHAR * len(text)
+        if self._max_bytes is None or cost <= self._max_bytes:
+            self._held[text] = (made, cost)
+            self.nbytes += cost
+            while self._max_bytes is not None and self.nbytes > self._max_bytes:
+                self.nbytes -= self._held.popitem(last=False)[1][1]
+        return made
+
+    def __len__(self) -> int:
+        return len(self._held)
 
 
 def _profile(text: str) -> Profile:
@@ -679,7 +708,7 @@ def _profile(text: str) -> Profile:
     )
 
 
-_cached_profile = lru_cache(maxsize=PROFILE_CACHE_SIZE)(_profile)
+_profiles = _ProfileCache(PROFILE_CACHE_BYTES)
 
 
 # ---------------------------------------------------------------- the checks

@@ -9,17 +9,23 @@ body and five headers (credential, Cache-Control, Pragma, host, path), so a repe
 One memo belongs to one route (its settings object and name: route metadata that changes or is
 parsed again gets a new one), so only the body and those headers vary. It is keyed by a BLAKE2b
 digest of them, so no credential is kept, holds at most MAX_ENTRIES results and skips bodies
-over MAX_BODY_BYTES, so it holds at most a few MB of prompts.
+over MAX_BODY_BYTES. Every route's memo draws on one pool of bytes (the cache budget's share,
+sidecar/cache/budget.py), a result charged ENTRY_BYTES and what the caller says it holds (its
+prompt; four bytes a body byte when unsaid: an emoji widens a whole str to UCS-4); the oldest
+results go first.
 """
 from __future__ import annotations
 
 import hashlib
 from typing import Callable, Generic, Mapping, TypeVar
 
-from sidecar.memo import BoundedMemo, may_keep
+from sidecar.cache.budget import BytePool
+from sidecar.memo import may_keep
 
 MAX_ENTRIES = 1024
 MAX_BODY_BYTES = 16 * 1024
+# A result besides its prompt: the digest, the dict slot, the verdict tuple, scope and key.
+ENTRY_BYTES = 600
 
 T = TypeVar("T")
 
@@ -39,18 +45,36 @@ def request_digest(body: bytes, headers: Mapping[str, str], credential_header: s
 
 class RequestMemo(Generic[T]):
     def __init__(self, credential_header: str, max_entries: int = MAX_ENTRIES,
-                 max_body_bytes: int = MAX_BODY_BYTES) -> None:
-        """credential_header: the route's tenant header, else Authorization (scope.credential_header)."""
+                 max_body_bytes: int = MAX_BODY_BYTES, pool: BytePool | None = None,
+                 size: Callable[[T], int] | None = None) -> None:
+        """credential_header: the route's tenant header, else Authorization (scope.credential_header).
+        pool: the bytes shared with other routes' memos (None: a pool of this memo's own, for
+        max_entries of the largest bodies). size: the bytes a result holds beyond ENTRY_BYTES."""
         self._credential_header = credential_header
-        self._results: BoundedMemo[T] = BoundedMemo(max_entries)
+        self._results: dict[bytes, tuple[T, int]] = {}      # digest -> (result, bytes), oldest first
+        self._max_entries = max_entries
         self._max_body_bytes = max_body_bytes
+        self._pool = pool or BytePool(max_entries * (ENTRY_BYTES + 4 * max_body_bytes))
+        self._size = size
+        self._held = self._pool.holder(self)
 
     def get(self, body: bytes, headers: Mapping[str, str], work_out: Callable[[], T]) -> T:
         """The remembered result for these inputs, else work_out()'s (remembered if the body is
-        small enough; the oldest result goes when full)."""
+        small enough and the pool has room after this memo's oldest results went)."""
         if len(body) > self._max_body_bytes or not may_keep(headers):
             return work_out()
-        return self._results.get(request_digest(body, headers, self._credential_header), work_out)
+        digest = request_digest(body, headers, self._credential_header)
+        found = self._results.get(digest)
+        if found is not None:
+            return found[0]
+        result = work_out()
+        cost = ENTRY_BYTES + (4 * len(body) if self._size is None else self._size(result))
+        while self._results and (len(self._results) >= self._max_entries or not self._pool.fits(cost)):
+            self._pool.give_back(self._held, self._results.pop(next(iter(self._results)))[1])
+        if self._pool.fits(cost):
+            self._results[digest] = (result, cost)
+            self._pool.take(self._held, cost)
+        return result
 
     def __len__(self) -> int:
         return len(self._results)
