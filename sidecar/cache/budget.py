@@ -15,7 +15,9 @@ from __future__ import annotations
 import weakref
 from dataclasses import dataclass
 
-__all__ = ["CacheBudget", "BytePool"]
+__all__ = ["CacheBudget", "BytePool", "DEFAULT_BUDGET_BYTES"]
+
+DEFAULT_BUDGET_BYTES = 256 * 2**20     # SLUICE_CACHE_MAX_MIB's default (sidecar/config.py)
 
 PROFILES_SHARE = 1 / 16
 MEMOS_SHARE = 1 / 16

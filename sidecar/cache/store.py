@@ -16,14 +16,16 @@ from typing import Protocol
 
 import numpy as np
 
+from sidecar.cache.budget import DEFAULT_BUDGET_BYTES, CacheBudget
+
 __all__ = ["CacheStore", "Entry", "Neighbour", "StoreLimits", "StoreUnavailable"]
 
 
 # How long a purge is remembered, so that a put asked for before it is dropped: longer than
 # an answer takes to arrive (the reference Envoy's stream idle timeout is 300 s).
 PURGE_MEMORY_S = 900.0
-# The in-process cache's byte budget (SLUICE_CACHE_MAX_MIB, sidecar/config.py).
-DEFAULT_MAX_BYTES = 256 * 2**20
+# The store's share of the default cache budget (SLUICE_CACHE_MAX_MIB, sidecar/cache/budget.py).
+DEFAULT_MAX_BYTES = CacheBudget(DEFAULT_BUDGET_BYTES).store
 
 
 @dataclass(frozen=True, slots=True)
