@@ -481,6 +481,8 @@ async def test_redis_going_away_is_a_fast_miss_and_coming_back_resumes(tmp_path,
             found = await call()
             assert (found if found is None else getattr(found, "entry", found).answer) == answer
             assert time.monotonic() - started < 0.2
+        assert not store.healthy and _metric("sluice_cache_backend_up") == 0
+        assert _metric("sluice_cache_backend_errors_total", {"op": "get"}) == errors + 1
         with pytest.raises(StoreUnavailable):
             await store.purge_scope("t")
         down_logs = [r for r in caplog.records if "unreachable" in r.getMessage()]
