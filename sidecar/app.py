@@ -87,8 +87,10 @@ def build(config: SidecarConfig) -> App:
         inflight = InFlight()
         false_hits = MemoryFalseHits(budget.false_hits)
         closers = [store]
+    memo_pool = BytePool(budget.memos)
+    _export_memory(budget, store, memo_pool)
     runtime = CacheRuntime(store=store, inflight=inflight, embedder=embedder, secret=secret,
-                           false_hits=false_hits, memo_pool=BytePool(budget.memos))
+                           false_hits=false_hits, memo_pool=memo_pool)
     return App(CachingDirector(routing, runtime), embedder, closers, scheduler=routing.scheduler, store=store)
 
 
@@ -112,6 +114,17 @@ def _admission(config: SidecarConfig, routing: RoutingDirector, secret: bytes, r
 def _budget(config: SidecarConfig):
     from sidecar.cache.budget import CacheBudget
     return CacheBudget(int(config.cache_max_mib * 2**20))
+
+
+def _export_memory(budget, store, memo_pool) -> None:
+    """sluice_cache_memory_bytes and its budget, by part, read at each scrape."""
+    from sidecar import metrics
+    from sidecar.cache.equivalence import cached_profile_bytes
+    for part, held, share in (("store", lambda: store.nbytes, budget.store),
+                              ("profiles", cached_profile_bytes, budget.profiles),
+                              ("memos", lambda: memo_pool.used, budget.memos)):
+        metrics.CACHE_MEMORY.labels(part).set_function(held)
+        metrics.CACHE_MEMORY_BUDGET.labels(part).set(share)
 
 
 def _limits(config: SidecarConfig):

@@ -90,6 +90,8 @@ CACHE_SEMANTIC_VERDICTS = Counter("sluice_cache_semantic_checks_total", "Semanti
 CACHE_EMBED_SKIPPED = Counter("sluice_cache_embedding_skipped_total", "Requests that skipped the semantic tier because embedding failed.", ["reason"])
 CACHE_UNREADABLE = Counter("sluice_cache_unreadable_total", "Stored entries (answers, index vectors) and relayed answers this version cannot read (another version's, corrupt): skipped, served as misses.")
 CACHE_FALSE_HIT_REPORTS = Counter("sluice_cache_false_hit_reports_total", "Cached answers reported wrong for the prompt they served, by tier and by who reported (client, admin).", ["route", "tier", "source"])
+CACHE_MEMORY = Gauge("sluice_cache_memory_bytes", "Bytes the cache holds in this process, by part of its budget (store, profiles, memos).", ["part"])
+CACHE_MEMORY_BUDGET = Gauge("sluice_cache_memory_budget_bytes", "Each part's share of the cache's byte budget (SLUICE_CACHE_MAX_MIB).", ["part"])
 CACHE_FOLLOWERS = Counter("sluice_cache_dedup_followers_total", "Requests that waited for an identical in-flight request.")
 ADMISSION_REFUSED = Counter("sluice_admission_requests_refused_total", "Requests refused by admission control, by route and reason (rpm, tpm, queue_full, deadline, expired, ...).", ["route", "reason"])
 

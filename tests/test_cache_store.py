@@ -962,6 +962,7 @@ async def test_redis_down_the_local_tier_answers_what_this_replica_stored_or_fet
     assert (await a.get_exact("t", "during")).answer == b"a-during"
     assert time.monotonic() - started < 0.1                       # no call waits on Redis
     assert _metric("sluice_cache_local_tier_hits_total", {"tier": "exact"}) == hits + 3
+    assert _metric("sluice_cache_local_tier_hits_total", {"tier": "nearest"}) >= 1
     if fault == "SIGSTOP":
         server.proc.send_signal(signal.SIGCONT)                   # the same process: caught up, kept
         assert await eventually(lambda: _true(a.healthy), timeout=5)
@@ -1013,3 +1014,14 @@ async def test_redis_the_local_tier_honours_purge_all_and_its_ttl(own_redis):
     assert (await b.get_exact("t", "short")).answer == b"brief"
     await asyncio.sleep(0.35)
     assert await b.get_exact("t", "short") is None
+
+
+async def test_the_sidecar_exports_what_its_cache_holds_against_each_share_of_the_budget():
+    from sidecar.cache.budget import CacheBudget
+    app = build(SidecarConfig(semantic=False, cache_max_mib=64))
+    budget = CacheBudget(64 * 2**20)
+    for part, share in (("store", budget.store), ("profiles", budget.profiles), ("memos", budget.memos)):
+        assert _metric("sluice_cache_memory_budget_bytes", {"part": part}) == share
+    held = _metric("sluice_cache_memory_bytes", {"part": "store"})
+    await app.store.put("t", "k", "p", unit(1), b"a" * 10_000, ttl_s=60)
+    assert _metric("sluice_cache_memory_bytes", {"part": "store"}) > held + 10_000

@@ -625,6 +625,11 @@ def forget_profiles(max_bytes: int | None = PROFILE_CACHE_BYTES) -> None:
     _profiles = _ProfileCache(max_bytes)
 
 
+def cached_profile_bytes() -> int:
+    """What the profile cache holds now, as charged against its bound."""
+    return _profiles.nbytes
+
+
 class _ProfileCache:
     def __init__(self, max_bytes: int | None) -> None:
         self._max_bytes = max_bytes

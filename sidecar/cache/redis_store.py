@@ -82,7 +82,8 @@ BACKEND_UP = Gauge("sluice_cache_backend_up",
 BACKEND_ERRORS = Counter("sluice_cache_backend_errors_total",
                          "Shared cache backend calls that failed, by operation.", ["op"])
 LOCAL_HITS = Counter("sluice_cache_local_tier_hits_total",
-                     "Lookups answered from this replica's local tier while the shared backend was down.",
+                     "Entries found in this replica's local tier while the shared backend was down: "
+                     "exact hits, and nearest neighbours the same-question checks then judge.",
                      ["tier"])
 
 # Errors that mean "the backend is not there": they mark it down.  Any other RedisError
@@ -236,6 +237,11 @@ class RedisStore:
     def healthy(self) -> bool:
         return bool(self._up)
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes held in this process (the local tier and mirror), against limits.max_bytes."""
+        return self._local.nbytes
+
     async def start(self) -> None:
         self._install(*self._connect())
         try:
@@ -353,7 +359,7 @@ class RedisStore:
             key = local.entry.entry_id
             found = await self._run("nearest", lambda c, key=key: self._fetch(c, scope, key))
             if found is _FAILED:
-                entry = self._local_answer(scope, key, "semantic")
+                entry = self._local_answer(scope, key, "nearest")
                 return None if entry is None else Neighbour(entry, local.similarity)
             if found is not None:
                 return Neighbour(self._keep(*found), local.similarity)
