@@ -7,7 +7,7 @@ GEN     := sidecar/gen/.stamp
 MODEL   := build/models/.stamp
 PROTOS  := $(wildcard proto/sluice/v1/*.proto)
 
-.PHONY: all run test test-fast proto bench bench-overhead bench-embed bench-decode bench-route bench-overload bench-cache bench-cache-memory bench-index bench-instructions model-fp16 gpu-check docs lint system-deps clean
+.PHONY: all run test test-fast proto bench bench-overhead bench-embed bench-decode bench-route bench-overload bench-cache bench-cache-memory bench-index bench-instructions model-fp16 gpu-check docs lint system-deps clean fuzz
 
 all: $(STAMP) $(GEN) $(MODEL)
 
@@ -41,6 +41,11 @@ test: all system-deps
 
 test-fast: all
 	$(BIN)/python -m pytest -q -m "not e2e"
+
+# Hostile client bodies and upstream answers through the real request path (bench/fuzz.py):
+# FUZZ_ARGS="--clients 1000 --answers 100" for a short run.
+fuzz: all
+	$(BIN)/python -m bench.fuzz $(FUZZ_ARGS)
 
 bench: bench-overhead
 

@@ -198,6 +198,8 @@ class CachingDirector:
         self._clock = clock
         # Stores that hold their entries in this process answer exact hits without awaiting.
         self._get_exact_now = getattr(runtime.store, "get_exact_now", None)
+        # Stores that can drop one entry (the in-process one) lose an unreadable one at once.
+        self._discard = getattr(runtime.store, "discard", None)
         self._route_cache_of = PerSettings()
         self._tasks: set[asyncio.Task] = set()
 
@@ -222,7 +224,7 @@ class CachingDirector:
         entry = self._get_exact_now(request.scope.key, request.key)
         if entry is not None and self._reported(request.scope.key, entry, request.key):
             entry = None
-        answer = None if entry is None else readable(entry.answer)
+        answer = None if entry is None else self._replayable(entry)
         if answer is None:
             return None
         ctx.cache_scope = request.scope.key
@@ -254,7 +256,7 @@ class CachingDirector:
                 if _reports_false_hit(ctx):
                     await self._report(ctx.route_name, "client", scope.key, key, found, policy.ttl_s)
                     found = dataclasses.replace(found, tier=None)     # the repeat goes upstream
-                answer = None if found.tier is None else readable(found.entry.answer)
+                answer = None if found.tier is None else self._replayable(found.entry)
                 if answer is not None:
                     return self._serve(ctx, answer, found.tier,
                                        found.similarity if found.tier == "semantic" else None,
@@ -274,6 +276,15 @@ class CachingDirector:
         finally:
             if lead is not None:       # cancelled (client left) or failed before the capture owned it
                 lead.abandon()
+
+    def _replayable(self, entry) -> CachedAnswer | None:
+        """The entry's answer, or None (a miss: the request goes upstream) for one that cannot
+        be replayed, which is dropped where the store allows: else a semantic neighbour would
+        miss every lookup near it, and an exact one until an answer replaces it."""
+        answer = readable(entry.answer)
+        if answer is None and self._discard is not None:
+            self._discard(entry.scope, entry.entry_id)
+        return answer
 
     @staticmethod
     def _count_untouched(ctx: RequestContext) -> None:

@@ -228,7 +228,7 @@ def _check_message(message: Any, where: str) -> None:
     if not isinstance(message, dict):
         raise BadRequest(f"'{where}' must be an object", where)
     role = message.get("role")
-    if role not in ROLES:
+    if not isinstance(role, str) or role not in ROLES:      # a list or object is unhashable
         raise BadRequest(f"'{where}.role' must be one of {sorted(ROLES)}", f"{where}.role")
     content = message.get("content")
     if content is None or isinstance(content, str):

@@ -21,7 +21,7 @@ def _serve(args: argparse.Namespace) -> int:
     from sidecar import logs
     from sidecar.app import App
     from sidecar.config import ConfigError
-    from sidecar.embedding import ModelLoadError
+    from sidecar.embedding import EmbeddingSettings, ModelLoadError
     from sidecar.event_loop import loop_factory
     from sidecar.noop import NoopProcessor
     from sidecar.reload import load_config
@@ -34,12 +34,17 @@ def _serve(args: argparse.Namespace) -> int:
                            drain_delay_s=args.drain_delay, grace_s=args.grace, config_file=args.config_file,
                            access_log=False if args.noop else None)
 
+    def bad_config(exc: ConfigError) -> int:
+        print(f"sluice: bad configuration: {exc}", file=sys.stderr)
+        return EXIT_BAD_CONFIG
+
     try:
         config = load()
         new_loop, loop_name = loop_factory(config.event_loop)
+        if config.cache and config.semantic and not args.noop:
+            EmbeddingSettings.from_env()          # read again by the app; checked before anything starts
     except ConfigError as exc:
-        print(f"sluice: bad configuration: {exc}", file=sys.stderr)
-        return EXIT_BAD_CONFIG
+        return bad_config(exc)
     logs.configure(config.log_level)
     logging.getLogger("sluice.server").info("event loop: %s", loop_name)
     try:
@@ -51,6 +56,8 @@ def _serve(args: argparse.Namespace) -> int:
                 runner.run(serve(config, App(RoutingDirector()), new_processor=NoopProcessor, load_config=load))
             else:
                 runner.run(serve(config, load_config=load))
+    except ConfigError as exc:      # any other setting found bad while starting: no traceback either
+        return bad_config(exc)
     except (OSError, ModelLoadError) as exc:
         print(f"sluice: cannot start: {exc}", file=sys.stderr)
         return EXIT_START_FAILED

@@ -13,6 +13,7 @@ from dataclasses import dataclass, fields
 
 ENV_PREFIX = "SLUICE_"
 EVENT_LOOPS = ("auto", "uvloop", "asyncio")   # sidecar/event_loop.py
+ON_INTERNAL_ERROR = ("refuse", "continue")   # sidecar/processor.py RequestProcessor.fail
 
 
 class ConfigError(ValueError):
@@ -47,6 +48,9 @@ class SidecarConfig:
     trace_sample_ratio: float = 0.1  # share of the traces the sidecar starts that are sampled
     admin_remote: bool = False   # the Admin gRPC service also answers non-loopback peers
     event_loop: str = "auto"     # auto: uvloop when installed; uvloop (required) or asyncio
+    # A request whose handling raises (a bug) before it is decided: refuse (an OpenAI-shaped 500;
+    # it never passes admission and limits undecided) or continue (upstream, undecided).
+    on_internal_error: str = "refuse"
 
     def __post_init__(self) -> None:
         for name in ("listen", "metrics_listen"):
@@ -78,6 +82,9 @@ class SidecarConfig:
             raise ConfigError(f"log_level: expected DEBUG, INFO, WARNING or ERROR, got {self.log_level!r}")
         if self.otlp_endpoint and not self.otlp_endpoint.startswith(("http://", "https://")):
             raise ConfigError(f"otlp_endpoint: expected http://HOST:PORT or https://HOST:PORT, got {self.otlp_endpoint!r}")
+        if self.on_internal_error not in ON_INTERNAL_ERROR:
+            raise ConfigError(f"on_internal_error: expected one of {', '.join(ON_INTERNAL_ERROR)}, "
+                              f"got {self.on_internal_error!r}")
         if self.event_loop not in EVENT_LOOPS:
             raise ConfigError(f"event_loop: expected one of {', '.join(EVENT_LOOPS)}, got {self.event_loop!r}")
         if not 0.0 <= self.trace_sample_ratio <= 1.0:
@@ -100,10 +107,22 @@ class SidecarConfig:
         if "redis_url" not in values and environ.get("REDIS_URL"):
             values["redis_url"] = environ["REDIS_URL"]          # the conventional name works too
         values.update({k: v for k, v in overrides.items() if v is not None})
-        return cls(**values)
+        return with_variable_named(cls, values, ENV_PREFIX)
 
     def replace(self, **changes) -> "SidecarConfig":
         return dataclasses.replace(self, **changes)
+
+
+def with_variable_named(cls, values: dict, prefix: str):
+    """cls(**values), its ConfigError naming the variable that sets the field, as a start-up
+    error must ("max_queue: ..." reads "SLUICE_EMBED_MAX_QUEUE (max_queue): ...")."""
+    try:
+        return cls(**values)
+    except ConfigError as exc:
+        name, sep, rest = str(exc).partition(": ")
+        if sep and name in {f.name for f in fields(cls)}:
+            raise ConfigError(f"{prefix}{name.upper()} ({name}): {rest}") from None
+        raise
 
 
 def _convert(field: dataclasses.Field, raw: str):

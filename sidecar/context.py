@@ -33,6 +33,7 @@ class Outcome(enum.Enum):
     ANSWERED = "answered"              # answered by the sidecar (e.g. from cache)
     REFUSED = "refused"                # refused by the sidecar (overload, limits)
     ENVOY_REPLY = "envoy_reply"        # Envoy answered itself before the sidecar decided (413, 429)
+    FAILED = "failed"                  # the sidecar failed on it (a bug): refused, or passed on undecided
 
 
 @dataclass

@@ -16,6 +16,9 @@ MESSAGE_SECONDS = Histogram(
 OPEN_STREAMS = Gauge("sluice_open_streams", "ext_proc streams (requests) open now.")
 PROTOCOL_ERRORS = Counter(
     "sluice_protocol_errors_total", "ext_proc streams ended because a message was out of order.")
+INTERNAL_ERRORS = Counter(
+    "sluice_internal_errors_total", "ext_proc messages whose handling raised (a bug), by message kind: "
+    "the request was refused or passed on per SLUICE_ON_INTERNAL_ERROR.", ["phase"])
 
 
 def message_timer(event_type: type):

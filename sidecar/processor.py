@@ -51,6 +51,8 @@ TRANSITIONS: dict[tuple[State, type], str] = {
 }
 
 
+_PHASES = {RequestHeaders: Phase.REQUEST_HEADERS, RequestBody: Phase.REQUEST_BODY,
+           ResponseHeaders: Phase.RESPONSE_HEADERS, ResponseBody: Phase.RESPONSE_BODY}
 # Envoy sends no response headers for this request (the rest as configured).
 _SKIP_RESPONSE = ModeOverride(response_headers=False)
 
@@ -78,6 +80,29 @@ class RequestProcessor:
     def apply(self, plan: Plan) -> Reply:
         """The director's answer to the last `Decide`."""
         return self.handle(plan)
+
+    def fail(self, event: Event, refuse: bool) -> Reply:
+        """The reply to an event whose handling raised (a bug, never a client's mistake: those
+        are 400s). A request not yet decided is refused with an OpenAI-shaped 500 when `refuse`
+        (sidecar.config on_internal_error), else let go undecided; so a body that trips a bug
+        never slips past admission and the tenant limits unless the operator chose so. Once
+        decided, the answer passes through untouched: it is the client's, admitted and paid."""
+        ctx = self.context
+        if isinstance(event, (RequestHeaders, RequestBody)):
+            ctx.outcome = Outcome.FAILED
+            if refuse:
+                self.state = State.DONE
+                ctx.status = 500
+                return error_reply(500, "the request could not be processed; it was not sent upstream",
+                                   type_="server_error", code="sidecar_error")
+        if isinstance(event, (ResponseHeaders, ResponseBody)) and event.end_of_stream:
+            self.state = State.DONE                 # Envoy sends nothing more
+        elif self.state is not State.DONE:
+            self.state = State.PASSTHROUGH
+        if isinstance(event, RequestHeaders):
+            return Continue(Phase.REQUEST_HEADERS, mode=ModeOverride(
+                request_body=BodyMode.NONE, response_headers=False))
+        return Continue(_PHASES[type(event)])
 
     # --- request ------------------------------------------------------------------------
 
@@ -180,9 +205,7 @@ class RequestProcessor:
     def _on_passthrough(self, event: Event) -> Reply:
         if isinstance(event, ResponseHeaders):
             self.context.status = _status(event.headers)
-        phase = {RequestBody: Phase.REQUEST_BODY, ResponseHeaders: Phase.RESPONSE_HEADERS,
-                 ResponseBody: Phase.RESPONSE_BODY}[type(event)]
-        return Continue(phase)
+        return Continue(_PHASES[type(event)])
 
 
 def _status(headers) -> int | None:

@@ -26,6 +26,7 @@ from sidecar.app import App, build
 from sidecar.config import SidecarConfig
 from sidecar.director import Director
 from sidecar.events import Decide, ProtocolError, ResponseBody, ResponseHeaders
+from sidecar.logs import Throttle
 from sidecar.processor import RequestProcessor
 from sidecar.protos import admin_pb2_grpc
 from sidecar.reload import Reloader
@@ -50,10 +51,28 @@ async def _done_within(task: asyncio.Future, seconds: float) -> bool:
     return bool(done)
 
 
+# One bug tripped by every request of a flood must not write a traceback for each.
+_internal_error_log = Throttle()
+
+
+def _internal_error(event) -> None:
+    """Count a failed message; log it with its traceback at most once a minute (call in an
+    exception handler)."""
+    phase = type(event).__name__ if event is not None else "stream"
+    metrics.child(metrics.INTERNAL_ERRORS, phase).inc()
+    if _internal_error_log.due():
+        log.exception("ext_proc %s failed (a bug; further failures within a minute are only "
+                      "counted in sluice_internal_errors_total)", phase)
+
+
 class ExternalProcessor(pb_grpc.ExternalProcessorServicer):
     def __init__(self, director: Director, new_processor: Callable[..., object] = RequestProcessor,
-                 access_log: AccessLog | None = None, tracing: Tracing | None = None):
+                 access_log: AccessLog | None = None, tracing: Tracing | None = None,
+                 refuse_on_error: bool = True):
+        """refuse_on_error: a request whose handling raises before it is decided gets a 500
+        (SidecarConfig.on_internal_error "refuse"), else it goes on undecided ("continue")."""
         self._director = director
+        self._refuse_on_error = refuse_on_error
         self._new_processor = new_processor
         self._access_log = access_log
         self._tracing = tracing
@@ -70,28 +89,38 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):
                 event = codec.decode(request)
                 if event is None:
                     continue
-                if isinstance(event, ResponseBody):     # first: the reply may carry its usage
-                    self._director.on_response_body(ctx, event.body, event.end_of_stream)
-                reply = processor.handle(event)
-                if isinstance(reply, Decide):
-                    if self._tracing is not None:
-                        trace = self._tracing.begin(ctx, parse_s=time.perf_counter() - started)
-                    plan = self._decide_now(ctx, trace)
-                    if plan is None:
-                        decision = self._start_decision(ctx, trace)
-                        try:
-                            if not await _done_within(decision, EXTEND_AFTER_S):
-                                # Queued or waiting for a twin's answer: keep Envoy from timing
-                                # the message out (and failing open past the gate).
-                                yield codec.extend_message_timeout(EXTENDED_MESSAGE_TIMEOUT_S)
-                            plan = await decision
-                        finally:
-                            decision.cancel()      # the client went away: leave queues at once
-                    # The upstream request carries a traceparent (kept or new).
-                    reply = processor.apply(trace.plan(plan) if trace is not None else plan)
-                elif isinstance(event, ResponseHeaders):
-                    self._director.on_response_headers(ctx)
-                response = codec.encode(reply)
+                try:
+                    if isinstance(event, ResponseBody):     # first: the reply may carry its usage
+                        self._director.on_response_body(ctx, event.body, event.end_of_stream)
+                    reply = processor.handle(event)
+                    if isinstance(reply, Decide):
+                        if self._tracing is not None:
+                            trace = self._tracing.begin(ctx, parse_s=time.perf_counter() - started)
+                        plan = self._decide_now(ctx, trace)
+                        if plan is None:
+                            decision = self._start_decision(ctx, trace)
+                            try:
+                                if not await _done_within(decision, EXTEND_AFTER_S):
+                                    # Queued or waiting for a twin's answer: keep Envoy from timing
+                                    # the message out (and failing open past the gate).
+                                    yield codec.extend_message_timeout(EXTENDED_MESSAGE_TIMEOUT_S)
+                                plan = await decision
+                            finally:
+                                decision.cancel()      # the client went away: leave queues at once
+                        # The upstream request carries a traceparent (kept or new).
+                        reply = processor.apply(trace.plan(plan) if trace is not None else plan)
+                    elif isinstance(event, ResponseHeaders):
+                        self._director.on_response_headers(ctx)
+                    response = codec.encode(reply)
+                except ProtocolError:
+                    raise
+                except Exception:
+                    # A bug: this request is refused or let go as configured, and the stream
+                    # ends cleanly. Left to Envoy's failure_mode_allow, a fail-open Envoy would
+                    # send it upstream past admission and limits, and a client who found the
+                    # bug could repeat it at will (each with a traceback in the log).
+                    response = codec.encode(processor.fail(event, self._refuse_on_error))
+                    _internal_error(event)
                 metrics.message_timer(type(event)).observe(time.perf_counter() - started)
                 yield response
                 if processor.finished:
@@ -103,9 +132,9 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):
             metrics.PROTOCOL_ERRORS.inc()
             log.error("ext_proc protocol error: %s", exc)
         except Exception:
-            # A bug: the stream fails and Envoy applies failure_mode_allow (open: the request
-            # goes on undecided). Never silently.
-            log.exception("ext_proc stream failed; Envoy handles the request per failure_mode_allow")
+            # A bug outside a message's handling (decoding it): the stream fails and Envoy
+            # applies failure_mode_allow. Counted, and logged at most once a minute.
+            _internal_error(None)
             raise
         finally:
             # Runs on normal end, client disconnect (cancellation) and errors alike.
@@ -161,7 +190,8 @@ class Sidecar:
         self.health = health_async.HealthServicer()
         self.server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
         pb_grpc.add_ExternalProcessorServicer_to_server(
-            ExternalProcessor(director or RoutingDirector(), new_processor, access_log, tracing), self.server)
+            ExternalProcessor(director or RoutingDirector(), new_processor, access_log, tracing,
+                              refuse_on_error=config.on_internal_error == "refuse"), self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         if admin is not None:
             admin_pb2_grpc.add_AdminServicer_to_server(admin, self.server)

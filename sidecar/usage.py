@@ -14,11 +14,10 @@ to max_bytes; past it the completion is estimated from the body's size.
 """
 from __future__ import annotations
 
-import json
 import math
 from typing import Any
 
-from sidecar.cache.capture import CHARS_PER_TOKEN, MAX_BYTES, estimate_tokens, usage_of
+from sidecar.cache.capture import CHARS_PER_TOKEN, MAX_BYTES, estimate_tokens, read_json, usage_of
 from sidecar.sse import SseEvents
 
 # Fields of a message or delta whose text the model generated.
@@ -94,10 +93,7 @@ class UsageMeter:
         self._chars = self._body_size                     # JSON overhead counted too: an upper bound
 
     def _read_object(self, data: bytes, part: str) -> None:
-        try:
-            value = json.loads(data)
-        except ValueError:
-            return
+        value = read_json(data)
         if not isinstance(value, dict):
             return
         if value.get("error") is not None:

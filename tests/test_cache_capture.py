@@ -244,3 +244,44 @@ JSON_200 = {":status": "200", "content-type": "application/json"}
 def test_the_upstreams_cache_control_is_obeyed(cache_control, expected):
     headers = {**JSON_200, "cache-control": cache_control}
     assert response_refusal(headers, False) == (Refusal(expected) if expected else None)
+
+
+# --- upstream answers are untrusted input ----------------------------------------------------
+
+HUGE = 10 ** 400           # 401 digits: no float holds it (Envoy metadata, Prometheus, budgets)
+DEEP = b"[" * 3000 + b"]" * 3000      # past the JSON decoder's recursion limit
+
+
+@pytest.mark.parametrize("usage", [
+    {"prompt_tokens": HUGE, "completion_tokens": 2},
+    {"prompt_tokens": 3, "completion_tokens": HUGE},
+    {"prompt_tokens": 10 ** 9 + 1, "completion_tokens": 0},
+])
+def test_token_counts_past_any_model_are_no_usage_and_the_estimate_stands(usage):
+    answer = capture_json(completion(choice("Hello"), usage=usage), NOW, prompt_text="x" * 8)
+    assert isinstance(answer, CachedAnswer) and answer.usage_estimated
+    assert (answer.prompt_tokens, answer.completion_tokens) == (2, estimate_tokens("Hello"))
+    stream = SseCapture()
+    stream.feed(sse(chunk("Hello"), chunk(finish_reason="stop"), chunk(usage=usage)))
+    assert stream.finish(NOW).usage_estimated
+
+
+@pytest.mark.parametrize("body", [
+    DEEP,
+    b'{"choices": [], "x": ' + DEEP + b"}",
+    b'{"usage": {"prompt_tokens": ' + b"9" * 5000 + b"}}",      # past int()'s digit limit
+])
+def test_an_answer_that_cannot_be_decoded_is_refused_not_raised(body):
+    assert capture_json(body, NOW) == Refusal("invalid_json")
+    stream = SseCapture()
+    stream.feed(b"data: " + body + b"\n\n")
+    assert stream.refused == Refusal("invalid_json")
+
+
+def test_a_stored_answer_with_counts_past_the_bound_is_unreadable():
+    stored = json.loads(ANSWER.to_bytes())
+    stored["prompt_tokens"] = HUGE
+    with pytest.raises(ValueError, match="prompt_tokens"):
+        CachedAnswer.from_bytes(json.dumps(stored).encode())
+    with pytest.raises(ValueError, match="not JSON"):
+        CachedAnswer.from_bytes(DEEP)

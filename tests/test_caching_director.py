@@ -461,3 +461,18 @@ def test_a_prompt_past_max_prompt_chars_is_not_embedded():
     long = asyncio.run(d.lookup("scope", "k2", "x" * (limit + 1), settings))
     assert (short.reason, long.reason) == ("below_threshold", "too_long")
     assert [len(t) for t in embedder.texts] == [limit]
+
+
+def test_a_stored_entry_that_cannot_be_replayed_is_dropped_and_the_request_goes_upstream():
+    """A 401-digit token count stored by an older version failed every hit on the entry."""
+    d = director()
+    ctx = request()
+    worked_out = d._cache_request(ctx, d._route_cache(ctx))
+    stored = json.loads(capture_json(ANSWER, time.time()).to_bytes())
+    stored["prompt_tokens"] = 10 ** 400
+    asyncio.run(d._rt.store.put(worked_out.scope.key, worked_out.key, worked_out.prompt, None,
+                                json.dumps(stored).encode(), 60))
+    assert d.decide_now(ctx) is None                     # a miss, not an exception
+    assert d._rt.store.get_exact_now(worked_out.scope.key, worked_out.key) is None   # dropped
+    plan = asyncio.run(d.decide(ctx))
+    assert plan.reply is None and plan.cluster == "a" and ctx.cache_status == "miss"

@@ -42,6 +42,11 @@ def test_multipart_content_text():
     (b'{"model": "m", "messages": [1]}', "messages[0]"),
     (b'{"model": "m", "messages": [{"role": "wizard", "content": "x"}]}', "messages[0].role"),
     (b'{"model": "m", "messages": [{"role": "user", "content": 3}]}', "messages[0].content"),
+    # Of any JSON type where a string is expected: a list or object once escaped as a TypeError.
+    (b'{"model": "m", "messages": [{"role": ["user"], "content": "hi"}]}', "messages[0].role"),
+    (b'{"model": "m", "messages": [{"role": {"user": 1}, "content": "hi"}]}', "messages[0].role"),
+    (b'{"model": "m", "messages": [{"role": null, "content": "hi"}]}', "messages[0].role"),
+    (b'{"model": "m", "messages": [{"role": 1, "content": "hi"}]}', "messages[0].role"),
     (b'{"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": 1}]}]}',
      "messages[0].content[0].text"),
     (body(stream="yes"), "stream"),

@@ -69,3 +69,23 @@ def test_a_redis_url_is_never_shown_with_its_password_and_a_malformed_one_is_a_c
     with pytest.raises(ConfigError, match="redis_url") as error:
         SidecarConfig.from_env({"SLUICE_REDIS_URL": "redis://:pw@[::1", "SLUICE_CACHE_SECRET": "s" * 16})
     assert "pw" not in str(error.value)
+
+
+@pytest.mark.parametrize("environ, named", [
+    ({"SLUICE_EMBED_MAX_QUEUE": "abc"}, "SLUICE_EMBED_MAX_QUEUE"),
+    ({"SLUICE_EMBED_MAX_QUEUE": "0"}, "SLUICE_EMBED_MAX_QUEUE"),
+    ({"SLUICE_EMBED_MODEL_PATH": "/models/mine.onnx"}, "SLUICE_EMBED_MODEL_SHA256"),   # without its SHA
+    ({"SLUICE_GRACE_S": "-1"}, "SLUICE_GRACE_S"),
+    ({"SLUICE_ON_INTERNAL_ERROR": "shrug"}, "SLUICE_ON_INTERNAL_ERROR"),
+])
+def test_sluice_serve_with_a_bad_value_exits_2_with_one_line_naming_the_variable(environ, named):
+    """As the README promises: no traceback, nothing started."""
+    import os
+    import subprocess
+    import sys
+    env = {**inherited_env(), **environ, "SLUICE_LISTEN": "127.0.0.1:1", "SLUICE_METRICS_LISTEN": ""}
+    run = subprocess.run([sys.executable, "-m", "sidecar", "serve"], env=env, capture_output=True,
+                         text=True, timeout=60, cwd=os.path.dirname(os.path.dirname(__file__)))
+    assert run.returncode == 2, run.stderr
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and named in lines[0] and lines[0].startswith("sluice: bad configuration"), run.stderr

@@ -1,12 +1,16 @@
 """The ext_proc servicer ends a stream as soon as Envoy will send nothing more for its request."""
 import asyncio
+import json
 
 import pytest
+from prometheus_client import REGISTRY
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
 from sidecar.events import BodyMode, ImmediateReply, Plan
 from sidecar.noop import NoopProcessor
 from sidecar.processor import RequestProcessor
+from sidecar import server
+from sidecar.logs import Throttle
 from sidecar.server import ExternalProcessor
 from tests.ext_proc_stream import FakeDirector, chat_body, chat_messages, run_stream
 
@@ -111,14 +115,55 @@ async def test_a_client_gone_during_a_decision_is_finished_after_the_decision_un
     assert director.taken_when_finished == [True]      # once, after it took what it took
 
 
-async def test_a_director_bug_fails_the_stream_loudly(caplog):
-    """Envoy then applies failure_mode_allow; the sidecar's log says why, with the traceback."""
-    def bug():
-        raise OverflowError("int too large to convert to float")
-    director = FinishCounting(during=bug)
-    with pytest.raises(OverflowError):
-        await asyncio.wait_for(replies_until_stream_ends(
-            ExternalProcessor(director), chat_messages(chat_body("hi"))[:2]), timeout=5)
-    failed = [r for r in caplog.records if "ext_proc stream failed" in r.getMessage()]
-    assert failed and failed[0].exc_info is not None
-    assert director.finished == 1                # its bookkeeping still ran
+def _bug():
+    raise OverflowError("int too large to convert to float")
+
+
+class FailsOnAnswer(FinishCounting):
+    def on_response_body(self, ctx, chunk, end_of_stream) -> None:
+        _bug()
+
+
+@pytest.fixture
+def fresh_error_log(monkeypatch):
+    """The once-a-minute log of internal errors, due now."""
+    monkeypatch.setattr(server, "_internal_error_log", Throttle())
+
+
+def _internal_errors(phase: str) -> float:
+    return REGISTRY.get_sample_value("sluice_internal_errors_total", {"phase": phase}) or 0.0
+
+
+async def test_a_director_bug_refuses_the_request_with_an_openai_shaped_500(caplog, fresh_error_log):
+    """Never past admission undecided (as Envoy's fail-open would send it), and logged once
+    a minute however many requests trip it."""
+    director = FinishCounting(during=_bug)
+    before = _internal_errors("RequestBody")
+    for _ in range(3):
+        responses = await asyncio.wait_for(run_stream(
+            ExternalProcessor(director), chat_messages(chat_body("hi"))[:2], asyncio.Event()), timeout=5)
+        reply = responses[-1].immediate_response
+        assert reply.status.code == 500
+        error = json.loads(reply.body)["error"]
+        assert (error["type"], error["code"]) == ("server_error", "sidecar_error") and error["message"]
+    assert _internal_errors("RequestBody") - before == 3
+    logged = [r for r in caplog.records if "failed (a bug" in r.getMessage()]
+    assert len(logged) == 1 and logged[0].exc_info is not None
+    assert director.finished == 3                # its bookkeeping still ran
+
+
+async def test_a_director_bug_lets_the_request_go_undecided_when_so_configured(fresh_error_log):
+    director = FinishCounting(during=_bug)
+    responses = await asyncio.wait_for(run_stream(
+        ExternalProcessor(director, refuse_on_error=False), chat_messages(chat_body("hi"))[:3]), timeout=5)
+    kinds = [r.WhichOneof("response") for r in responses]
+    assert kinds == ["request_headers", "request_body", "response_headers"]
+    assert not responses[1].request_body.response.header_mutation.set_headers
+
+
+async def test_a_bug_while_reading_the_answer_passes_the_answer_on(fresh_error_log):
+    director = FailsOnAnswer()
+    kinds = await asyncio.wait_for(replies_until_stream_ends(
+        ExternalProcessor(director), [*_answer_starts(), _response_body_end()]), timeout=5)
+    assert kinds == ["request_headers", "request_body", "response_headers", "response_body"]
+    assert director.finished == 1

@@ -82,3 +82,15 @@ def test_an_answer_cut_short_is_charged_what_it_carried():
     assert completion >= 1000
     assert big_json.cut_short() is None                                 # once
     assert UsageMeter(stream=True).cut_short() is None                   # nothing came: the estimate stands
+
+
+def test_counts_past_any_model_and_undecodable_answers_are_estimated_never_raised():
+    from tests.test_cache_capture import DEEP, HUGE
+    body = json.dumps({"choices": [{"index": 0, "message": {"content": "a" * 40}, "finish_reason": "stop"}],
+                       "usage": {"prompt_tokens": HUGE, "completion_tokens": 1}}).encode()
+    assert UsageMeter(stream=False, prompt_text="x" * 8).feed(body, True) == (2, 10)
+    assert UsageMeter(stream=False).feed(DEEP, True) is None              # nothing read: admission's estimate
+    stream = UsageMeter(stream=True, prompt_text="x" * 8)
+    assert stream.feed(b"data: " + DEEP + b"\n\n" + sse(chunk("a" * 40, finish_reason="stop",
+                                                                usage={"prompt_tokens": HUGE, "completion_tokens": 1})),
+                       True) == (2, 10)

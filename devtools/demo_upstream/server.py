@@ -14,6 +14,7 @@ from typing import Any
 
 from aiohttp import web
 
+from . import canned
 from . import openai_format as fmt
 from .config import Config, validate
 from .engine import ChatPlan, RequestError, Slots, Stats, plan_chat
@@ -90,6 +91,7 @@ class DemoUpstream:
         app.router.add_get("/admin/stats", self.get_stats)
         app.router.add_post("/admin/reset-stats", self.reset_stats)
         app.router.add_get("/admin/last", self.get_last)
+        canned.install(app)
         return app
 
     async def _tag_response(self, request: web.Request, response: web.StreamResponse) -> None:

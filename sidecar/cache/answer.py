@@ -21,6 +21,10 @@ FINISH_REASONS = ("stop", "length")
 DECODED_ENTRIES = 256
 DECODED_MAX_BYTES = 8 * 1024
 FORMAT_VERSION = 1
+# Token counts above any model's context are no usage: bounded here, they stay exact in a
+# float (Envoy's dynamic metadata, Prometheus counters) and in the token budgets' arithmetic,
+# where an upstream's 400-digit count once overflowed and failed every replay of the entry.
+MAX_TOKENS = 10**9
 
 
 def compact_json(value: Any) -> bytes:
@@ -59,8 +63,8 @@ class CachedAnswer:
             raise ValueError("model: must be a string")
         for name in ("prompt_tokens", "completion_tokens"):
             value = getattr(self, name)
-            if not _is_int(value) or value < 0:
-                raise ValueError(f"{name}: must be an integer >= 0, got {value!r}")
+            if not _is_int(value) or not 0 <= value <= MAX_TOKENS:
+                raise ValueError(f"{name}: must be an integer from 0 to {MAX_TOKENS}, got {str(value)[:40]}")
         if (not isinstance(self.created_at, (int, float)) or isinstance(self.created_at, bool)
                 or not math.isfinite(self.created_at)):
             raise ValueError(f"created_at: must be a finite number, got {self.created_at!r}")
@@ -81,7 +85,7 @@ class CachedAnswer:
         """The answer stored by `to_bytes`; ValueError for anything else."""
         try:
             value = json.loads(data)
-        except (ValueError, TypeError) as exc:   # JSONDecodeError, UnicodeDecodeError
+        except (ValueError, TypeError, RecursionError) as exc:   # JSONDecodeError, UnicodeDecodeError, nesting
             raise ValueError(f"cached answer is not JSON: {exc}") from None
         if not isinstance(value, dict):
             raise ValueError("cached answer must be a JSON object")

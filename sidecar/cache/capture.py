@@ -24,6 +24,10 @@ turns the cache on has said its answers may be reused. Both capture paths then r
 | partial       |                                            | `data: [DONE]` never came, or no    |
 |               |                                            | finish_reason before it             |
 
+Every byte is untrusted: a body that is not JSON, not UTF-8, nested past the parser's recursion
+limit or holding an integer past Python's conversion limit is `invalid_json`; token counts
+past answer.MAX_TOKENS are no usage.
+
 Usage: the `usage` object when the upstream sent one (the last one in a stream: vLLM may
 send running totals). Otherwise estimated at one token per 4 characters (of the content,
 and of `prompt_text` when the caller gives it) and marked `usage_estimated`.
@@ -40,7 +44,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sidecar.cache.answer import FINISH_REASONS, CachedAnswer
+from sidecar.cache.answer import FINISH_REASONS, MAX_TOKENS, CachedAnswer
 from sidecar.cache.policy import cache_directives
 from sidecar.sse import SseEvents
 
@@ -85,13 +89,26 @@ def response_refusal(headers: Mapping[str, str], stream: bool) -> Refusal | None
 
 
 def usage_of(value: Any) -> tuple[int, int] | None:
-    """(prompt, completion) tokens of an OpenAI `usage` object; None when it is not one."""
+    """(prompt, completion) tokens of an OpenAI `usage` object; None when it is not one,
+    or counts more than MAX_TOKENS (then the estimate stands)."""
     if not isinstance(value, dict):
         return None
     prompt, completion = value.get("prompt_tokens"), value.get("completion_tokens")
-    if all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in (prompt, completion)):
+    if all(isinstance(n, int) and not isinstance(n, bool) and 0 <= n <= MAX_TOKENS for n in (prompt, completion)):
         return prompt, completion
     return None
+
+
+NOT_JSON = object()
+
+
+def read_json(data: bytes | str) -> Any:
+    """The JSON value of upstream bytes, or NOT_JSON. RecursionError is one of the ways to
+    fail: an answer nested ~1,000 deep exhausts the decoder's stack (it is no answer to read)."""
+    try:
+        return json.loads(data)
+    except (ValueError, RecursionError):     # JSONDecodeError, UnicodeDecodeError, int digits
+        return NOT_JSON
 
 
 def _answer(content: str, finish_reason: str, model: Any, usage: tuple[int, int] | None,
@@ -130,10 +147,7 @@ def _finish_refusal(finish_reason: Any) -> Refusal | None:
 
 
 def _parse_object(data: bytes | str) -> dict | Refusal:
-    try:
-        value = json.loads(data)
-    except ValueError:                      # JSONDecodeError, UnicodeDecodeError
-        return Refusal("invalid_json")
+    value = read_json(data)
     if not isinstance(value, dict):
         return Refusal("invalid_json")
     if value.get("error") is not None:

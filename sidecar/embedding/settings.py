@@ -10,7 +10,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 
-from sidecar.config import ConfigError
+from sidecar.config import ConfigError, with_variable_named
 
 ENV_PREFIX = "SLUICE_EMBED_"
 PROVIDERS = ("auto", "cpu", "cuda")
@@ -99,7 +99,7 @@ class EmbeddingSettings:
             if raw is not None:
                 values[field.name] = _convert(field, raw.strip())
         values.update({k: v for k, v in overrides.items() if v is not None})
-        return cls(**values)
+        return with_variable_named(cls, values, ENV_PREFIX)
 
     def replace(self, **changes) -> "EmbeddingSettings":
         return dataclasses.replace(self, **changes)
