@@ -34,6 +34,9 @@ from sidecar.scrape import Scraper
 
 log = logging.getLogger("sluice.routing")
 TIMEOUT_HEADER = "x-envoy-upstream-rq-timeout-ms"
+# Streams whose answer is read have one in this many read to the end (a reset mid-answer is a
+# breaker failure); more would put the sidecar on every token's path.
+STREAM_END_CHECK_ONE_IN = 8
 
 
 def rewrite_model(body: bytes, model: str) -> bytes:
@@ -57,6 +60,7 @@ class RoutingDirector:
         self._gpus = GpuPoller(self.scheduler.on_gpu_load) if scrape_interval_s else None
         self._plan_of = PerSettings()
         self._first_byte = FirstByteWatch()
+        self._streams_read = 0
 
     # --- decision -----------------------------------------------------------------------
 
@@ -181,8 +185,19 @@ class RoutingDirector:
             ctx.usage_meter = UsageMeter(ctx.chat.stream, ctx.chat.text)
             request_headers += (IDENTITY_ENCODING,)
             response_body = BodyMode.STREAMED if ctx.chat.stream else BodyMode.BUFFERED
+        elif ctx.response_read and self._checks_end(ctx):
+            response_body = BodyMode.STREAMED if ctx.chat.stream else BodyMode.BUFFERED
         return Plan(cluster=decision.cluster, body=body, request_headers=request_headers,
                     response_headers=tuple(response_headers), response_body=response_body)
+
+    def _checks_end(self, ctx: RequestContext) -> bool:
+        """Read this answer to its end, to see a reset mid-answer (processor: response_body_read)?
+        A JSON answer costs one more message: always. A stream costs one per chunk: one in
+        STREAM_END_CHECK_ONE_IN of the streams whose headers are read."""
+        if not ctx.chat.stream:
+            return True
+        self._streams_read += 1
+        return self._streams_read % STREAM_END_CHECK_ONE_IN == 0
 
     def _unavailable(self, ctx: RequestContext, decision: Decision, debug: tuple) -> Plan:
         ctx.outcome = Outcome.REFUSED
@@ -266,8 +281,10 @@ class RoutingDirector:
             ctx.permit.release(ttfb if ctx.status is not None else None, ok)
         if decision is None:
             return
-        self._first_byte.remove(decision.cluster, ctx)
         now = self._clock()
+        # A client that gave up on a hanging cluster ends its request here: judged first.
+        self._judge_overdue(now)
+        self._first_byte.remove(decision.cluster, ctx)
         if ctx.status is None and ctx.first_byte_overdue:
             # Judged a failure while it hung (the client gave up, or Envoy's answer went unread).
             self.scheduler.on_complete(decision, now - ctx.sent_at, False, now, judged=True)
