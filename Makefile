@@ -7,7 +7,7 @@ GEN     := sidecar/gen/.stamp
 MODEL   := build/models/.stamp
 PROTOS  := $(wildcard proto/sluice/v1/*.proto)
 
-.PHONY: all run test test-fast proto bench bench-overhead bench-embed bench-decode bench-route bench-overload bench-cache bench-index bench-instructions model-fp16 gpu-check docs lint system-deps clean
+.PHONY: all run test test-fast proto chaos bench bench-overhead bench-embed bench-decode bench-route bench-overload bench-cache bench-index bench-instructions model-fp16 gpu-check docs lint system-deps clean
 
 all: $(STAMP) $(GEN) $(MODEL)
 
@@ -61,6 +61,10 @@ bench-overload: all system-deps
 
 bench-cache: all system-deps
 	$(BIN)/python -m bench.cache
+
+# Faults under load through the real stack (issue 18's table): CHAOS_ARGS="--duration 20 --only redis".
+chaos: all system-deps
+	$(BIN)/python -m bench.chaos $(CHAOS_ARGS)
 
 bench-index: all
 	$(BIN)/python -m bench.index

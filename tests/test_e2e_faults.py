@@ -84,6 +84,15 @@ def test_a_frozen_sidecar_is_cut_off_within_about_two_seconds(make_stack, fail_o
     assert status == 200 and headers.get("x-sluice-cluster")
 
 
+def test_a_killed_replica_is_passed_over_at_once_when_failing_closed(make_stack):
+    stack = make_stack(envoy_vars={"FAILURE_MODE_ALLOW": "false"}, sidecars=2)
+    assert all(timed_post(stack)[0] == 200 for _ in range(4))
+    stack.stop_process("sidecar2", signal.SIGKILL)
+    # Its first refused connection ejects it (outlier detection), before its health checks fail.
+    statuses = [timed_post(stack)[0] for _ in range(20)]
+    assert statuses.count(503) <= 1 and statuses.count(200) >= 19, statuses
+
+
 # --- slow or absent request bodies ------------------------------------------------------------
 
 def raw_exchange(stack, data: bytes, wait_s: float) -> tuple[bytes, float]:
