@@ -168,6 +168,10 @@ class RequestProcessor:
 
     def _on_response_body(self, event: ResponseBody) -> Reply:
         if not event.end_of_stream:
+            if self._plan.response_body is BodyMode.BUFFERED:
+                # Outgrew Envoy's buffer (BUFFERED_PARTIAL): the rest flows on unseen, so
+                # whether the answer reached its end is not known here.
+                self.context.response_body_read = False
             return Continue(Phase.RESPONSE_BODY)
         self.state = State.DONE
         self.context.response_complete = True
