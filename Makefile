@@ -7,7 +7,7 @@ GEN     := sidecar/gen/.stamp
 MODEL   := build/models/.stamp
 PROTOS  := $(wildcard proto/sluice/v1/*.proto)
 
-.PHONY: all run test test-fast proto bench bench-overhead bench-embed bench-decode bench-route bench-overload bench-cache bench-cache-memory bench-index bench-instructions model-fp16 gpu-check docs lint system-deps clean fuzz
+.PHONY: all run test test-fast proto bench bench-overhead bench-embed bench-decode bench-route bench-overload bench-cache bench-cache-memory bench-index bench-instructions model-fp16 gpu-check docs lint system-deps clean fuzz chaos
 
 all: $(STAMP) $(GEN) $(MODEL)
 
@@ -69,6 +69,10 @@ bench-cache: all system-deps
 
 bench-cache-memory: all
 	$(BIN)/python -m bench.cache_memory
+
+# Faults under load through the real stack (issue 18's table): CHAOS_ARGS="--duration 20 --only redis".
+chaos: all system-deps
+	$(BIN)/python -m bench.chaos $(CHAOS_ARGS)
 
 bench-index: all
 	$(BIN)/python -m bench.index

@@ -62,6 +62,8 @@ class RequestContext:
     cache_request: object = None       # sidecar.caching.CacheRequest, once worked out
     capture: object = None             # sidecar.caching.Capture of a cache miss
     response_complete: bool = False
+    response_body_read: bool = False   # Envoy sends the answer's body (or its end) to the sidecar
+    first_byte_overdue: bool = False   # judged a failure while waiting for its first byte
     response_read: bool = True         # False: Envoy sends no response headers (feedback sampling)
 
     @property

@@ -188,10 +188,15 @@ class RequestProcessor:
         # Only a complete 200 answer is worth reading (e.g. for the cache).
         if self._plan.response_body is not None and ctx.status == 200 and not event.end_of_stream:
             mode = ModeOverride(response_body=self._plan.response_body)
+            ctx.response_body_read = True
         return Continue(Phase.RESPONSE_HEADERS, set_headers=self._plan.response_headers, mode=mode)
 
     def _on_response_body(self, event: ResponseBody) -> Reply:
         if not event.end_of_stream:
+            if self._plan.response_body is BodyMode.BUFFERED:
+                # Outgrew Envoy's buffer (BUFFERED_PARTIAL): the rest flows on unseen, so
+                # whether the answer reached its end is not known here.
+                self.context.response_body_read = False
             return Continue(Phase.RESPONSE_BODY)
         self.state = State.DONE
         self.context.response_complete = True

@@ -54,7 +54,8 @@ def build_route_plan(route: RouteSettings, route_name: str) -> RoutePlan:
         max_error_ratio=_set(b, "max_error_ratio", d.max_error_ratio),
         max_p95_latency_s=_set(b, "max_p95_latency_s", d.max_p95_latency_s),
         cooldown_s=_set(b, "cooldown_s", d.cooldown_s), probe_share=d.probe_share,
-        close_after_successes=_set(b, "close_after_successes", d.close_after_successes))
+        close_after_successes=_set(b, "close_after_successes", d.close_after_successes),
+        consecutive_failures=_set(b, "consecutive_failures", d.consecutive_failures))
     t = TimeoutConfig()
     timeout = replace(t, min_ms=_set(s.timeout, "min_ms", t.min_ms),
                       max_ms=_set(s.timeout, "max_ms", t.max_ms))

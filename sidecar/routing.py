@@ -29,10 +29,14 @@ from sidecar.processor import CLUSTER_HEADER
 from sidecar.route_policy import RoutePlan, build_route_plan
 from sidecar.route_settings import PerSettings, RouteSettings, RouteSettingsError
 from sidecar.scheduling import BreakerTransition, Decision, Scheduler
+from sidecar.scheduling.overdue import FirstByteWatch
 from sidecar.scrape import Scraper
 
 log = logging.getLogger("sluice.routing")
 TIMEOUT_HEADER = "x-envoy-upstream-rq-timeout-ms"
+# Streams whose answer is read have one in this many read to the end (a reset mid-answer is a
+# breaker failure); more would put the sidecar on every token's path.
+STREAM_END_CHECK_ONE_IN = 8
 
 
 def rewrite_model(body: bytes, model: str) -> bytes:
@@ -55,6 +59,8 @@ class RoutingDirector:
                          if scrape_interval_s else None)
         self._gpus = GpuPoller(self.scheduler.on_gpu_load) if scrape_interval_s else None
         self._plan_of = PerSettings()
+        self._first_byte = FirstByteWatch()
+        self._streams_read = 0
 
     # --- decision -----------------------------------------------------------------------
 
@@ -129,6 +135,7 @@ class RoutingDirector:
 
     def _pick(self, plan: RoutePlan, candidates, now: float) -> tuple[Decision, tuple]:
         """The scheduler's decision and, when the route asks, its debug header."""
+        self._judge_overdue(now)
         with tracing.span("sluice.schedule"):
             decision = self.scheduler.pick(candidates, now, plan.policy)
         return decision, (("x-sluice-debug", decision.debug_header()),) if plan.debug_header else ()
@@ -155,6 +162,8 @@ class RoutingDirector:
     def _routed(self, ctx: RequestContext, plan: RoutePlan, decision: Decision, now: float, debug: tuple) -> Plan:
         """The request goes to decision.cluster now: signals, timeout, headers."""
         self.scheduler.on_send(decision, now)
+        if ctx.response_read:          # only a read answer's first byte is seen
+            self._first_byte.add(decision.cluster, ctx, now)
         ctx.sent_at = now
         ctx.decision, ctx.outcome, ctx.cluster = decision, Outcome.ROUTED, decision.cluster
         self._remember_scores(decision)
@@ -176,8 +185,19 @@ class RoutingDirector:
             ctx.usage_meter = UsageMeter(ctx.chat.stream, ctx.chat.text)
             request_headers += (IDENTITY_ENCODING,)
             response_body = BodyMode.STREAMED if ctx.chat.stream else BodyMode.BUFFERED
+        elif ctx.response_read and self._checks_end(ctx):
+            response_body = BodyMode.STREAMED if ctx.chat.stream else BodyMode.BUFFERED
         return Plan(cluster=decision.cluster, body=body, request_headers=request_headers,
                     response_headers=tuple(response_headers), response_body=response_body)
+
+    def _checks_end(self, ctx: RequestContext) -> bool:
+        """Read this answer to its end, to see a reset mid-answer (processor: response_body_read)?
+        A JSON answer costs one more message: always. A stream costs one per chunk: one in
+        STREAM_END_CHECK_ONE_IN of the streams whose headers are read."""
+        if not ctx.chat.stream:
+            return True
+        self._streams_read += 1
+        return self._streams_read % STREAM_END_CHECK_ONE_IN == 0
 
     def _unavailable(self, ctx: RequestContext, decision: Decision, debug: tuple) -> Plan:
         ctx.outcome = Outcome.REFUSED
@@ -234,6 +254,7 @@ class RoutingDirector:
         if ctx.usage_meter is not None and is_encoded(ctx.response_headers):
             ctx.usage_meter = None           # compressed after all: the estimate stands
         if ctx.decision is not None:
+            self._first_byte.remove(ctx.decision.cluster, ctx)
             self.scheduler.on_first_byte(ctx.decision, now - ctx.sent_at, now)
 
     def on_response_body(self, ctx: RequestContext, chunk: bytes, end_of_stream: bool) -> None:
@@ -261,7 +282,13 @@ class RoutingDirector:
         if decision is None:
             return
         now = self._clock()
-        if ctx.status is None:
+        # A client that gave up on a hanging cluster ends its request here: judged first.
+        self._judge_overdue(now)
+        self._first_byte.remove(decision.cluster, ctx)
+        if ctx.status is None and ctx.first_byte_overdue:
+            # Judged a failure while it hung (the client gave up, or Envoy's answer went unread).
+            self.scheduler.on_complete(decision, now - ctx.sent_at, False, now, judged=True)
+        elif ctx.status is None:
             # The client left before any answer (or Envoy never got one): no verdict.
             self.scheduler.on_abandon(decision)
         else:
@@ -269,8 +296,17 @@ class RoutingDirector:
             # time after them is transfer, not generation (40,000 tokens/s for 200 tokens in 5 ms).
             streamed = ctx.chat is not None and ctx.chat.stream
             completion = ctx.usage[1] if streamed and ctx.usage is not None and ctx.response_complete else None
-            self.scheduler.on_complete(decision, now - ctx.sent_at, ctx.status < 500, now,
-                                       completion_tokens=completion, ttfb_s=ttfb)
+            # A read answer that never reached its end was cut (a reset mid-answer).
+            cut = ctx.response_body_read and not ctx.response_complete
+            self.scheduler.on_complete(decision, now - ctx.sent_at, ctx.status < 500 and not cut, now,
+                                       completion_tokens=completion, ttfb_s=ttfb, judged=ctx.first_byte_overdue)
+
+    def _judge_overdue(self, now: float) -> None:
+        """Requests still without their first byte well past their cluster's usual time count
+        as failures now (overdue.py): a hanging cluster trips its breaker within seconds."""
+        for ctx in self._first_byte.take_overdue(now, lambda cluster: self.scheduler.signals.ttfb_p95(cluster, now)):
+            ctx.first_byte_overdue = True
+            self.scheduler.on_overdue(ctx.decision, now)
 
     def _remember_scores(self, decision: Decision) -> None:
         """Scores for the scrape-time gauges (sidecar.metrics.SchedulerCollector)."""

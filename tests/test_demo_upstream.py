@@ -341,6 +341,19 @@ def test_error_mode_midstream_cuts_stream_before_done(up):
     up.wait_stats(requests=2, errors=2, completed=0, disconnected=0)
 
 
+def test_error_mode_hang_sends_nothing_until_the_client_leaves(up):
+    up.configure(error_rate=1, error_mode="hang")
+    with socket.create_connection(("127.0.0.1", up.port)) as sock:
+        body = json.dumps({"messages": HELLO}).encode()
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        sock.settimeout(1.0)
+        with pytest.raises(socket.timeout):
+            sock.recv(1)                     # no status line, however long one waits
+    up.wait_stats(requests=1, errors=1, completed=0, disconnected=1)
+    assert up.get("/health").status == 200
+
+
 def test_capacity_queues_requests_fifo(up):
     up.configure(capacity=1, tokens=5, tokens_per_s=25)  # 0.2 s each
     threads, latencies = run_concurrently([timed(up.chat)] * 3)

@@ -471,6 +471,9 @@ def test_istio_envoy_filter_matches_the_reference():
     assert ext_proc["grpc_service"]["envoy_grpc"]["cluster_name"] == cluster["name"]
     assert "http2_protocol_options" in json.dumps(cluster["typed_extension_protocol_options"])
     assert cluster["health_checks"][0]["grpc_health_check"]["service_name"] == EXT_PROC
+    reference_cluster = next(c for c in reference_config()["static_resources"]["clusters"] if c["name"] == "sluice_sidecar")
+    assert cluster["common_lb_config"] == reference_cluster["common_lb_config"]
+    assert cluster["health_checks"][0]["timeout"] == reference_cluster["health_checks"][0]["timeout"]
     mutations = patches["NETWORK_FILTER"]["typed_config"]["early_header_mutation_extensions"][0]
     assert {"remove_on_match": {"key_matcher": {"prefix": "x-sluice-"}}} in mutations["typed_config"]["mutations"]
     # Unread answers' headers come from the sidecar's metadata, as in the reference.
@@ -586,7 +589,9 @@ def test_k8s_envoy_config_keeps_the_reference_settings():
         ref_tc = ref_hcm["filter_chains"][0]["filters"][0]["typed_config"]
         tc = hcm["filter_chains"][0]["filters"][0]["typed_config"]
         for key in ("stat_prefix", "early_header_mutation_extensions", "local_reply_config", "route_config",
-                    "http_filters", "use_remote_address"):
+                    "http_filters", "use_remote_address",
+                    # slow or absent requests end in 408s, as in the reference
+                    "request_headers_timeout", "request_timeout", "stream_idle_timeout"):
             assert tc[key] == ref_tc[key], key
     assert k8s["admin"]["address"]["socket_address"]["address"] == "127.0.0.1"
     ref_clusters = {c["name"]: c for c in reference["static_resources"]["clusters"]}
@@ -594,6 +599,8 @@ def test_k8s_envoy_config_keeps_the_reference_settings():
     assert clusters["sluice_sidecar"]["health_checks"] == ref_clusters["sluice_sidecar"]["health_checks"]
     assert clusters["sluice_sidecar"]["typed_extension_protocol_options"] == \
         ref_clusters["sluice_sidecar"]["typed_extension_protocol_options"]
+    # A frozen sidecar is cut off (no panic routing to an unhealthy one), as in the reference.
+    assert clusters["sluice_sidecar"]["common_lb_config"] == ref_clusters["sluice_sidecar"]["common_lb_config"]
     for name in set(ref_clusters) - {"sluice_sidecar"}:
         assert clusters[name]["type"] == "STRICT_DNS", name
     # Every cluster the routes may pick exists.

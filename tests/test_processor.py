@@ -94,6 +94,24 @@ def test_plan_can_ask_for_the_response_body():
     assert reply.set_headers == (("x-sluice-cache", "miss"),)
 
 
+@pytest.mark.parametrize("mode, chunks, read_to_end", [
+    (BodyMode.BUFFERED, [(b"{}", True)], True),                  # whole: its end is seen
+    (BodyMode.BUFFERED, [], True),                               # cut before any body came
+    (BodyMode.BUFFERED, [(b"{" * 10, False)], False),            # outgrew the buffer: end unseen
+    (BodyMode.STREAMED, [(b"data: 1", False)], True),            # a stream's chunks: end still due
+])
+def test_whether_an_answer_is_read_to_its_end(mode, chunks, read_to_end):
+    """What decides if an answer that did not reach its end was cut (a breaker failure)."""
+    processor = RequestProcessor()
+    processor.handle(RequestHeaders(CHAT, False))
+    processor.handle(RequestBody(BODY, True))
+    processor.apply(Plan(response_body=mode))
+    processor.handle(ResponseHeaders({":status": "200"}, False))
+    for body, end in chunks:
+        processor.handle(ResponseBody(body, end))
+    assert processor.context.response_body_read is read_to_end
+
+
 @pytest.mark.parametrize("weights, expected", [
     ([1, 0], {"a"}), ([0, 5], {"b"}), ([1, 1], {"a", "b"}),
 ])

@@ -90,6 +90,28 @@ def test_transitions(events, state, triggers):
     assert seen == triggers
 
 
+def test_failures_in_a_row_trip_a_breaker_whose_window_is_healthy():
+    # 100 healthy requests keep the ratio far below 0.5; five failures in a row trip it anyway.
+    healthy = at(0, *["ok"] * 100)
+    breaker, triggers = drive(healthy + at(1, *["fail"] * 4))
+    assert breaker.state is CLOSED
+    breaker, triggers = drive(healthy + at(1, *["fail"] * 5))
+    assert (breaker.state, triggers) == (OPEN, ["tripped"])
+    # A success between them starts the count again; 0 turns the count off.
+    assert drive(healthy + at(1, "fail", "fail", "fail", "ok", "fail", "fail"))[0].state is CLOSED
+    off = BreakerConfig(window_s=10.0, min_requests=4, consecutive_failures=0)
+    assert drive(healthy + at(1, *["fail"] * 20), off)[0].state is CLOSED
+
+
+def test_five_failures_in_a_row_is_the_default():
+    breaker = CircuitBreaker("a")
+    for i in range(50):
+        breaker.record(True, 0.1, now=i / 10)
+    transitions = [breaker.record(False, 0.01, now=5.0) for _ in range(5)]
+    assert transitions[:4] == [None] * 4
+    assert transitions[4].state is OPEN and transitions[4].detail == "5 failures in a row"
+
+
 def test_a_transition_says_what_changed_when_and_why():
     breaker = CircuitBreaker("a", CONFIG)
     for _ in range(3):
@@ -141,6 +163,7 @@ def test_retry_after_is_the_rest_of_the_cool_down():
     [
         ("window_s", 0, "BreakerConfig.window_s must be > 0"),
         ("min_requests", 0, "BreakerConfig.min_requests must be an integer >= 1"),
+        ("consecutive_failures", -1, "BreakerConfig.consecutive_failures must be an integer >= 0"),
         ("min_requests", 2.5, "BreakerConfig.min_requests must be an integer >= 1"),
         ("max_error_ratio", 1.5, r"BreakerConfig.max_error_ratio must be within \[0, 1\]"),
         ("max_p95_latency_s", -1.0, "BreakerConfig.max_p95_latency_s must be > 0"),

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Callable
 
-ERROR_MODES = ("500", "reset", "midstream")
+ERROR_MODES = ("500", "reset", "midstream", "hang")
 
 
 @dataclass
@@ -72,7 +72,7 @@ OPTIONS: dict[str, tuple[Callable[[Any], Any], str]] = {
     "tokens_per_s": (_number(float, 0, above_low=True), "decode speed after the first token"),
     "tokens": (_number(int, 1), "completion length in tokens; a request's max_tokens caps it"),
     "error_rate": (_number(float, 0, 1), "share of chat requests that fail (0..1)"),
-    "error_mode": (_error_mode, "how a failing request fails: 500, reset or midstream"),
+    "error_mode": (_error_mode, "how a failing request fails: 500, reset (before headers), midstream (reset mid-body) or hang (no answer until the client leaves)"),
     "capacity": (_number(int, 0), "requests served at once, the rest queue FIFO; 0 = unlimited"),
     "slowdown_per_running": (
         _number(float, 0),

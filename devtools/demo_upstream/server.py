@@ -135,6 +135,9 @@ class DemoUpstream:
             self.stats.errors += 1
             reset_connection(request)
             return web.Response()  # aiohttp finds the socket gone and stays quiet
+        if failure == "hang":
+            self.stats.errors += 1
+            await asyncio.Event().wait()  # a stuck server: ends only when the client leaves
 
         async with self.slots:
             if plan.stream:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from sidecar.scheduling._validate import count, fraction, positive
+from sidecar.scheduling._validate import count, fraction, positive, require
 from sidecar.scheduling.model import BreakerState
 from sidecar.scheduling.signals import P95
 from sidecar.scheduling.windows import OutcomeWindow, SampleWindow
@@ -33,6 +33,10 @@ class BreakerConfig:
     cooldown_s: float = 15.0  # open this long before probing
     probe_share: float = 0.1  # share of requests sent as probes while half-open
     close_after_successes: int = 3  # consecutive probe successes that close the breaker
+    # Trips after this many failures in a row, whatever the window holds: a cluster that turns
+    # bad after a long healthy spell is seen within a few requests (Envoy's outlier detection
+    # ejects on 5 consecutive 5xx by default). 0: the ratio alone.
+    consecutive_failures: int = 5
 
     def __post_init__(self) -> None:
         positive("BreakerConfig.window_s", self.window_s)
@@ -44,6 +48,8 @@ class BreakerConfig:
         positive("BreakerConfig.probe_share", self.probe_share)
         fraction("BreakerConfig.probe_share", self.probe_share)
         count("BreakerConfig.close_after_successes", self.close_after_successes)
+        require(isinstance(self.consecutive_failures, int) and self.consecutive_failures >= 0,
+                "BreakerConfig.consecutive_failures", "must be an integer >= 0", self.consecutive_failures)
 
     @property
     def probe_interval(self) -> int:
@@ -71,6 +77,7 @@ class CircuitBreaker:
         self._opened_at = 0.0
         self._since_probe = 0  # requests offered since the last probe, while half-open
         self._successes = 0  # consecutive probe successes, while half-open
+        self._failures_in_a_row = 0  # while closed
 
     def poll(self, now: float) -> BreakerTransition | None:
         """Move from open to half_open once the cool-down has passed."""
@@ -114,6 +121,7 @@ class CircuitBreaker:
             if self._successes >= self.config.close_after_successes:
                 self._outcomes.clear()
                 self._latencies.clear()
+                self._failures_in_a_row = 0
                 return self._move("recovered", now, f"{self._successes} probes succeeded")
         return None
 
@@ -121,6 +129,12 @@ class CircuitBreaker:
         self._outcomes.add(now, ok)
         if ok and latency_s is not None and math.isfinite(latency_s):
             self._latencies.add(now, latency_s)
+        self._failures_in_a_row = 0 if ok else self._failures_in_a_row + 1
+        in_a_row = self.config.consecutive_failures
+        if in_a_row and self._failures_in_a_row >= in_a_row:
+            self._opened_at = now
+            self._failures_in_a_row = 0
+            return self._move("tripped", now, f"{in_a_row} failures in a row")
         total, failed = self._outcomes.counts(now)
         if total < self.config.min_requests:
             return None

@@ -215,12 +215,21 @@ class Scheduler:
         now: float,
         completion_tokens: int | None = None,
         ttfb_s: float | None = None,
+        judged: bool = False,
     ) -> None:
-        """The request ended: ok=False for 5xx, resets and timeouts."""
+        """The request ended: ok=False for 5xx, resets and timeouts. judged: its breaker verdict
+        was given already (on_overdue), so only the signals take it."""
         if decision.cluster is None:
             return
         self.signals.on_complete(decision.cluster, latency_s, ok, now, completion_tokens, ttfb_s)
-        self._emit(self._breaker(decision.cluster).record(ok, latency_s, now, probe=decision.probe))
+        if not judged:
+            self._emit(self._breaker(decision.cluster).record(ok, latency_s, now, probe=decision.probe))
+
+    def on_overdue(self, decision: Decision, now: float) -> None:
+        """A request still without its first byte well past the cluster's usual time to first
+        byte (overdue.FirstByteWatch): a failure for the breaker now, not at its timeout."""
+        if decision.cluster is not None:
+            self._emit(self._breaker(decision.cluster).record(False, None, now, probe=decision.probe))
 
     def breakers_closed(self, candidates: Sequence[CandidateSpec]) -> bool:
         """Every candidate's breaker closed: no probe due, no recovery to watch."""

@@ -128,6 +128,11 @@ class SignalTracker:
             return None
         return c.ttfb_ewma.value
 
+    def ttfb_p95(self, cluster: str, now: float) -> float | None:
+        """P95 time to first byte over the latency window; None without measurements there."""
+        c = self._clusters.get(cluster)
+        return None if c is None else c.ttfb.quantile(P95, now)
+
     def cluster_snapshot(self, cluster: str, now: float) -> ClusterSnapshot:
         c = self._clusters.get(cluster)
         if c is None:
