@@ -334,11 +334,11 @@ async def test_a_waiter_only_takes_slots_of_its_own_candidates():
 async def test_a_high_priority_waiter_degrades_after_degrade_after_s():
     gate, metrics = gate_with(limiter=fixed(1), degrade_after_s=0.02, default_deadline_s=0.2)
     held = await gate.acquire(["a"], "standard", "t")
-    vip = await gate.acquire(["a"], "vip", "u")
+    vip = await gate.acquire(["a"], "vip", "u", allow_degrade=True)
     assert isinstance(vip, Degrade) and vip.waited_s >= 0.02
     assert len(metrics.of("degraded")) == 1
-    no_fallback = asyncio.create_task(gate.acquire(["a"], "vip", "u", allow_degrade=False))
-    standard = asyncio.create_task(gate.acquire(["a"], "standard", "u"))
+    no_fallback = asyncio.create_task(gate.acquire(["a"], "vip", "u"))
+    standard = asyncio.create_task(gate.acquire(["a"], "standard", "u", allow_degrade=True))
     await asyncio.sleep(0.05)
     assert not no_fallback.done() and not standard.done()  # only degrade_classes, only when allowed
     held.release()
