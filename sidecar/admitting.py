@@ -13,6 +13,7 @@ from typing import Mapping, Sequence
 
 from sidecar.admission import (Degrade, Gate, Permit, RateLimitRule, RateLimits, Refusal,
                                TokenLimiter, estimate_prompt_tokens)
+from sidecar.admission.cost import AnswerLengths
 from sidecar.cache.scope import tenant_of
 from sidecar.context import RequestContext
 from sidecar.engine_priority import class_ranks, engine_field
@@ -37,6 +38,7 @@ class RouteAdmission:
     degrade_after_s: float | None = None
     # Tenant (as tenant_header names it) -> its weight among its class's tenants; others 1.
     tenant_weights: Mapping[str, int] = field(default_factory=dict)
+    count_tokens: bool = False  # slots and shares count expected tokens (admission/cost.py)
 
 
 def route_admission(route: RouteSettings, classes: Sequence[str] = ("vip", "standard", "batch")) -> RouteAdmission | None:
@@ -57,7 +59,8 @@ def route_admission(route: RouteSettings, classes: Sequence[str] = ("vip", "stan
         tenant_header=route.cache.tenant_header.lower(),
         engine_ranks=MappingProxyType(class_ranks(classes, dict(a.engine_ranks))),
         degrade_after_s=degrade_after,
-        tenant_weights=MappingProxyType({t: w for t, w in a.tenant_weights.items() if w > 0}))
+        tenant_weights=MappingProxyType({t: w for t, w in a.tenant_weights.items() if w > 0}),
+        count_tokens=a.count_tokens)
 
 
 class Admission:
@@ -66,6 +69,7 @@ class Admission:
         self._pending: set[asyncio.Task] = set()
         self._settings_of = PerSettings()
         self._limited_routes: dict[str, RateLimits] = {}
+        self.answer_lengths = AnswerLengths()
 
     def settings(self, route: RouteSettings, route_name: str) -> RouteAdmission | None:
         """None when the route has no admission, or bad admission settings (logged once per
@@ -117,6 +121,9 @@ class Admission:
                 return decision.refusal()
             ctx.token_estimate = estimate
         priority = ctx.priority_class = self._priority(ctx, settings)
+        if settings.count_tokens:
+            ctx.expected_tokens = self.answer_lengths.expected_tokens(
+                ctx.route_name, estimate_prompt_tokens(ctx.chat.text), ctx.chat.max_tokens)
         try:
             # Queued no longer than the sidecar may hold a request (Envoy's one extension of
             # its message timeout), whatever the deadline.
@@ -124,7 +131,8 @@ class Admission:
                                              deadline=self._deadline(ctx, settings), hold_until=ctx.hold_until,
                                              allow_degrade=can_degrade and settings.degrade_after_s != 0,
                                              degrade_after_s=settings.degrade_after_s or None,
-                                             tenant_weight=self._tenant_weight(ctx, settings))
+                                             tenant_weight=self._tenant_weight(ctx, settings),
+                                             tokens=ctx.expected_tokens)
         except BaseException:               # the client left the queue: nothing was served
             self.refund(ctx)
             raise
@@ -146,7 +154,10 @@ class Admission:
         return settings.tenant_weights.get(ctx.headers.get(settings.tenant_header, ""), 1)
 
     def settle(self, ctx: RequestContext) -> None:
-        """Correct the tenant's token budget with the answer's real usage (in the background)."""
+        """Learn the route's answer length from a whole answer; correct the tenant's token
+        budget with the answer's real usage (in the background)."""
+        if ctx.expected_tokens is not None and ctx.usage is not None and ctx.response_complete and ctx.status == 200:
+            self.answer_lengths.observe(ctx.route_name, ctx.chat.max_tokens, ctx.usage[1])
         if self._tokens is None or ctx.token_estimate is None or ctx.usage is None:
             return
         delta = sum(ctx.usage) - ctx.token_estimate

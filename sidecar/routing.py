@@ -180,7 +180,7 @@ class RoutingDirector:
             response_headers.append(("x-sluice-degraded", "1"))
         request_headers = ((TIMEOUT_HEADER, str(timeout_ms)),)
         response_body = None
-        if ctx.token_estimate is not None:   # a token budget: read the answer's real usage
+        if ctx.token_estimate is not None or ctx.expected_tokens is not None:   # read the answer's real usage
             ctx.usage_meter = UsageMeter(ctx.chat.stream, ctx.chat.text)
             request_headers += (IDENTITY_ENCODING,)
             response_body = BodyMode.STREAMED if ctx.chat.stream else BodyMode.BUFFERED

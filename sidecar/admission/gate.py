@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from sidecar.admission.cost import ClusterCosts
 from sidecar.admission.limiter import ConcurrencyLimiter, LimiterConfig
 from sidecar.admission.metrics import AdmissionMetrics, PrometheusAdmissionMetrics
 from sidecar.admission.outcomes import REASON_STATUS, Degrade, Refusal
@@ -98,7 +99,7 @@ class Permit:
     """A slot on `cluster`. Release it once, when the response ends or the request is dropped."""
 
     def __init__(self, gate: Gate, cluster: str, priority: str, tenant: str, waited_s: float, in_flight: int,
-                 granted_at: float = 0.0) -> None:
+                 granted_at: float = 0.0, slots: float = 1.0) -> None:
         self.cluster = cluster
         self.priority = priority
         self.tenant = tenant
@@ -106,6 +107,7 @@ class Permit:
         self._gate = gate
         self._in_flight = in_flight  # the cluster's count with this request, for the limiter
         self._granted_at = granted_at  # on the gate's clock
+        self.slots = slots  # what it counts for on the cluster (cost.py); 1 unless costs are counted
         self.released = False
 
     def release(self, latency_s: float | None = None, ok: bool = True, upstream_waiting: float | None = None) -> None:
@@ -128,6 +130,7 @@ class _Waiter:
     chooser: Chooser | None
     hold_until: float = math.inf          # latest start, whatever the deadline
     allow_degrade: bool = False           # a healthy fallback instead of an overload refusal
+    tokens: float | None = None           # expected tokens when slots count them (cost.py)
 
 
 class Gate:
@@ -149,7 +152,9 @@ class Gate:
         self._limiters: dict[str, ConcurrencyLimiter] = {}
         self._caps: dict[str, dict[str, int]] = {}       # cluster -> route -> its max_in_flight
         self._in_flight: dict[str, int] = {}
-        self._in_flight_by_class: dict[str, dict[str, int]] = {}  # cluster -> class -> requests
+        self._in_flight_by_class: dict[str, dict[str, float]] = {}  # cluster -> class -> slots used
+        self._used: dict[str, float] = {}  # cluster -> slots used (requests, or their costs)
+        self._costs = ClusterCosts()
         self._preempting_by_route: dict[str, frozenset[str]] = {}  # route -> its clusters that preempt
         self._preempting: frozenset[str] = frozenset()
         self._hold_s: dict[str, float] = {}  # mean slot hold time of answered requests, per cluster
@@ -172,6 +177,7 @@ class Gate:
         hold_until: float = math.inf,
         degrade_after_s: float | None = None,
         tenant_weight: int = 1,
+        tokens: float | None = None,
     ) -> Permit | Refusal | Degrade:
         """A slot on one of `candidates` (cluster names, in preference order), a refusal, or a
         degrade. `deadline`: absolute on the gate's clock (None or inf: now + default_deadline_s),
@@ -187,7 +193,8 @@ class Gate:
         Degrade instead, and so is one whose expected wait exceeds `degrade_after_s` (the
         route's; None: the gate's degrade_after_s for its degrade_classes), at once, or once it
         has waited that long. `tenant_weight`: the tenant's share among its class's tenants
-        while they compete for slots."""
+        while they compete for slots. `tokens`: the request's expected tokens where the route
+        counts slots and shares in tokens (cost.py); None: it counts as one request."""
         require(bool(candidates), "candidates", "must not be empty", list(candidates))
         now = self._clock() if now is None else now
         cls = self.config.queue.resolve(priority)
@@ -197,21 +204,23 @@ class Gate:
         for cluster in clusters:
             self._limiter(cluster)
         chooser = chooser or self._chooser
-        free = [c for c in clusters if self._has_slot(c, cls)]
+        free = [c for c in clusters if self._has_slot(c, cls, tokens)]
         wait = 0.0 if free else self._expected_wait(cls, tenant, clusters, now, tenant_weight)
         ttft = self._ttft(free or clusters)
         if admit_or_refuse(deadline - now, wait, ttft) == "refuse" or wait > hold_until - now:
             return self._refuse(cls, "deadline", now, allow_degrade and not free)
         if free:
-            return self._grant(_choose(chooser, free), cls, tenant, 0.0, queued=False)
+            return self._grant(_choose(chooser, free), cls, tenant, 0.0, queued=False, tokens=tokens)
         if degrade_after_s is None and cls in self.config.degrade_classes:
             degrade_after_s = self.config.degrade_after_s
         if not allow_degrade:
             degrade_after_s = None
         if degrade_after_s is not None and wait > degrade_after_s:
             return self._degrade(cls, 0.0)
-        waiter = _Waiter(clusters, asyncio.get_running_loop().create_future(), chooser, hold_until, allow_degrade)
-        pushed = self._queue.push(cls, tenant, deadline, now, waiter, tenant_weight)
+        waiter = _Waiter(clusters, asyncio.get_running_loop().create_future(), chooser, hold_until, allow_degrade,
+                         tokens)
+        cost = self._costs.slots(clusters[0], tokens, self._limiters[clusters[0]].limit)
+        pushed = self._queue.push(cls, tenant, deadline, now, waiter, tenant_weight, cost)
         if pushed.entry is None:
             return self._refuse(cls, pushed.refused or "queue_full", now, allow_degrade)
         entry = pushed.entry
@@ -315,18 +324,24 @@ class Gate:
             self._metrics.concurrency(cluster, limiter.limit, 0)
         return limiter
 
-    def _has_slot(self, cluster: str, cls: str | None = None) -> bool:
-        """A free slot on the cluster for a request of class `cls` (None: of the highest class)."""
+    def _has_slot(self, cluster: str, cls: str | None = None, tokens: float | None = None,
+                  any_room: bool = False) -> bool:
+        """Room on the cluster for a request of class `cls` (None: of the highest class) and
+        `tokens` expected tokens (None: one slot); any_room: for the smallest request. A
+        request alone on the cluster always fits."""
         names = self.config.queue.names
         cls = cls or names[0]
         limit = self._limiters[cluster].limit
         if cls != names[0]:
             limit -= min(self.config.reserved_top_slots, limit - 1)
-        used = self._in_flight[cluster]
+        used = self._used.get(cluster, 0.0)
         if cluster in self._preempting:     # the engine preempts lower classes to run this one
             by_class = self._in_flight_by_class.get(cluster, {})
-            used = sum(by_class.get(name, 0) for name in names[:names.index(cls) + 1])
-        return used < limit
+            used = sum(by_class.get(name, 0.0) for name in names[:names.index(cls) + 1])
+        if any_room:
+            return used < limit
+        need = self._costs.slots(cluster, tokens, self._limiters[cluster].limit)
+        return used + need <= limit + 1e-9 or used < 1e-9
 
     def _ttft(self, clusters: Sequence[str]) -> float:
         """The best expected time to first token among these clusters; 0 when none is known."""
@@ -370,24 +385,29 @@ class Gate:
         self._metrics.degraded(cls, waited_s)
         return Degrade(waited_s)
 
-    def _grant(self, cluster: str, cls: str, tenant: str, waited_s: float, queued: bool) -> Permit:
+    def _grant(self, cluster: str, cls: str, tenant: str, waited_s: float, queued: bool,
+               tokens: float | None = None) -> Permit:
+        slots = self._costs.slots(cluster, tokens, self._limiters[cluster].limit)
+        self._costs.admitted(cluster, tokens)
         self._in_flight[cluster] += 1
+        self._used[cluster] = self._used.get(cluster, 0.0) + slots
         by_class = self._in_flight_by_class.setdefault(cluster, {})
-        by_class[cls] = by_class.get(cls, 0) + 1
+        by_class[cls] = by_class.get(cls, 0.0) + slots
         in_flight = self._in_flight[cluster]
         self._waits[cls].add(self._clock(), waited_s)
         for name, share in self._share.items():
             self._share[name] = share + SHARE_EWMA_ALPHA * ((name == cls) - share)
         self._metrics.admitted(cls, waited_s, queued)
         self._metrics.concurrency(cluster, self._limiters[cluster].limit, in_flight)
-        return Permit(self, cluster, cls, tenant, waited_s, in_flight, self._clock())
+        return Permit(self, cluster, cls, tenant, waited_s, in_flight, self._clock(), slots)
 
     def _release(self, permit: Permit, latency_s: float | None, ok: bool, upstream_waiting: float | None) -> None:
         now = self._clock()
         cluster = permit.cluster
         self._in_flight[cluster] = max(0, self._in_flight[cluster] - 1)
+        self._used[cluster] = max(0.0, self._used.get(cluster, 0.0) - permit.slots)
         by_class = self._in_flight_by_class.get(cluster, {})
-        by_class[permit.priority] = max(0, by_class.get(permit.priority, 0) - 1)
+        by_class[permit.priority] = max(0.0, by_class.get(permit.priority, 0.0) - permit.slots)
         self._drain.add(now)
         limiter = self._limiters[cluster]
         if latency_s is not None or not ok:
@@ -405,21 +425,24 @@ class Gate:
         for entry in self._queue.expire(now):
             self._resolve(entry, self._refuse(entry.priority, "expired", now))
         while len(self._queue):
-            if not any(self._has_slot(c) for c in self._limiters):
+            if not any(self._has_slot(c, any_room=True) for c in self._limiters):
                 break
-            entry = self._queue.pop(lambda e: any(self._has_slot(c, e.priority) for c in e.item.candidates))
+            entry = self._queue.pop(lambda e: any(self._has_slot(c, e.priority, e.item.tokens)
+                                                  for c in e.item.candidates))
             if entry is None:
                 break
             waiter: _Waiter = entry.item
             if waiter.future.done():  # its task was cancelled and has not yet run its handler
                 continue
-            cluster = _choose(waiter.chooser, [c for c in waiter.candidates if self._has_slot(c, entry.priority)])
+            cluster = _choose(waiter.chooser, [c for c in waiter.candidates
+                                               if self._has_slot(c, entry.priority, waiter.tokens)])
             if admit_or_refuse(entry.deadline - now, 0.0, self._ttft([cluster])) == "refuse":
                 # Too late to answer in time: the slot goes to the next one, not to wasted work.
                 waiter.future.set_result(self._refuse(entry.priority, "expired", now, waiter.allow_degrade,
                                                       now - entry.arrival))
                 continue
-            waiter.future.set_result(self._grant(cluster, entry.priority, entry.tenant, now - entry.arrival, queued=True))
+            waiter.future.set_result(self._grant(cluster, entry.priority, entry.tenant, now - entry.arrival,
+                                                 queued=True, tokens=waiter.tokens))
         self._report_depths()
 
     def _on_deadline(self, entry: Entry) -> None:

@@ -95,6 +95,7 @@ class Entry:
     arrival: float
     seq: int
     item: Any = None
+    cost: float = 1.0  # what it counts for in the shares: 1, or its expected tokens in slots
 
     @property
     def order(self) -> tuple[float, int]:
@@ -115,9 +116,9 @@ class _Class:
     spec: PriorityClass
     tenants: OrderedDict[str, list[Entry]] = field(default_factory=OrderedDict)  # rotation order
     size: int = 0
-    credit: int = 0
+    credit: float = 0
     tenant_weight: dict[str, int] = field(default_factory=dict)  # of the tenants with entries
-    tenant_credit: dict[str, int] = field(default_factory=dict)
+    tenant_credit: dict[str, float] = field(default_factory=dict)
 
 
 class AdmissionQueue:
@@ -164,9 +165,10 @@ class AdmissionQueue:
     # -- changing ----------------------------------------------------------------------------
 
     def push(self, priority: str | None, tenant: str, deadline: float, arrival: float, item: Any = None,
-             weight: int = 1) -> Pushed:
+             weight: int = 1, cost: float = 1.0) -> Pushed:
         """Queue an entry; `weight`: its tenant's share among the class's tenants (the latest
-        push's weight counts)."""
+        push's weight counts); `cost`: what serving it takes off its class's and tenant's
+        credit, in units of one average request (shares then count tokens, not requests)."""
         name = self.config.resolve(priority)
         cls = self._classes[name]
         if self.tenant_depth(tenant) >= self.config.max_queued_per_tenant:
@@ -178,7 +180,7 @@ class AdmissionQueue:
             evicted = self._evict_below(name)
             if evicted is None:
                 return Pushed(None, "queue_full")
-        entry = Entry(name, tenant, deadline, arrival, next(self._seq), item)
+        entry = Entry(name, tenant, deadline, arrival, next(self._seq), item, max(0.0, float(cost)))
         entries = cls.tenants.setdefault(tenant, [])
         cls.tenant_weight[tenant] = max(1, int(weight))
         cls.tenant_credit.setdefault(tenant, 0)
@@ -206,8 +208,8 @@ class AdmissionQueue:
         best = next((c for c in contenders if c.credit > 0), None)
         if best is None:
             best = max(contenders, key=lambda c: c.credit)  # the first of the most on a tie
-        best.credit -= total
         entry = _pick_tenant(best, heads[best.spec.name])
+        best.credit -= total * entry.cost
         self._unlink(entry, rotate=True)
         return entry
 
@@ -283,7 +285,7 @@ def _pick_tenant(cls: _Class, heads: Mapping[str, Entry]) -> Entry:
         cls.tenant_credit[tenant] += weight
         total += weight
     best = max(heads, key=lambda t: cls.tenant_credit[t])
-    cls.tenant_credit[best] -= total
+    cls.tenant_credit[best] -= total * heads[best].cost
     return heads[best]
 
 
