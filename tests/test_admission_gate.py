@@ -521,3 +521,18 @@ async def test_a_tenant_full_refusal_is_never_degraded():
     assert isinstance(over, Refusal) and over.reason == "tenant_full"
     held.release()
     (await queued).release()
+
+
+async def test_a_preempted_class_keeps_its_own_first_token_tail_on_a_preempting_cluster():
+    clock = Clock()
+    gate, _ = gate_with(limiter=fixed(4), clock=clock, expected_ttft=lambda c: 0.4,
+                        queue=QueueConfig(max_queued_per_tenant=100))
+    gate.cap_route("r", {}, preempting={"a"})
+    for _ in range(20):                      # standard requests there wait behind preempting vips
+        (await gate.acquire(["a"], "standard", "t", deadline=clock.t + 10)).release(1.0, True)
+    late = await gate.acquire(["a"], "standard", "t", deadline=clock.t + 0.8)
+    assert isinstance(late, Refusal) and late.reason == "deadline"
+    vip = await gate.acquire(["a"], "vip", "u", deadline=clock.t + 0.8)   # the cluster's 0.4 s for vip
+    assert isinstance(vip, Permit)
+    gate.cap_route("r", {}, preempting=())   # first come first served: the cluster's estimate
+    assert isinstance(await gate.acquire(["a"], "standard", "t", deadline=clock.t + 0.8), Permit)

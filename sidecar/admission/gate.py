@@ -43,6 +43,8 @@ from sidecar.scheduling.windows import SampleWindow
 HOLD_EWMA_ALPHA = 0.1
 # Weight of the newest admission in each class's share of recent admissions (about the last 50).
 SHARE_EWMA_ALPHA = 0.02
+# A class's own time-to-first-token P95 on a preempting cluster counts from this many answers.
+MIN_CLASS_TTFT_SAMPLES = 20
 
 Chooser = Callable[[Sequence[str]], str]  # clusters with a free slot, in the caller's order -> one of them
 TtftEstimate = Callable[[str], "float | None"]  # cluster -> expected time to first token (s), None if unknown
@@ -155,6 +157,7 @@ class Gate:
         self._in_flight_by_class: dict[str, dict[str, float]] = {}  # cluster -> class -> slots used
         self._used: dict[str, float] = {}  # cluster -> slots used (requests, or their costs)
         self._costs = ClusterCosts()
+        self._class_ttft: dict[tuple[str, str], SampleWindow] = {}  # on preempting clusters
         self._preempting_by_route: dict[str, frozenset[str]] = {}  # route -> its clusters that preempt
         self._preempting: frozenset[str] = frozenset()
         self._hold_s: dict[str, float] = {}  # mean slot hold time of answered requests, per cluster
@@ -206,7 +209,7 @@ class Gate:
         chooser = chooser or self._chooser
         free = [c for c in clusters if self._has_slot(c, cls, tokens)]
         wait = 0.0 if free else self._expected_wait(cls, tenant, clusters, now, tenant_weight)
-        ttft = self._ttft(free or clusters)
+        ttft = self._ttft(free or clusters, cls)
         if admit_or_refuse(deadline - now, wait, ttft) == "refuse" or wait > hold_until - now:
             return self._refuse(cls, "deadline", now, allow_degrade and not free)
         if free:
@@ -236,7 +239,7 @@ class Gate:
         loop = asyncio.get_running_loop()
         # Out at the last moment a slot could still answer in time: the deadline less the
         # expected time to first token (a later slot would only run for a client gone).
-        latest_start = min(entry.deadline - self._ttft(waiter.candidates), waiter.hold_until)
+        latest_start = min(entry.deadline - self._ttft(waiter.candidates, entry.priority), waiter.hold_until)
         timers = [loop.call_later(max(0.0, latest_start - now), self._on_deadline, entry)]
         if degrade_after is not None:
             timers.append(loop.call_later(degrade_after, self._on_degrade, entry))
@@ -343,9 +346,20 @@ class Gate:
         need = self._costs.slots(cluster, tokens, self._limiters[cluster].limit)
         return used + need <= limit + 1e-9 or used < 1e-9
 
-    def _ttft(self, clusters: Sequence[str]) -> float:
-        """The best expected time to first token among these clusters; 0 when none is known."""
-        known = [t for t in map(self._expected_ttft, clusters) if t is not None and math.isfinite(t) and t >= 0]
+    def _ttft(self, clusters: Sequence[str], cls: str | None = None) -> float:
+        """The best expected time to first token among these clusters for a request of class
+        `cls`; 0 when none is known. On a cluster whose engine preempts, a lower class may be
+        preempted on the way to its first token: its own recent P95 there counts when higher
+        (the cluster's mean spans every class and hides that tail)."""
+        known = []
+        for cluster in clusters:
+            t = self._expected_ttft(cluster)
+            if t is not None and math.isfinite(t) and t >= 0:
+                window = self._class_ttft.get((cluster, cls)) if cluster in self._preempting else None
+                now = self._clock()
+                if window is not None and window.count(now) >= MIN_CLASS_TTFT_SAMPLES:
+                    t = max(t, window.quantile(P95, now) or 0.0)
+                known.append(t)
         return min(known, default=0.0)
 
     def _rate(self, clusters: Sequence[str] | None, now: float) -> float | None:
@@ -412,6 +426,12 @@ class Gate:
         limiter = self._limiters[cluster]
         if latency_s is not None or not ok:
             limiter.on_sample(latency_s, ok, permit._in_flight, now, upstream_waiting)
+        if latency_s is not None and ok and cluster in self._preempting:
+            key = (cluster, permit.priority)
+            window = self._class_ttft.get(key)
+            if window is None:
+                window = self._class_ttft[key] = SampleWindow(self.config.wait_stats_window_s, 1024)
+            window.add(now, latency_s)
         if latency_s is not None and ok:  # answered: the slot was held for a whole request
             held = max(0.0, now - permit._granted_at)
             mean = self._hold_s.get(cluster)
@@ -436,7 +456,7 @@ class Gate:
                 continue
             cluster = _choose(waiter.chooser, [c for c in waiter.candidates
                                                if self._has_slot(c, entry.priority, waiter.tokens)])
-            if admit_or_refuse(entry.deadline - now, 0.0, self._ttft([cluster])) == "refuse":
+            if admit_or_refuse(entry.deadline - now, 0.0, self._ttft([cluster], entry.priority)) == "refuse":
                 # Too late to answer in time: the slot goes to the next one, not to wasted work.
                 waiter.future.set_result(self._refuse(entry.priority, "expired", now, waiter.allow_degrade,
                                                       now - entry.arrival))
