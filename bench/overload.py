@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import pathlib
 import random
 import tempfile
@@ -124,6 +125,7 @@ async def phase(stack: Stack, arm: str, rate: float, seconds: float, seed: int, 
         out["tenant_goodput_rps"] = {t: sum(r.get("tenant") == t for r in good) / seconds for t in sorted(set(tenant))}
     out["upstream"] = upstream
     out["refusal_reasons"] = refusal_reasons(stack)
+    out["load_average_1m"] = os.getloadavg()[0]   # a shared machine's other work skews latencies
     return out
 
 
@@ -218,6 +220,8 @@ def main() -> int:
           f"share {fair['others_share']:.1%} against a fair {fair['fair_share']:.1%} (ratio {fair['ratio']:.2f}, "
           f"goal within 10%: {fair['met']})")
     print(f"gate refusals by reason (cumulative): {results['gate']['refusal_reasons']}")
+    print("1-minute load average at the end of each phase: "
+          + ", ".join(f"{name} {r['load_average_1m']:.1f}" for name, r in results.items()))
     keys = ("p50_ms", "p99_ms", "goodput_rps")
     out = {"capacity_rps": CAPACITY_RPS, "reserved_slots": args.reserved_slots,
            "unloaded": {"vip_p99_ms": vip_unloaded}, "vip_alone": {"vip_p99_ms": alone},
