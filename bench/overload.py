@@ -124,21 +124,24 @@ async def phase(stack: Stack, arm: str, rate: float, seconds: float, seed: int, 
     if tenants:
         out["tenant_goodput_rps"] = {t: sum(r.get("tenant") == t for r in good) / seconds for t in sorted(set(tenant))}
     out["upstream"] = upstream
-    out["refusal_reasons"] = refusal_reasons(stack)
+    out.update(sidecar_metrics(stack))
     out["load_average_1m"] = os.getloadavg()[0]   # a shared machine's other work skews latencies
     return out
 
 
-def refusal_reasons(stack: Stack) -> dict[str, float]:
-    """Cumulative admission refusals by reason, from the sidecar's metrics."""
+def sidecar_metrics(stack: Stack) -> dict:
+    """Cumulative admission refusals by reason, and each cluster's concurrency limit now."""
     import re
     text = httpx.get(f"http://127.0.0.1:{stack.ports.metrics}/metrics").text
     reasons: dict[str, float] = {}
+    limits: dict[str, float] = {}
     for line in text.splitlines():
         if line.startswith("sluice_admission_requests_refused_total{"):
             reason = re.search(r'reason="([^"]*)"', line).group(1)
             reasons[reason] = reasons.get(reason, 0) + float(line.rsplit(" ", 1)[1])
-    return reasons
+        elif line.startswith("sluice_admission_concurrency_limit{"):
+            limits[re.search(r'cluster="([^"]*)"', line).group(1)] = float(line.rsplit(" ", 1)[1])
+    return {"refusal_reasons": reasons, "concurrency_limits": limits}
 
 
 async def run(stack: Stack, seconds: float) -> dict:
@@ -220,6 +223,7 @@ def main() -> int:
           f"share {fair['others_share']:.1%} against a fair {fair['fair_share']:.1%} (ratio {fair['ratio']:.2f}, "
           f"goal within 10%: {fair['met']})")
     print(f"gate refusals by reason (cumulative): {results['gate']['refusal_reasons']}")
+    print(f"concurrency limits after the engine priority arm: {results['engine_priority']['concurrency_limits']}")
     print("1-minute load average at the end of each phase: "
           + ", ".join(f"{name} {r['load_average_1m']:.1f}" for name, r in results.items()))
     keys = ("p50_ms", "p99_ms", "goodput_rps")

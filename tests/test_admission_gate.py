@@ -536,3 +536,16 @@ async def test_a_preempted_class_keeps_its_own_first_token_tail_on_a_preempting_
     assert isinstance(vip, Permit)
     gate.cap_route("r", {}, preempting=())   # first come first served: the cluster's estimate
     assert isinstance(await gate.acquire(["a"], "standard", "t", deadline=clock.t + 0.8), Permit)
+
+
+async def test_on_a_preempting_cluster_only_the_top_class_latency_moves_the_limit():
+    aimd = LimiterConfig(algorithm="aimd", initial_limit=4, min_limit=1, max_limit=8, latency_target_s=1.0,
+                         backoff_interval_s=0)
+    gate, _ = gate_with(limiter=aimd, queue=QueueConfig(max_queued_per_tenant=100))
+    gate.cap_route("r", {}, preempting={"a"})
+    slow = [await gate.acquire(["a"], "standard", "t") for _ in range(4)]
+    for p in slow:
+        p.release(3.0, True)                 # preempted on the way: slow, but not overload
+    assert gate.limit("a") == 4
+    (await gate.acquire(["a"], "vip", "u")).release(3.0, True)
+    assert gate.limit("a") < 4               # the top class slow: the engine is overloaded

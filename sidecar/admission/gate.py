@@ -424,8 +424,13 @@ class Gate:
         by_class[permit.priority] = max(0.0, by_class.get(permit.priority, 0.0) - permit.slots)
         self._drain.add(now)
         limiter = self._limiters[cluster]
-        if latency_s is not None or not ok:
-            limiter.on_sample(latency_s, ok, permit._in_flight, now, upstream_waiting)
+        sample = latency_s
+        if cluster in self._preempting and permit.priority != self.config.queue.names[0]:
+            # A lower class waits behind the engine's preemptions by design; that is not the
+            # cluster's overload, and would shrink the limit that keeps its batch full.
+            sample = None
+        if sample is not None or not ok:
+            limiter.on_sample(sample, ok, permit._in_flight, now, upstream_waiting)
         if latency_s is not None and ok and cluster in self._preempting:
             key = (cluster, permit.priority)
             window = self._class_ttft.get(key)
