@@ -43,7 +43,9 @@ from sidecar.scheduling.windows import SampleWindow
 HOLD_EWMA_ALPHA = 0.1
 # Weight of the newest admission in each class's share of recent admissions (about the last 50).
 SHARE_EWMA_ALPHA = 0.02
-# A class's own time-to-first-token P95 on a preempting cluster counts from this many answers.
+# A class's own time-to-first-token on a preempting cluster: this quantile of its recent answers,
+# from this many answers. High: a request sent past it is likely to outlive its client.
+CLASS_TTFT_QUANTILE = P95
 MIN_CLASS_TTFT_SAMPLES = 20
 
 Chooser = Callable[[Sequence[str]], str]  # clusters with a free slot, in the caller's order -> one of them
@@ -349,7 +351,7 @@ class Gate:
     def _ttft(self, clusters: Sequence[str], cls: str | None = None) -> float:
         """The best expected time to first token among these clusters for a request of class
         `cls`; 0 when none is known. On a cluster whose engine preempts, a lower class may be
-        preempted on the way to its first token: its own recent P95 there counts when higher
+        preempted on the way to its first token: its own recent tail there counts when higher
         (the cluster's mean spans every class and hides that tail)."""
         known = []
         for cluster in clusters:
@@ -358,7 +360,7 @@ class Gate:
                 window = self._class_ttft.get((cluster, cls)) if cluster in self._preempting else None
                 now = self._clock()
                 if window is not None and window.count(now) >= MIN_CLASS_TTFT_SAMPLES:
-                    t = max(t, window.quantile(P95, now) or 0.0)
+                    t = max(t, window.quantile(CLASS_TTFT_QUANTILE, now) or 0.0)
                 known.append(t)
         return min(known, default=0.0)
 
