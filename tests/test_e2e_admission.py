@@ -192,7 +192,10 @@ def test_vip_overtakes_queued_standard_requests(stack):
     for t in threads:
         t.start()
         time.sleep(0.02)
-    time.sleep(0.1)                                   # one running, three queued
+    deadline = time.monotonic() + 10                  # one running, three queued
+    while metric(stack, "sluice_admission_queue_depth", **{"class": "standard"}) < 3:
+        assert time.monotonic() < deadline and not finished, finished
+        time.sleep(0.01)
     vip = threading.Thread(target=call, args=("/vip/", "vip"))
     vip.start()
     for t in [*threads, vip]:
