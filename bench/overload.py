@@ -1,17 +1,28 @@
-"""`make bench-overload`: a capacity-limited cluster at 3x its capacity, straight through Envoy
-and through the Sluice gate, in one run.
+"""`make bench-overload`: a capacity-limited cluster at 3x its capacity, three arms side by side
+in one run: straight through Envoy (direct), through the Sluice gate (gate), and through the
+gate to an engine that schedules by priority and preempts (gate + engine priority).
 
-The demo upstream serves `SLOTS` requests at once (more wait in its FIFO, like a full GPU
-batch); each client gives up after its deadline. 10% of the traffic is VIP. Reports per class
-P50/P99 latency of answers, goodput (answers within the deadline per second), refusals and
-wasted upstream work (requests the upstream queued or ran for a client that had already left),
-printed and in reports/overload.json. A last phase sends only the same VIP arrivals: their P99
-there is the floor any admission policy can reach on this cluster.
+The demo upstream serves `SLOTS` requests at once (more wait in its queue, like a full GPU
+batch); each client gives up after its deadline. 10% of the traffic is VIP. Upstream a runs
+first come first served; upstream b, the same engine, runs vLLM's priority scheduling (the
+sidecar writes each request's class into the body's `priority`). Reports per class P50/P99
+latency of answers, goodput (answers within the deadline per second), refusals, wasted
+upstream work (requests the upstream queued or ran for a client that had already left) and
+preemptions, printed and in reports/overload.json.
+
+Goals (issue 19), each checked in the same run: VIP P99 under overload <= 1.25x the P99 of the
+same VIP arrivals with no other traffic (the floor of any policy that does not preempt; the
+phase `vip_alone`), goodput >= 95% of capacity, no wasted work, and standard goodput >= 80% of
+what capacity is left after VIP's. The ratio to the unloaded VIP P99 is reported as well.
+
+A last phase measures tenant fairness on the gate: one tenant sends 10x as much as each of 9
+others, together 3x capacity; the others' share of goodput against their fair share.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import pathlib
 import random
 import tempfile
@@ -29,11 +40,16 @@ CAPACITY_RPS = SLOTS / SERVICE_S
 DEADLINE_S = 3.0
 VIP_SHARE = 0.1
 BODY = {"model": "demo-model", "messages": [{"role": "user", "content": "Plan my week."}]}
+# arm -> (upstream, path prefix of VIP requests, of standard ones)
+ARMS = {"direct": ("a", "/direct/", "/direct/"), "gate": ("a", "/gate-vip/", "/gate/"),
+        "engine_priority": ("b", "/prio-vip/", "/prio/")}
+ARM_TITLES = {"direct": "direct", "gate": "gate", "engine_priority": "gate + engine priority"}
+HEAVY_FACTOR, LIGHT_TENANTS = 10, 9
 
 
 def routes() -> list[dict]:
-    def gated(name: str, prefix: str, priority: str) -> dict:
-        route = chat_route(name, prefix, [{"cluster": "upstream_a", "max_in_flight": SLOTS}], rewrite="/")
+    def gated(name: str, prefix: str, priority: str, cluster: str = "upstream_a", **candidate) -> dict:
+        route = chat_route(name, prefix, [{"cluster": cluster, "max_in_flight": SLOTS, **candidate}], rewrite="/")
         route["metadata"]["filter_metadata"]["sluice"]["admission"] = {
             "enabled": True, "default_priority": priority, "default_deadline_s": DEADLINE_S}
         return route
@@ -42,7 +58,10 @@ def routes() -> list[dict]:
               "typed_per_filter_config": {"envoy.filters.http.ext_proc": {
                   "@type": "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExtProcPerRoute",
                   "disabled": True}}}
-    return [gated("gate_vip", "/gate-vip/", "vip"), gated("gate", "/gate/", "standard"), direct]
+    engine = {"engine_priority": {"kind": "vllm"}}
+    return [gated("gate_vip", "/gate-vip/", "vip"), gated("gate", "/gate/", "standard"),
+            gated("prio_vip", "/prio-vip/", "vip", "upstream_b", **engine),
+            gated("prio", "/prio/", "standard", "upstream_b", **engine), direct]
 
 
 async def upstream_stats(client: httpx.AsyncClient, port: int, reset: bool = False) -> dict:
@@ -51,11 +70,18 @@ async def upstream_stats(client: httpx.AsyncClient, port: int, reset: bool = Fal
     return (await client.get(f"http://127.0.0.1:{port}/admin/stats")).json()
 
 
-async def phase(stack: Stack, arm: str, rate: float, seconds: float, seed: int, vip_only: bool = False) -> dict:
-    """One arm's open loop; vip_only sends just the VIP requests of the same arrivals."""
+async def phase(stack: Stack, arm: str, rate: float, seconds: float, seed: int, vip_only: bool = False,
+                tenants: bool = False) -> dict:
+    """One arm's open loop; vip_only sends just the VIP requests of the same arrivals; tenants
+    sends standard requests only, from one heavy tenant and LIGHT_TENANTS light ones."""
     rng = random.Random(seed + 1)
-    vip = [rng.random() < VIP_SHARE for _ in range(int(rate * seconds * 2) + 10)]
-    port = stack.upstream_port("a")
+    n = int(rate * seconds * 2) + 10
+    vip = [rng.random() < VIP_SHARE and not tenants for _ in range(n)]
+    heavy_share = HEAVY_FACTOR / (HEAVY_FACTOR + LIGHT_TENANTS)
+    tenant = [("heavy" if rng.random() < heavy_share else f"light{rng.randrange(LIGHT_TENANTS)}") if tenants
+              else f"tenant{i % 20}" for i in range(n)]
+    name, vip_prefix, standard_prefix = ARMS[arm]
+    port = stack.upstream_port(name)
     limits = httpx.Limits(max_connections=2000, max_keepalive_connections=500)
     async with httpx.AsyncClient(timeout=DEADLINE_S, limits=limits) as client:
         await upstream_stats(client, port, reset=True)
@@ -64,17 +90,18 @@ async def phase(stack: Stack, arm: str, rate: float, seconds: float, seed: int, 
             cls = "vip" if vip[i] else "standard"
             if vip_only and not vip[i]:
                 return {"class": cls, "status": "not_sent"}
-            prefix = "/direct/" if arm == "direct" else ("/gate-vip/" if vip[i] else "/gate/")
+            prefix = vip_prefix if vip[i] else standard_prefix
+            out = {"class": cls, "tenant": tenant[i]}
             try:
                 response = await client.post(
                     f"http://127.0.0.1:{stack.ports.http}{prefix}v1/chat/completions", json=BODY,
-                    headers={"authorization": f"Bearer tenant{i % 20}",
+                    headers={"authorization": f"Bearer {tenant[i]}",
                              "x-request-deadline-ms": str(int(DEADLINE_S * 1000))})
-                return {"class": cls, "status": response.status_code}
+                return {**out, "status": response.status_code}
             except httpx.TimeoutException:
-                return {"class": cls, "status": "gave_up"}
+                return {**out, "status": "gave_up"}
             except httpx.HTTPError:
-                return {"class": cls, "status": "error"}
+                return {**out, "status": "error"}
 
         results = await open_loop(rate, seconds, seed, one)
         await asyncio.sleep(1.0)                  # let the upstream notice the last departures
@@ -90,33 +117,65 @@ async def phase(stack: Stack, arm: str, rate: float, seconds: float, seed: int, 
     good = [r for r in results if r["status"] == 200 and r["latency_s"] <= DEADLINE_S]
     out["goodput_rps"] = len(good) / seconds
     out["refused"] = sum(r["status"] in (429, 503) for r in results)
+    out["vip"]["goodput_rps"] = sum(r["class"] == "vip" for r in good) / seconds
+    out["standard"]["goodput_rps"] = sum(r["class"] == "standard" for r in good) / seconds
     out["wasted"] = upstream["disconnected"]
+    out["preempted"] = upstream.get("preempted", 0)
+    if tenants:
+        out["tenant_goodput_rps"] = {t: sum(r.get("tenant") == t for r in good) / seconds for t in sorted(set(tenant))}
     out["upstream"] = upstream
-    out["refusal_reasons"] = refusal_reasons(stack)
+    out.update(sidecar_metrics(stack))
+    out["load_average_1m"] = os.getloadavg()[0]   # a shared machine's other work skews latencies
     return out
 
 
-def refusal_reasons(stack: Stack) -> dict[str, float]:
-    """Cumulative admission refusals by reason, from the sidecar's metrics."""
+def sidecar_metrics(stack: Stack) -> dict:
+    """Cumulative admission refusals by reason, and each cluster's concurrency limit now."""
     import re
     text = httpx.get(f"http://127.0.0.1:{stack.ports.metrics}/metrics").text
     reasons: dict[str, float] = {}
+    limits: dict[str, float] = {}
     for line in text.splitlines():
         if line.startswith("sluice_admission_requests_refused_total{"):
             reason = re.search(r'reason="([^"]*)"', line).group(1)
             reasons[reason] = reasons.get(reason, 0) + float(line.rsplit(" ", 1)[1])
-    return reasons
+        elif line.startswith("sluice_admission_concurrency_limit{"):
+            limits[re.search(r'cluster="([^"]*)"', line).group(1)] = float(line.rsplit(" ", 1)[1])
+    return {"refusal_reasons": reasons, "concurrency_limits": limits}
 
 
 async def run(stack: Stack, seconds: float) -> dict:
-    unloaded = await phase(stack, "gate", CAPACITY_RPS * 0.2, min(seconds, 15), seed=1)
-    direct = await phase(stack, "direct", CAPACITY_RPS * 3, seconds, seed=2)
-    gate = await phase(stack, "gate", CAPACITY_RPS * 3, seconds, seed=2)
+    results = {"unloaded": await phase(stack, "gate", CAPACITY_RPS * 0.2, min(seconds, 15), seed=1)}
+    for arm in ARMS:
+        results[arm] = await phase(stack, arm, CAPACITY_RPS * 3, seconds, seed=2)
     # The floor: the same VIP arrivals with no other traffic at all. Poisson arrivals bunch:
     # where more VIPs arrive within one service time than the cluster has slots, some wait
     # whatever the admission policy.
-    vip_alone = await phase(stack, "gate", CAPACITY_RPS * 3, seconds, seed=2, vip_only=True)
-    return {"unloaded": unloaded, "direct": direct, "gate": gate, "vip_alone": vip_alone}
+    results["vip_alone"] = await phase(stack, "gate", CAPACITY_RPS * 3, seconds, seed=2, vip_only=True)
+    results["tenants"] = await phase(stack, "gate", CAPACITY_RPS * 3, seconds, seed=3, tenants=True)
+    return results
+
+
+def goals(r: dict, vip_alone_ms: float, vip_unloaded_ms: float) -> dict:
+    """The issue's goals for one arm, measured in this run."""
+    vip_ratio = r["vip"]["p99_ms"] / vip_alone_ms
+    left_after_vip = CAPACITY_RPS - r["vip"]["goodput_rps"]
+    return {"vip_p99_vs_alone": vip_ratio, "vip_p99_vs_unloaded": r["vip"]["p99_ms"] / vip_unloaded_ms,
+            "goodput_share": r["goodput_rps"] / CAPACITY_RPS,
+            "standard_share_of_left": r["standard"]["goodput_rps"] / left_after_vip,
+            "met": bool(vip_ratio <= 1.25 and r["goodput_rps"] >= 0.95 * CAPACITY_RPS and r["wasted"] == 0
+                        and r["standard"]["goodput_rps"] >= 0.8 * left_after_vip)}
+
+
+def fairness(r: dict) -> dict:
+    """Others' share of goodput against their fair share: equal weights, and every light
+    tenant asks for more than an equal share of capacity, so each tenant's fair share is 1/n."""
+    per_tenant = r["tenant_goodput_rps"]
+    total = sum(per_tenant.values())
+    others = sum(v for t, v in per_tenant.items() if t != "heavy") / total if total else 0.0
+    fair = LIGHT_TENANTS / (LIGHT_TENANTS + 1)
+    return {"others_share": others, "fair_share": fair, "ratio": others / fair,
+            "met": bool(abs(others / fair - 1) <= 0.10)}
 
 
 def main() -> int:
@@ -129,39 +188,56 @@ def main() -> int:
                 "--capacity", str(SLOTS)]
     with tempfile.TemporaryDirectory() as tmp:
         # The cache is off: every request is the same prompt and must reach the upstream.
-        with Stack(pathlib.Path(tmp), routes=routes(), upstream_args={"a": upstream, "b": []},
+        with Stack(pathlib.Path(tmp), routes=routes(),
+                   upstream_args={"a": upstream, "b": upstream + ["--scheduling-policy", "priority"]},
                    envoy_vars={"RATE_LIMIT_TOKENS": 100_000},
                    sidecar_env={"SLUICE_CACHE": "false",
                                 "SLUICE_ADMISSION_RESERVED_SLOTS": str(args.reserved_slots)}) as stack:
             results = asyncio.run(run(stack, args.seconds))
     rows = []
-    for arm in ("direct", "gate"):
+    for arm in ARMS:
         r = results[arm]
         for cls in ("vip", "standard"):
             c = r[cls]
-            rows.append({"arm": arm, "class": cls, "requests": c["requests"], "answered": c["answered"],
-                         "p50 ms": c["p50_ms"], "p99 ms": c["p99_ms"], "refused": c["refused"],
-                         "gave up": c["gave_up"]})
+            rows.append({"arm": ARM_TITLES[arm], "class": cls, "requests": c["requests"], "answered": c["answered"],
+                         "p50 ms": c["p50_ms"], "p99 ms": c["p99_ms"], "goodput/s": c["goodput_rps"],
+                         "refused": c["refused"], "gave up": c["gave_up"]})
     print(f"capacity {CAPACITY_RPS:.1f} req/s ({SLOTS} slots x {SERVICE_S:.2f} s), arrivals 3x for "
           f"{args.seconds:g} s, {VIP_SHARE:.0%} VIP, client deadline {DEADLINE_S:g} s")
-    print(report.table(rows, ["arm", "class", "requests", "answered", "p50 ms", "p99 ms", "refused", "gave up"]))
+    print(report.table(rows, ["arm", "class", "requests", "answered", "p50 ms", "p99 ms", "goodput/s", "refused",
+                              "gave up"]))
     vip_unloaded = results["unloaded"]["vip"]["p99_ms"]
-    for arm in ("direct", "gate"):
-        r = results[arm]
-        print(f"{arm}: goodput {r['goodput_rps']:.1f} req/s ({r['goodput_rps'] / CAPACITY_RPS:.0%} of capacity), "
-              f"VIP p99 {r['vip']['p99_ms']:.0f} ms ({r['vip']['p99_ms'] / vip_unloaded:.2f}x unloaded "
-              f"{vip_unloaded:.0f} ms), refused {r['refused']}, wasted upstream work {r['wasted']}")
     alone = results["vip_alone"]["vip"]["p99_ms"]
-    print(f"the same VIP arrivals alone: VIP p99 {alone:.0f} ms ({alone / vip_unloaded:.2f}x unloaded), the floor "
-          f"for any admission policy")
+    print(f"VIP p99 unloaded {vip_unloaded:.0f} ms; the same VIP arrivals alone {alone:.0f} ms "
+          f"({alone / vip_unloaded:.2f}x unloaded), the floor without preemption")
+    checked = {arm: goals(results[arm], alone, vip_unloaded) for arm in ARMS}
+    goal_rows = [{"arm": ARM_TITLES[arm], "VIP p99 / alone": g["vip_p99_vs_alone"],
+                  "VIP p99 / unloaded": g["vip_p99_vs_unloaded"], "goodput / capacity": g["goodput_share"],
+                  "wasted": results[arm]["wasted"], "preempted": results[arm]["preempted"],
+                  "std / left after VIP": g["standard_share_of_left"], "goals met": g["met"]}
+                 for arm, g in checked.items()]
+    print("goals: VIP p99 / alone <= 1.25, goodput >= 95% of capacity, wasted 0, standard >= 80% of what VIP leaves")
+    print(report.table(goal_rows, list(goal_rows[0])))
+    fair = fairness(results["tenants"])
+    print(f"tenants (gate, 1 tenant at {HEAVY_FACTOR}x each of {LIGHT_TENANTS} others, 3x capacity): others' goodput "
+          f"share {fair['others_share']:.1%} against a fair {fair['fair_share']:.1%} (ratio {fair['ratio']:.2f}, "
+          f"goal within 10%: {fair['met']})")
     print(f"gate refusals by reason (cumulative): {results['gate']['refusal_reasons']}")
-    keys = ("p50_ms", "p99_ms")
+    print(f"concurrency limits after the engine priority arm: {results['engine_priority']['concurrency_limits']}")
+    print("1-minute load average at the end of each phase: "
+          + ", ".join(f"{name} {r['load_average_1m']:.1f}" for name, r in results.items()))
+    keys = ("p50_ms", "p99_ms", "goodput_rps")
     out = {"capacity_rps": CAPACITY_RPS, "reserved_slots": args.reserved_slots,
-           "unloaded": {"vip_p99_ms": vip_unloaded}, "vip_alone": {"vip_p99_ms": alone}}
-    for arm in ("direct", "gate"):
+           "unloaded": {"vip_p99_ms": vip_unloaded}, "vip_alone": {"vip_p99_ms": alone},
+           "tenant_fairness": fair}
+    for arm in ARMS:
         r = results[arm]
         out[arm] = {"vip": {k: r["vip"][k] for k in keys}, "standard": {k: r["standard"][k] for k in keys},
-                    "goodput_rps": r["goodput_rps"], "refused": r["refused"], "wasted": r["wasted"]}
+                    "goodput_rps": r["goodput_rps"], "refused": r["refused"], "wasted": r["wasted"],
+                    "preempted": r["preempted"], "goals": checked[arm],
+                    # Both ratios of the VIP goal: to the same VIP arrivals alone, and to unloaded.
+                    "vip_p99_vs_alone": checked[arm]["vip_p99_vs_alone"],
+                    "vip_p99_vs_unloaded": checked[arm]["vip_p99_vs_unloaded"]}
     out["details"] = results
     print(f"wrote {report.write('overload', out)}")
     return 0

@@ -7,13 +7,16 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from dataclasses import dataclass
-from typing import Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Mapping, Sequence
 
 from sidecar.admission import (Degrade, Gate, Permit, RateLimitRule, RateLimits, Refusal,
                                TokenLimiter, estimate_prompt_tokens)
+from sidecar.admission.cost import AnswerLengths
 from sidecar.cache.scope import tenant_of
 from sidecar.context import RequestContext
+from sidecar.engine_priority import class_ranks, engine_field
 from sidecar.route_settings import PerSettings, RouteSettings, warn_unless_internal
 
 log = logging.getLogger("sluice.admission")
@@ -30,21 +33,34 @@ class RouteAdmission:
     # The caller as the route names it: the cache's tenant header (set by Envoy from a verified
     # identity) when the route has one, else Authorization, as the cache scope does.
     tenant_header: str = ""
+    engine_ranks: Mapping[str, int] = field(default_factory=dict)  # class -> urgency rank, 0 first
+    # To a fallback when the expected wait exceeds this (None: only instead of a refusal; 0: never).
+    degrade_after_s: float | None = None
+    # Tenant (as tenant_header names it) -> its weight among its class's tenants; others 1.
+    tenant_weights: Mapping[str, int] = field(default_factory=dict)
+    count_tokens: bool = False  # slots and shares count expected tokens (admission/cost.py)
 
 
-def route_admission(route: RouteSettings) -> RouteAdmission | None:
+def route_admission(route: RouteSettings, classes: Sequence[str] = ("vip", "standard", "batch")) -> RouteAdmission | None:
     a = route.admission
     if not a.enabled:
         return None
     deadline = a.default_deadline_s if a.HasField("default_deadline_s") else 60.0
     if not deadline > 0:
         raise ValueError(f"admission.default_deadline_s must be > 0, got {deadline}")
+    degrade_after = a.degrade_after_s if a.HasField("degrade_after_s") else None
+    if degrade_after is not None and not degrade_after >= 0:
+        raise ValueError(f"admission.degrade_after_s must be >= 0, got {degrade_after}")
     return RouteAdmission(
         priority_header=a.priority_header.lower(), default_priority=a.default_priority or "standard",
         default_deadline_s=deadline,
         limits=RateLimits(requests_per_minute=a.requests_per_minute or None,
                           tokens_per_minute=a.tokens_per_minute or None),
-        tenant_header=route.cache.tenant_header.lower())
+        tenant_header=route.cache.tenant_header.lower(),
+        engine_ranks=MappingProxyType(class_ranks(classes, dict(a.engine_ranks))),
+        degrade_after_s=degrade_after,
+        tenant_weights=MappingProxyType({t: w for t, w in a.tenant_weights.items() if w > 0}),
+        count_tokens=a.count_tokens)
 
 
 class Admission:
@@ -53,6 +69,7 @@ class Admission:
         self._pending: set[asyncio.Task] = set()
         self._settings_of = PerSettings()
         self._limited_routes: dict[str, RateLimits] = {}
+        self.answer_lengths = AnswerLengths()
 
     def settings(self, route: RouteSettings, route_name: str) -> RouteAdmission | None:
         """None when the route has no admission, or bad admission settings (logged once per
@@ -64,8 +81,8 @@ class Admission:
 
     def _build_settings(self, route: RouteSettings, route_name: str) -> RouteAdmission | None:
         try:
-            settings = route_admission(route)
             classes = self.gate.config.queue.names
+            settings = route_admission(route, classes)
             if settings is not None and settings.default_priority not in classes:
                 raise ValueError(f"admission.default_priority: expected one of {', '.join(classes)}, "
                                  f"got {settings.default_priority!r}")
@@ -78,7 +95,9 @@ class Admission:
         # (requests then wait in the queue instead of being refused as saturated). The set is
         # replaced whole, so a reload that drops a cap or turns admission off frees the cluster.
         caps = {} if settings is None else {c.cluster: c.max_in_flight for c in route.candidates if c.max_in_flight}
-        self.gate.cap_route(route_name, caps)
+        # A cluster whose engine preempts by priority makes room for a higher class itself.
+        preempting = set() if settings is None else {c.cluster for c in route.candidates if _takes_priority(c)}
+        self.gate.cap_route(route_name, caps, preempting)
         return settings
 
     def _set_route_limits(self, route_name: str, limits: RateLimits) -> None:
@@ -88,9 +107,11 @@ class Admission:
             rules = tuple(r for r in limiter.config.rules if not (r.tenant is None and r.route == route_name))
             limiter.config = dataclasses.replace(limiter.config, rules=rules + (RateLimitRule(limits, route=route_name),))
 
-    async def admit(self, ctx: RequestContext, settings: RouteAdmission,
-                    clusters: Sequence[str]) -> Permit | Refusal | Degrade:
-        """Rate limits, then a slot on one of `clusters` (best first); may wait in the queue."""
+    async def admit(self, ctx: RequestContext, settings: RouteAdmission, clusters: Sequence[str],
+                    can_degrade: bool = False) -> Permit | Refusal | Degrade:
+        """Rate limits, then a slot on one of `clusters` (best first); may wait in the queue.
+        `can_degrade`: the route has a healthy fallback, for what the gate would refuse as
+        overloaded or what would wait past the route's degrade_after_s."""
         tenant = tenant_of(ctx.headers, self._secret, tenant_header=settings.tenant_header) or ANONYMOUS
         ctx.tenant = tenant
         if self._tokens is not None and (settings.limits.requests_per_minute or settings.limits.tokens_per_minute):
@@ -99,12 +120,19 @@ class Admission:
             if not decision.allowed:
                 return decision.refusal()
             ctx.token_estimate = estimate
-        priority = self._priority(ctx, settings)
+        priority = ctx.priority_class = self._priority(ctx, settings)
+        if settings.count_tokens:
+            ctx.expected_tokens = self.answer_lengths.expected_tokens(
+                ctx.route_name, estimate_prompt_tokens(ctx.chat.text), ctx.chat.max_tokens)
         try:
             # Queued no longer than the sidecar may hold a request (Envoy's one extension of
             # its message timeout), whatever the deadline.
             result = await self.gate.acquire(clusters, priority, tenant,
-                                             deadline=self._deadline(ctx, settings), hold_until=ctx.hold_until)
+                                             deadline=self._deadline(ctx, settings), hold_until=ctx.hold_until,
+                                             allow_degrade=can_degrade and settings.degrade_after_s != 0,
+                                             degrade_after_s=settings.degrade_after_s or None,
+                                             tenant_weight=self._tenant_weight(ctx, settings),
+                                             tokens=ctx.expected_tokens)
         except BaseException:               # the client left the queue: nothing was served
             self.refund(ctx)
             raise
@@ -118,8 +146,18 @@ class Admission:
         named = (ctx.headers.get(settings.priority_header) or "").strip().lower() if settings.priority_header else ""
         return self.gate.config.queue.resolve(named, settings.default_priority)
 
+    @staticmethod
+    def _tenant_weight(ctx: RequestContext, settings: RouteAdmission) -> int:
+        """Weights name tenants as the route's tenant header does (never a credential)."""
+        if not settings.tenant_weights or not settings.tenant_header:
+            return 1
+        return settings.tenant_weights.get(ctx.headers.get(settings.tenant_header, ""), 1)
+
     def settle(self, ctx: RequestContext) -> None:
-        """Correct the tenant's token budget with the answer's real usage (in the background)."""
+        """Learn the route's answer length from a whole answer; correct the tenant's token
+        budget with the answer's real usage (in the background)."""
+        if ctx.expected_tokens is not None and ctx.usage is not None and ctx.response_complete and ctx.status == 200:
+            self.answer_lengths.observe(ctx.route_name, ctx.chat.max_tokens, ctx.usage[1])
         if self._tokens is None or ctx.token_estimate is None or ctx.usage is None:
             return
         delta = sum(ctx.usage) - ctx.token_estimate
@@ -143,3 +181,12 @@ class Admission:
         arrival, the client's budget (x-request-deadline-ms) or the route's default."""
         deadline = ctx.client_deadline
         return ctx.started + settings.default_deadline_s if deadline is None else deadline
+
+
+def _takes_priority(candidate) -> bool:
+    """The candidate's engine takes a priority (bad settings are the routing plan's to report)."""
+    p = candidate.engine_priority
+    try:
+        return engine_field(p.kind, p.field, p.higher_first) is not None
+    except ValueError:
+        return False

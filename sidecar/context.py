@@ -51,6 +51,8 @@ class RequestContext:
     permit: object = None              # sidecar.admission.Permit: a slot held on the cluster
     tenant: str | None = None          # keyed hash of the caller's credential (admission)
     token_estimate: int | None = None  # prompt tokens charged to the tenant at admission
+    priority_class: str | None = None  # admission's class of the request (vip, standard, ...)
+    expected_tokens: float | None = None  # its cost, where the route counts tokens (admission.cost)
     usage: tuple[int, int] | None = None  # (prompt, completion) tokens of the answer, once read
     usage_meter: object = None         # sidecar.usage.UsageMeter when the usage must be read
     status: int | None = None

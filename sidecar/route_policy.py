@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from sidecar.engine_priority import EngineField, engine_field
 from sidecar.route_settings import RouteSettings
 from sidecar.scheduling import (BreakerConfig, CandidateSpec, PickerConfig, RoutePolicy,
                                 ScoringConfig, TimeoutConfig)
@@ -20,8 +21,12 @@ class RoutePlan:
     debug_header: bool
     metrics_urls: tuple[tuple[str, str], ...]   # (cluster, url)
     gpu_indices: tuple[tuple[str, int], ...] = ()  # (cluster, local GPU index)
+    engine_fields: tuple[tuple[str, EngineField], ...] = ()  # (cluster, where its engine reads a priority)
     # Mutable: counts the route's requests (one plan per route settings object).
     feedback: FeedbackSampler = field(default_factory=FeedbackSampler, compare=False)
+
+    def engine_field(self, cluster: str) -> EngineField | None:
+        return dict(self.engine_fields).get(cluster)
 
     @property
     def unbounded_candidates(self) -> tuple[CandidateSpec, ...]:
@@ -62,7 +67,10 @@ def build_route_plan(route: RouteSettings, route_name: str) -> RoutePlan:
     f, fd = s.feedback, FeedbackSampler()
     feedback = FeedbackSampler(read_all_per_s=_set(f, "read_all_per_s", fd.read_all_per_s),
                                then_one_in=_set(f, "then_one_in", fd.then_one_in))
-    return RoutePlan(candidates=candidates, policy=policy, breaker=breaker, timeout=timeout,
+    engine_fields = tuple(
+        (c.cluster, f) for c in route.candidates
+        if (f := engine_field(c.engine_priority.kind, c.engine_priority.field, c.engine_priority.higher_first)))
+    return RoutePlan(candidates=candidates, engine_fields=engine_fields, policy=policy, breaker=breaker, timeout=timeout,
                      rewrite_model=_set(s, "rewrite_model", True), debug_header=s.debug_header,
                      metrics_urls=tuple((c.cluster, c.metrics_url) for c in route.candidates
                                         if c.metrics_url),

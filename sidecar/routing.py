@@ -15,12 +15,13 @@ import math
 import time
 from typing import Callable
 
-from sidecar import metrics, tracing
+from sidecar import engine_priority, metrics, tracing
 from sidecar.admission import Degrade, Permit, Refusal, estimate_prompt_tokens
 from sidecar.admitting import Admission, RouteAdmission
 from sidecar.cache.answer import compact_json
 from sidecar.cache.capture import IDENTITY_ENCODING, is_encoded
 from sidecar.context import Outcome, RequestContext
+from sidecar.engine_priority import EngineField
 from sidecar.events import BodyMode, Plan
 from sidecar.usage import UsageMeter
 from sidecar.gpu import GpuPoller
@@ -42,9 +43,18 @@ STREAM_END_CHECK_ONE_IN = 8
 def rewrite_model(body: bytes, model: str) -> bytes:
     """The body with another model; UTF-8, or ASCII escapes where the client sent a lone
     surrogate (JSON can carry one, UTF-8 cannot)."""
+    return rewrite_body(body, model, (), None, None) or body
+
+
+def rewrite_body(body: bytes, model: str | None, strip, write: EngineField | None,
+                 priority: int | None) -> bytes | None:
+    """The body with another model (when given) and the engine's priority field: every field
+    in `strip` removed, `write` set to `priority`; None when nothing changed."""
     data = json.loads(body)
-    data["model"] = model
-    return compact_json(data)
+    changed = engine_priority.rewrite(data, strip, write, priority)
+    if model is not None:
+        data["model"], changed = model, True
+    return compact_json(data) if changed else None
 
 
 class RoutingDirector:
@@ -172,16 +182,14 @@ class RoutingDirector:
         deadline = ctx.client_deadline
         if deadline is not None:    # the client's whole budget: no answer is waited for past it
             timeout_ms = max(1, min(timeout_ms, math.ceil((deadline - now) * 1000)))
-        body = None
-        if plan.rewrite_model and decision.model_rewrite and decision.model_rewrite != ctx.chat.model:
-            body = rewrite_model(ctx.body, decision.model_rewrite)
+        body = self._body(ctx, plan, decision)
         response_headers = [(CLUSTER_HEADER, decision.cluster), *debug]
         if decision.degraded:
             metrics.child(metrics.DEGRADED, ctx.route_name).inc()
             response_headers.append(("x-sluice-degraded", "1"))
         request_headers = ((TIMEOUT_HEADER, str(timeout_ms)),)
         response_body = None
-        if ctx.token_estimate is not None:   # a token budget: read the answer's real usage
+        if ctx.token_estimate is not None or ctx.expected_tokens is not None:   # read the answer's real usage
             ctx.usage_meter = UsageMeter(ctx.chat.stream, ctx.chat.text)
             request_headers += (IDENTITY_ENCODING,)
             response_body = BodyMode.STREAMED if ctx.chat.stream else BodyMode.BUFFERED
@@ -198,6 +206,23 @@ class RoutingDirector:
             return True
         self._streams_read += 1
         return self._streams_read % STREAM_END_CHECK_ONE_IN == 0
+
+    def _body(self, ctx: RequestContext, plan: RoutePlan, decision: Decision) -> bytes | None:
+        """The body to send instead of the client's, or None: the model the chosen cluster
+        serves, and the request's class in its engine's priority field (the client's own value
+        in any candidate's field removed)."""
+        model = decision.model_rewrite
+        if not (plan.rewrite_model and model and model != ctx.chat.model):
+            model = None
+        if model is None and not plan.engine_fields:
+            return None
+        write = plan.engine_field(decision.cluster)
+        settings = self._admission_settings(ctx) if write is not None else None
+        priority = None
+        if settings is not None and ctx.priority_class in settings.engine_ranks:
+            ranks = settings.engine_ranks
+            priority = write.value(ranks[ctx.priority_class], max(ranks.values()))
+        return rewrite_body(ctx.body, model, (f for _, f in plan.engine_fields), write, priority)
 
     def _unavailable(self, ctx: RequestContext, decision: Decision, debug: tuple) -> Plan:
         ctx.outcome = Outcome.REFUSED
@@ -218,9 +243,11 @@ class RoutingDirector:
         that has one; waits in the priority queue when all are at their limit."""
         ranked = sorted((c for c in decision.scores if c not in decision.dropped),
                         key=lambda c: (c != decision.cluster, -decision.scores[c].total))
+        fallbacks = [c for c in plan.candidates if c.role == "fallback"]
+        healthy_fallback = decision.role != "fallback" and any(self.scheduler.breakers_closed([c]) for c in fallbacks)
         with tracing.span("sluice.queue"):
             try:
-                result = await self.admission.admit(ctx, settings, ranked or [decision.cluster])
+                result = await self.admission.admit(ctx, settings, ranked or [decision.cluster], healthy_fallback)
             except BaseException:
                 self.scheduler.void_probe(decision)         # the client left the queue
                 raise
@@ -236,7 +263,6 @@ class RoutingDirector:
                 type_="rate_limit_error" if limited else "server_error",
                 code="rate_limited" if limited else "overloaded", headers=(("retry-after", retry),)))
         if isinstance(result, Degrade):
-            fallbacks = [c for c in plan.candidates if c.role == "fallback"]
             if not fallbacks:
                 return Decision.unavailable(1.0, {})
             return self.scheduler.pick(fallbacks, self._clock(), plan.policy)

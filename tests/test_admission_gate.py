@@ -334,11 +334,11 @@ async def test_a_waiter_only_takes_slots_of_its_own_candidates():
 async def test_a_high_priority_waiter_degrades_after_degrade_after_s():
     gate, metrics = gate_with(limiter=fixed(1), degrade_after_s=0.02, default_deadline_s=0.2)
     held = await gate.acquire(["a"], "standard", "t")
-    vip = await gate.acquire(["a"], "vip", "u")
+    vip = await gate.acquire(["a"], "vip", "u", allow_degrade=True)
     assert isinstance(vip, Degrade) and vip.waited_s >= 0.02
     assert len(metrics.of("degraded")) == 1
-    no_fallback = asyncio.create_task(gate.acquire(["a"], "vip", "u", allow_degrade=False))
-    standard = asyncio.create_task(gate.acquire(["a"], "standard", "u"))
+    no_fallback = asyncio.create_task(gate.acquire(["a"], "vip", "u"))
+    standard = asyncio.create_task(gate.acquire(["a"], "standard", "u", allow_degrade=True))
     await asyncio.sleep(0.05)
     assert not no_fallback.done() and not standard.done()  # only degrade_classes, only when allowed
     held.release()
@@ -454,3 +454,98 @@ async def test_hold_until_bounds_the_wait_whatever_the_deadline():
     result = await asyncio.wait_for(waiting, timeout=5)     # out at hold_until, not at 600 - 20 s
     assert (result.status, result.reason) == (503, "expired") and gate.queue_depth() == 0
     held.release()
+
+
+# -- engines that preempt by priority, and degrading -------------------------------------------
+
+async def test_on_a_preempting_cluster_a_request_counts_only_its_class_and_higher():
+    gate, _ = gate_with(limiter=fixed(2), queue=QueueConfig(max_queued_per_tenant=100))
+    gate.cap_route("r", {}, preempting={"a"})
+    standard = [await gate.acquire(["a"], "standard", "t") for _ in range(2)]
+    assert all(isinstance(p, Permit) for p in standard)
+    vips = [await gate.acquire(["a"], "vip", "u") for _ in range(2)]      # the engine preempts for them
+    assert all(isinstance(p, Permit) for p in vips) and gate.in_flight("a") == 4
+    third_vip = asyncio.create_task(gate.acquire(["a"], "vip", "u"))
+    more_standard = asyncio.create_task(gate.acquire(["a"], "standard", "t"))
+    await settle()
+    assert not third_vip.done() and not more_standard.done()             # vip itself is at the limit
+    vips[0].release()
+    assert isinstance(await third_vip, Permit) and not more_standard.done()
+    vips[1].release()                                                    # one vip of 2 in flight
+    gate.cap_route("r", {}, preempting=())                               # a plain engine: all 3 count
+    plain_vip = asyncio.create_task(gate.acquire(["a"], "vip", "u"))
+    await settle()
+    assert not plain_vip.done()
+    await cancel_all([plain_vip, more_standard])
+    for p in [*standard, third_vip.result()]:
+        p.release()
+
+
+async def test_an_overload_refusal_is_a_degrade_when_a_fallback_is_healthy():
+    clock = Clock()
+    gate, metrics = gate_with(limiter=fixed(1), clock=clock, expected_ttft=lambda c: 1.0)
+    held = await gate.acquire(["a"], "standard", "t", deadline=clock.t + 10)
+    clock.t += 1.0
+    held.release(1.0, True)                                              # holds last 1 s: a known rate
+    held = await gate.acquire(["a"], "standard", "t", deadline=clock.t + 10)
+    refused = await gate.acquire(["a"], "standard", "u", deadline=clock.t + 1.5)
+    degraded = await gate.acquire(["a"], "standard", "u", deadline=clock.t + 1.5, allow_degrade=True)
+    assert isinstance(refused, Refusal) and refused.reason == "deadline"
+    assert isinstance(degraded, Degrade)
+    assert len(metrics.of("degraded")) == 1
+    held.release()
+
+
+async def test_an_expected_wait_over_the_routes_degrade_after_s_degrades_at_once():
+    clock = Clock()
+    gate, _ = gate_with(limiter=fixed(1), clock=clock, queue=QueueConfig(max_queued_per_tenant=100))
+    first = await gate.acquire(["a"], "standard", "t")
+    clock.t += 2.0
+    first.release(2.0, True)                                             # 0.5 slots/s
+    held = await gate.acquire(["a"], "standard", "t")
+    quick = await gate.acquire(["a"], "standard", "u", allow_degrade=True, degrade_after_s=1.0)
+    assert isinstance(quick, Degrade) and quick.waited_s == 0.0           # would wait ~2 s
+    patient = asyncio.create_task(gate.acquire(["a"], "standard", "u", allow_degrade=True, degrade_after_s=5.0))
+    await settle()
+    assert not patient.done()
+    held.release()
+    assert isinstance(await patient, Permit)
+
+
+async def test_a_tenant_full_refusal_is_never_degraded():
+    gate, _ = gate_with(limiter=fixed(1), queue=QueueConfig(max_queued_per_tenant=1))
+    held = await gate.acquire(["a"], "standard", "t")
+    queued = asyncio.create_task(gate.acquire(["a"], "standard", "t", allow_degrade=True))
+    await settle()
+    over = await gate.acquire(["a"], "standard", "t", allow_degrade=True)
+    assert isinstance(over, Refusal) and over.reason == "tenant_full"
+    held.release()
+    (await queued).release()
+
+
+async def test_a_preempted_class_keeps_its_own_first_token_tail_on_a_preempting_cluster():
+    clock = Clock()
+    gate, _ = gate_with(limiter=fixed(4), clock=clock, expected_ttft=lambda c: 0.4,
+                        queue=QueueConfig(max_queued_per_tenant=100))
+    gate.cap_route("r", {}, preempting={"a"})
+    for _ in range(20):                      # standard requests there wait behind preempting vips
+        (await gate.acquire(["a"], "standard", "t", deadline=clock.t + 10)).release(1.0, True)
+    late = await gate.acquire(["a"], "standard", "t", deadline=clock.t + 0.8)
+    assert isinstance(late, Refusal) and late.reason == "deadline"
+    vip = await gate.acquire(["a"], "vip", "u", deadline=clock.t + 0.8)   # the cluster's 0.4 s for vip
+    assert isinstance(vip, Permit)
+    gate.cap_route("r", {}, preempting=())   # first come first served: the cluster's estimate
+    assert isinstance(await gate.acquire(["a"], "standard", "t", deadline=clock.t + 0.8), Permit)
+
+
+async def test_on_a_preempting_cluster_only_the_top_class_latency_moves_the_limit():
+    aimd = LimiterConfig(algorithm="aimd", initial_limit=4, min_limit=1, max_limit=8, latency_target_s=1.0,
+                         backoff_interval_s=0)
+    gate, _ = gate_with(limiter=aimd, queue=QueueConfig(max_queued_per_tenant=100))
+    gate.cap_route("r", {}, preempting={"a"})
+    slow = [await gate.acquire(["a"], "standard", "t") for _ in range(4)]
+    for p in slow:
+        p.release(3.0, True)                 # preempted on the way: slow, but not overload
+    assert gate.limit("a") == 4
+    (await gate.acquire(["a"], "vip", "u")).release(3.0, True)
+    assert gate.limit("a") < 4               # the top class slow: the engine is overloaded

@@ -282,3 +282,44 @@ def test_config_errors_name_the_field(kwargs, field):
 def test_priority_class_errors_name_the_field(kwargs, field):
     with pytest.raises(ValueError, match=field.replace(".", r"\.")):
         PriorityClass(**kwargs)
+
+
+# -- tenant shares -----------------------------------------------------------------------------
+
+def test_tenant_weights_share_a_class_while_both_stay_backlogged():
+    q = queue(max_queued_per_tenant=100)
+    for _ in range(40):
+        q.push("standard", "big", INF, 0.0, weight=3)
+        q.push("standard", "small", INF, 0.0)
+    served = Counter(e.tenant for e in drain(q, n=40))
+    assert served == {"big": 30, "small": 10}
+
+
+def test_a_burst_of_one_tenant_gets_one_share_of_its_class():
+    q = queue(max_queued_per_tenant=100)
+    fill(q, "standard:burst*50 standard:a*5 standard:b*5")
+    first = [e.tenant for e in drain(q, n=15)]
+    assert Counter(first) == {"burst": 5, "a": 5, "b": 5}
+
+
+def test_position_counts_a_heavier_tenant_in_fewer_rounds():
+    q = queue(max_queued_per_tenant=100)
+    for _ in range(6):
+        q.push("standard", "other", INF, 0.0)
+    # weight 1: own + 1 = 1 round, one of the other's; weight 1 with 2 queued: 3 rounds, 3 of the other's
+    assert q.position("standard", "new") == 1 + 1
+    fill(q, "standard:mine*2")
+    assert q.position("standard", "mine") == 3 + 3
+    for _ in range(2):
+        q.push("standard", "heavy", INF, 0.0, weight=3)
+    # its 2 and itself in one round of 3, meanwhile one each of the others
+    assert q.position("standard", "heavy", weight=3) == 3 + 1 + 1
+
+
+@pytest.mark.parametrize("own, own_weight, others, weights, expected", [
+    (2, 1, [10], [1], 3 + 3),
+    (2, 3, [10], [1], 3 + 1),      # one round of 3 serves all its own
+    (0, 1, [10], [4], 1 + 4),      # the other gets its weight per round
+])
+def test_estimate_position_with_tenant_weights(own, own_weight, others, weights, expected):
+    assert estimate_position(own, others, 4, [], own_weight=own_weight, tenant_weights=weights) == expected

@@ -31,6 +31,7 @@ BASELINE = {
     "capacity": 0,
     "slowdown_per_running": 0,
     "seed": None,
+    "scheduling_policy": "fcfs",
 }
 HELLO = [{"role": "user", "content": "hello there"}]
 # What a dropped or truncated connection surfaces as in http.client.
@@ -373,6 +374,60 @@ def test_capacity_queues_requests_fifo(up):
     assert latencies[2] >= 0.55  # the last one waited for the other two
     up.wait_stats(completed=3, running=0, waiting=0)
     assert up.metric("vllm:request_success_total") == 3
+
+
+def test_priority_policy_orders_the_waiting_queue(up):
+    up.configure(capacity=1, tokens=5, tokens_per_s=25, scheduling_policy="priority")  # 0.2 s each
+    finished = []
+
+    def call(label, priority, delay):
+        def run():
+            time.sleep(delay)
+            up.chat(label, extra_body={"priority": priority})
+            finished.append(label)
+        return run
+
+    # "first" runs (priority 0: nothing preempts it); "late-3" and "late-1" wait, best first.
+    threads, _ = run_concurrently([call("first", 0, 0), call("late-3", 3, 0.05), call("late-1", 1, 0.1)])
+    for t in threads:
+        t.join()
+    assert finished == ["first", "late-1", "late-3"]
+    assert up.stats()["preempted"] == 0
+
+
+def test_priority_policy_preempts_the_worst_running_request(up):
+    # 0.1 s prefill + 10 tokens at 50/s: 0.3 s alone.
+    up.configure(capacity=1, ttft_ms=100, tokens=10, tokens_per_s=50, scheduling_policy="priority")
+    done = {}
+
+    def call(label, priority, delay, stream=False):
+        def run():
+            time.sleep(delay)
+            start = time.monotonic()
+            if stream:
+                text = "".join(c.choices[0].delta.content or "" for c in up.chat(label, stream=True, extra_body={"priority": priority}) if c.choices)
+            else:
+                text = up.chat(label, extra_body={"priority": priority}).choices[0].message.content
+            done[label] = (time.monotonic(), time.monotonic() - start, text)
+        return run
+
+    threads, _ = run_concurrently([call("low", 5, 0, stream=True), call("high", 0, 0.2)])
+    for t in threads:
+        t.join()
+    assert done["high"][0] < done["low"][0]               # it did not wait for the running one
+    assert done["high"][1] < 0.45
+    # The low one lost its slot for the high one's 0.3 s, then paid a prefill again (0.1 s).
+    assert done["low"][1] >= 0.3 + 0.3 + 0.1 - 0.02, done["low"]
+    up.configure(scheduling_policy="fcfs")
+    assert done["low"][2] == up.chat("low").choices[0].message.content  # whole, in order
+    assert up.stats()["preempted"] == 1
+    assert up.metric("vllm:num_preemptions_total") == 1
+
+
+def test_a_priority_without_priority_scheduling_is_refused_as_vllm_does(up):
+    with pytest.raises(openai.BadRequestError, match="Priority scheduling is not enabled"):
+        up.chat(extra_body={"priority": 1})
+    assert up.chat(extra_body={"priority": 0}).choices[0].message.content
 
 
 def test_slowdown_per_running_stretches_tokens(up):

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Callable
 
+from .scheduler import POLICIES
+
 ERROR_MODES = ("500", "reset", "midstream", "hang")
 
 
@@ -21,6 +23,7 @@ class Config:
     tail_rate: float = 0.0
     tail_factor: float = 10.0
     seed: int | None = None
+    scheduling_policy: str = "fcfs"
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -61,6 +64,13 @@ def _error_mode(value: Any) -> str:
     return value
 
 
+def _policy(value: Any) -> str:
+    value = str(value)
+    if value not in POLICIES:
+        raise ValueError(f"must be one of {', '.join(POLICIES)}")
+    return value
+
+
 def _seed(value: Any) -> int | None:
     return None if value is None else _number(int, float("-inf"))(value)
 
@@ -81,6 +91,8 @@ OPTIONS: dict[str, tuple[Callable[[Any], Any], str]] = {
     "tail_rate": (_number(float, 0, 1), "share of requests whose time to first token is multiplied by tail_factor"),
     "tail_factor": (_number(float, 1), "the long tail: TTFT multiplier for tail_rate of requests"),
     "seed": (_seed, "seed for completion text and error draws"),
+    "scheduling_policy": (_policy, "fcfs, or priority as vLLM: the body's integer 'priority' orders the waiting "
+                                   "queue (lower first) and preempts running requests of a worse priority"),
 }
 
 assert set(OPTIONS) == {f.name for f in fields(Config)}

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
-from collections import deque
 from dataclasses import dataclass, fields
 from functools import lru_cache
 from typing import Any
@@ -65,6 +63,7 @@ class ChatPlan:
     prompt_tokens: int
     stream: bool
     include_usage: bool
+    priority: int = 0  # vLLM's: lower runs first under the priority scheduling policy
 
     @property
     def usage(self) -> dict[str, int]:
@@ -98,6 +97,12 @@ def plan_chat(body: Any, config: Config) -> ChatPlan:
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
         raise RequestError(f"'{limit_param}' must be a positive integer", limit_param)
 
+    priority = body.get("priority", 0)
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise RequestError("'priority' must be an integer", "priority")
+    if priority and config.scheduling_policy != "priority":   # as vLLM answers it
+        raise RequestError(f"Got priority {priority} but Priority scheduling is not enabled.", "priority")
+
     count = config.tokens if limit is None else min(config.tokens, limit)
     user_texts = [message_text(m.get("content")) for m in messages if m.get("role") == "user"]
     prompt = user_texts[-1] if user_texts else message_text(messages[-1].get("content"))
@@ -111,67 +116,8 @@ def plan_chat(body: Any, config: Config) -> ChatPlan:
         prompt_tokens=max(1, sum(len(message_text(m.get("content"))) for m in messages) // 4),
         stream=stream,
         include_usage=stream and isinstance(options, dict) and options.get("include_usage") is True,
+        priority=priority,
     )
-
-
-class Slots:
-    """Continuous-batching slots: at most `capacity` running, the rest wait FIFO.
-
-    A waiter whose task is cancelled (its client left) leaves the queue and is
-    never served; capacity may change at any time (0 = unlimited).
-    """
-
-    def __init__(self, capacity: int) -> None:
-        self._capacity = capacity
-        self.running = 0
-        self._queue: deque[asyncio.Future[None]] = deque()
-
-    @property
-    def waiting(self) -> int:
-        return len(self._queue)
-
-    @property
-    def capacity(self) -> int:
-        return self._capacity
-
-    @capacity.setter
-    def capacity(self, value: int) -> None:
-        self._capacity = value
-        self._admit()
-
-    def _has_room(self) -> bool:
-        return not self._capacity or self.running < self._capacity
-
-    def _admit(self) -> None:
-        while self._queue and self._has_room():
-            waiter = self._queue.popleft()
-            if not waiter.done():
-                self.running += 1
-                waiter.set_result(None)
-
-    async def __aenter__(self) -> None:
-        if not self._queue and self._has_room():
-            self.running += 1
-            return
-        waiter = asyncio.get_running_loop().create_future()
-        self._queue.append(waiter)
-        try:
-            await waiter
-        except asyncio.CancelledError:
-            if waiter.cancelled():
-                if waiter in self._queue:
-                    self._queue.remove(waiter)
-            else:
-                # Admitted in the same loop tick as the cancel: give the slot back.
-                self._release()
-            raise
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        self._release()
-
-    def _release(self) -> None:
-        self.running -= 1
-        self._admit()
 
 
 @dataclass
@@ -180,6 +126,7 @@ class Stats:
     completed: int = 0
     errors: int = 0
     disconnected: int = 0
+    preempted: int = 0
     prompt_tokens: int = 0
     generation_tokens: int = 0
 

@@ -17,7 +17,8 @@ from aiohttp import web
 from . import canned
 from . import openai_format as fmt
 from .config import Config, validate
-from .engine import ChatPlan, RequestError, Slots, Stats, plan_chat
+from .engine import ChatPlan, RequestError, Stats, plan_chat
+from .scheduler import Run, Slots
 
 _JSON = "application/json"
 _SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
@@ -50,12 +51,6 @@ def reset_connection(request: web.BaseRequest) -> None:
     transport.abort()
 
 
-async def sleep_until(deadline: float) -> None:
-    delay = deadline - asyncio.get_running_loop().time()
-    if delay > 0:
-        await asyncio.sleep(delay)
-
-
 def json_response(payload: Any, status: int = 200) -> web.Response:
     return web.Response(status=status, body=json.dumps(payload).encode(), content_type=_JSON)
 
@@ -69,7 +64,7 @@ class DemoUpstream:
         self.name = name
         self.config = config
         self.stats = Stats()
-        self.slots = Slots(config.capacity)
+        self.slots = Slots(config.capacity, config.scheduling_policy)
         self.rng = random.Random(config.seed)
         self.started = int(time.time())
         self.last: tuple[Any, Any] | None = None  # (headers, parsed body) of the last chat request
@@ -139,10 +134,13 @@ class DemoUpstream:
             self.stats.errors += 1
             await asyncio.Event().wait()  # a stuck server: ends only when the client leaves
 
-        async with self.slots:
-            if plan.stream:
-                return await self._stream(request, plan, cut=failure == "midstream")
-            return await self._complete(request, plan, cut=failure == "midstream")
+        async with self.slots.run(plan.priority) as run:
+            try:
+                if plan.stream:
+                    return await self._stream(request, plan, run, cut=failure == "midstream")
+                return await self._complete(request, plan, run, cut=failure == "midstream")
+            finally:
+                self.stats.preempted += run.preemptions
 
     def _draw_failure(self) -> str | None:
         rate = self.config.error_rate
@@ -172,9 +170,20 @@ class DemoUpstream:
         self.stats.prompt_tokens += plan.prompt_tokens
         self.stats.generation_tokens += len(plan.tokens)
 
-    async def _complete(self, request: web.Request, plan: ChatPlan, cut: bool) -> web.StreamResponse:
-        loop = asyncio.get_running_loop()
-        await sleep_until(loop.time() + self._ttft_s() + len(plan.tokens) * self._token_interval())
+    async def _generate(self, run: Run, tokens: int, ttft_s: float):
+        """Engine time of a request, step by step: the prefill, then one step per token.
+        Yields (index, due) when token `index` is due; a preemption (priority scheduling)
+        pauses the steps and costs a prefill again (run.until)."""
+        due = asyncio.get_running_loop().time() + ttft_s
+        await run.until(due, 0.0)
+        for i in range(tokens):
+            yield i, due
+            due += self._token_interval()
+            await run.until(due, ttft_s)
+
+    async def _complete(self, request: web.Request, plan: ChatPlan, run: Run, cut: bool) -> web.StreamResponse:
+        async for _ in self._generate(run, len(plan.tokens), self._ttft_s()):
+            pass
         body = fmt.completion_body(self._new_id(), int(time.time()), plan)
         if cut:
             return await self._send_partial(request, body)
@@ -191,25 +200,21 @@ class DemoUpstream:
         reset_connection(request)
         return response
 
-    async def _stream(self, request: web.Request, plan: ChatPlan, cut: bool) -> web.StreamResponse:
+    async def _stream(self, request: web.Request, plan: ChatPlan, run: Run, cut: bool) -> web.StreamResponse:
         response = web.StreamResponse(headers=_SSE_HEADERS)
         await response.prepare(request)
         chunks = fmt.ChunkFormatter(self._new_id(), int(time.time()), plan.model)
         cut_after = max(1, len(plan.tokens) // 2) if cut else 0
         # Token i is due at ttft + i * interval, the stop step one interval after
         # the last, so a stream takes as long as the same non-stream answer.
-        due = asyncio.get_running_loop().time() + self._ttft_s()
-        await sleep_until(due)
-        await response.write(chunks.role())
-        for sent, token in enumerate(plan.tokens, 1):
-            await sleep_until(due)
-            await response.write(chunks.content(token))
-            if sent == cut_after:
+        async for i, _ in self._generate(run, len(plan.tokens), self._ttft_s()):
+            if i == 0:
+                await response.write(chunks.role())
+            await response.write(chunks.content(plan.tokens[i]))
+            if i + 1 == cut_after:
                 self.stats.errors += 1
                 reset_connection(request)
                 return response
-            due += self._token_interval()
-        await sleep_until(due)
         tail = chunks.finish(plan.finish_reason)
         if plan.include_usage:
             tail += chunks.usage(plan.usage)
@@ -239,6 +244,7 @@ class DemoUpstream:
             ("vllm:request_success_total", "counter", "Requests answered in full.", self.stats.completed),
             ("vllm:prompt_tokens_total", "counter", "Prompt tokens of answered requests.", self.stats.prompt_tokens),
             ("vllm:generation_tokens_total", "counter", "Tokens generated.", self.stats.generation_tokens),
+            ("vllm:num_preemptions_total", "counter", "Running requests preempted.", self.stats.preempted),
         )
         lines = []
         for name, kind, help_text, value in series:
@@ -259,6 +265,8 @@ class DemoUpstream:
             setattr(self.config, name, value)
         if "capacity" in changes:
             self.slots.capacity = self.config.capacity  # may admit waiters
+        if "scheduling_policy" in changes:
+            self.slots.policy = self.config.scheduling_policy  # for requests arriving from now
         if "seed" in changes:
             self.rng.seed(self.config.seed)
         return json_response(self.config.as_dict())
@@ -273,6 +281,7 @@ class DemoUpstream:
                 "running": self.slots.running,
                 "waiting": self.slots.waiting,
                 "disconnected": s.disconnected,
+                "preempted": s.preempted,
             }
         )
 

@@ -19,13 +19,14 @@ import dataclasses
 import asyncio
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from sidecar.admission.cost import ClusterCosts
 from sidecar.admission.limiter import ConcurrencyLimiter, LimiterConfig
 from sidecar.admission.metrics import AdmissionMetrics, PrometheusAdmissionMetrics
-from sidecar.admission.outcomes import Degrade, Refusal
+from sidecar.admission.outcomes import REASON_STATUS, Degrade, Refusal
 from sidecar.admission.queue import (
     AdmissionQueue,
     DrainMeter,
@@ -42,6 +43,10 @@ from sidecar.scheduling.windows import SampleWindow
 HOLD_EWMA_ALPHA = 0.1
 # Weight of the newest admission in each class's share of recent admissions (about the last 50).
 SHARE_EWMA_ALPHA = 0.02
+# A class's own time-to-first-token on a preempting cluster: this quantile of its recent answers,
+# from this many answers. High: a request sent past it is likely to outlive its client.
+CLASS_TTFT_QUANTILE = P95
+MIN_CLASS_TTFT_SAMPLES = 20
 
 Chooser = Callable[[Sequence[str]], str]  # clusters with a free slot, in the caller's order -> one of them
 TtftEstimate = Callable[[str], "float | None"]  # cluster -> expected time to first token (s), None if unknown
@@ -98,7 +103,7 @@ class Permit:
     """A slot on `cluster`. Release it once, when the response ends or the request is dropped."""
 
     def __init__(self, gate: Gate, cluster: str, priority: str, tenant: str, waited_s: float, in_flight: int,
-                 granted_at: float = 0.0) -> None:
+                 granted_at: float = 0.0, slots: float = 1.0) -> None:
         self.cluster = cluster
         self.priority = priority
         self.tenant = tenant
@@ -106,6 +111,7 @@ class Permit:
         self._gate = gate
         self._in_flight = in_flight  # the cluster's count with this request, for the limiter
         self._granted_at = granted_at  # on the gate's clock
+        self.slots = slots  # what it counts for on the cluster (cost.py); 1 unless costs are counted
         self.released = False
 
     def release(self, latency_s: float | None = None, ok: bool = True, upstream_waiting: float | None = None) -> None:
@@ -127,6 +133,8 @@ class _Waiter:
     future: asyncio.Future
     chooser: Chooser | None
     hold_until: float = math.inf          # latest start, whatever the deadline
+    allow_degrade: bool = False           # a healthy fallback instead of an overload refusal
+    tokens: float | None = None           # expected tokens when slots count them (cost.py)
 
 
 class Gate:
@@ -148,6 +156,12 @@ class Gate:
         self._limiters: dict[str, ConcurrencyLimiter] = {}
         self._caps: dict[str, dict[str, int]] = {}       # cluster -> route -> its max_in_flight
         self._in_flight: dict[str, int] = {}
+        self._in_flight_by_class: dict[str, dict[str, float]] = {}  # cluster -> class -> slots used
+        self._used: dict[str, float] = {}  # cluster -> slots used (requests, or their costs)
+        self._costs = ClusterCosts()
+        self._class_ttft: dict[tuple[str, str], SampleWindow] = {}  # on preempting clusters
+        self._preempting_by_route: dict[str, frozenset[str]] = {}  # route -> its clusters that preempt
+        self._preempting: frozenset[str] = frozenset()
         self._hold_s: dict[str, float] = {}  # mean slot hold time of answered requests, per cluster
         self._drain = DrainMeter(self.config.drain_window_s)
         self._waits = {name: SampleWindow(self.config.wait_stats_window_s, 1024) for name in self.config.queue.names}
@@ -164,8 +178,11 @@ class Gate:
         now: float | None = None,
         *,
         chooser: Chooser | None = None,
-        allow_degrade: bool = True,
+        allow_degrade: bool = False,
         hold_until: float = math.inf,
+        degrade_after_s: float | None = None,
+        tenant_weight: int = 1,
+        tokens: float | None = None,
     ) -> Permit | Refusal | Degrade:
         """A slot on one of `candidates` (cluster names, in preference order), a refusal, or a
         degrade. `deadline`: absolute on the gate's clock (None or inf: now + default_deadline_s),
@@ -173,7 +190,16 @@ class Gate:
         queue whatever its deadline (the sidecar's own hold limit); `now`: the gate's clock()
         unless given. `chooser` picks among the candidates with a free
         slot (default: the gate's, else the first). Cancelling the awaiting task (the client went
-        away) takes the request out of the queue at once; it never holds a slot."""
+        away) takes the request out of the queue at once; it never holds a slot.
+
+        `allow_degrade`: the caller has a healthy fallback outside this gate. Then a request
+        the gate would refuse as overloaded (a 503: its deadline cannot cover the expected
+        wait, the queue is full, it is evicted or its latest start passes while queued) is a
+        Degrade instead, and so is one whose expected wait exceeds `degrade_after_s` (the
+        route's; None: the gate's degrade_after_s for its degrade_classes), at once, or once it
+        has waited that long. `tenant_weight`: the tenant's share among its class's tenants
+        while they compete for slots. `tokens`: the request's expected tokens where the route
+        counts slots and shares in tokens (cost.py); None: it counts as one request."""
         require(bool(candidates), "candidates", "must not be empty", list(candidates))
         now = self._clock() if now is None else now
         cls = self.config.queue.resolve(priority)
@@ -183,31 +209,41 @@ class Gate:
         for cluster in clusters:
             self._limiter(cluster)
         chooser = chooser or self._chooser
-        free = [c for c in clusters if self._has_slot(c, cls)]
-        wait = 0.0 if free else self._expected_wait(cls, tenant, clusters, now)
-        ttft = self._ttft(free or clusters)
+        free = [c for c in clusters if self._has_slot(c, cls, tokens)]
+        wait = 0.0 if free else self._expected_wait(cls, tenant, clusters, now, tenant_weight)
+        ttft = self._ttft(free or clusters, cls)
         if admit_or_refuse(deadline - now, wait, ttft) == "refuse" or wait > hold_until - now:
-            return self._refuse(cls, "deadline", now)
+            return self._refuse(cls, "deadline", now, allow_degrade and not free)
         if free:
-            return self._grant(_choose(chooser, free), cls, tenant, 0.0, queued=False)
-        waiter = _Waiter(clusters, asyncio.get_running_loop().create_future(), chooser, hold_until)
-        pushed = self._queue.push(cls, tenant, deadline, now, waiter)
+            return self._grant(_choose(chooser, free), cls, tenant, 0.0, queued=False, tokens=tokens)
+        if degrade_after_s is None and cls in self.config.degrade_classes:
+            degrade_after_s = self.config.degrade_after_s
+        if not allow_degrade:
+            degrade_after_s = None
+        if degrade_after_s is not None and wait > degrade_after_s:
+            return self._degrade(cls, 0.0)
+        waiter = _Waiter(clusters, asyncio.get_running_loop().create_future(), chooser, hold_until, allow_degrade,
+                         tokens)
+        cost = self._costs.slots(clusters[0], tokens, self._limiters[clusters[0]].limit)
+        pushed = self._queue.push(cls, tenant, deadline, now, waiter, tenant_weight, cost)
         if pushed.entry is None:
-            return self._refuse(cls, pushed.refused or "queue_full", now)
+            return self._refuse(cls, pushed.refused or "queue_full", now, allow_degrade)
         entry = pushed.entry
         if pushed.evicted is not None:
-            self._resolve(pushed.evicted, self._refuse(pushed.evicted.priority, "evicted", now))
+            evicted = pushed.evicted
+            self._resolve(evicted, self._refuse(evicted.priority, "evicted", now, evicted.item.allow_degrade,
+                                                now - evicted.arrival))
         self._report_depths()
-        return await self._wait(entry, waiter, now, allow_degrade)
+        return await self._wait(entry, waiter, now, degrade_after_s)
 
-    async def _wait(self, entry: Entry, waiter: _Waiter, now: float, allow_degrade: bool) -> Permit | Refusal | Degrade:
+    async def _wait(self, entry: Entry, waiter: _Waiter, now: float,
+                    degrade_after: float | None) -> Permit | Refusal | Degrade:
         loop = asyncio.get_running_loop()
         # Out at the last moment a slot could still answer in time: the deadline less the
         # expected time to first token (a later slot would only run for a client gone).
-        latest_start = min(entry.deadline - self._ttft(waiter.candidates), waiter.hold_until)
+        latest_start = min(entry.deadline - self._ttft(waiter.candidates, entry.priority), waiter.hold_until)
         timers = [loop.call_later(max(0.0, latest_start - now), self._on_deadline, entry)]
-        degrade_after = self.config.degrade_after_s
-        if allow_degrade and degrade_after is not None and entry.priority in self.config.degrade_classes:
+        if degrade_after is not None:
             timers.append(loop.call_later(degrade_after, self._on_degrade, entry))
         try:
             return await waiter.future
@@ -248,11 +284,18 @@ class Gate:
 
     # -- inside ------------------------------------------------------------------------------
 
-    def cap_route(self, route: str, caps: Mapping[str, int]) -> None:
+    def cap_route(self, route: str, caps: Mapping[str, int], preempting: Iterable[str] = ()) -> None:
         """A route's max_in_flight per cluster (its whole set: a cluster it no longer names, or
         names without a cap, is freed of it). Routes sharing a cluster share its limiter, so
         the strictest cap any of them sets holds. A changed cap restarts the cluster's limiter
-        (its requests in flight stay counted), and a raised one lets waiters in at once."""
+        (its requests in flight stay counted), and a raised one lets waiters in at once.
+        `preempting`: the route's clusters whose engine schedules by priority and preempts a
+        running lower class for a higher one; there a request counts against the limit only
+        with the requests of its own class and higher."""
+        self._preempting_by_route[route] = frozenset(preempting)
+        before, self._preempting = self._preempting, frozenset().union(*self._preempting_by_route.values())
+        if before != self._preempting:
+            self._dispatch(self._clock())
         touched = {cluster for cluster, by_route in self._caps.items() if route in by_route} | set(caps)
         for cluster in touched:
             by_route = self._caps.setdefault(cluster, {})
@@ -286,16 +329,39 @@ class Gate:
             self._metrics.concurrency(cluster, limiter.limit, 0)
         return limiter
 
-    def _has_slot(self, cluster: str, cls: str | None = None) -> bool:
-        """A free slot on the cluster for a request of class `cls` (None: of the highest class)."""
+    def _has_slot(self, cluster: str, cls: str | None = None, tokens: float | None = None,
+                  any_room: bool = False) -> bool:
+        """Room on the cluster for a request of class `cls` (None: of the highest class) and
+        `tokens` expected tokens (None: one slot); any_room: for the smallest request. A
+        request alone on the cluster always fits."""
+        names = self.config.queue.names
+        cls = cls or names[0]
         limit = self._limiters[cluster].limit
-        if cls is not None and cls != self.config.queue.names[0]:
+        if cls != names[0]:
             limit -= min(self.config.reserved_top_slots, limit - 1)
-        return self._in_flight[cluster] < limit
+        used = self._used.get(cluster, 0.0)
+        if cluster in self._preempting:     # the engine preempts lower classes to run this one
+            by_class = self._in_flight_by_class.get(cluster, {})
+            used = sum(by_class.get(name, 0.0) for name in names[:names.index(cls) + 1])
+        if any_room:
+            return used < limit
+        need = self._costs.slots(cluster, tokens, self._limiters[cluster].limit)
+        return used + need <= limit + 1e-9 or used < 1e-9
 
-    def _ttft(self, clusters: Sequence[str]) -> float:
-        """The best expected time to first token among these clusters; 0 when none is known."""
-        known = [t for t in map(self._expected_ttft, clusters) if t is not None and math.isfinite(t) and t >= 0]
+    def _ttft(self, clusters: Sequence[str], cls: str | None = None) -> float:
+        """The best expected time to first token among these clusters for a request of class
+        `cls`; 0 when none is known. On a cluster whose engine preempts, a lower class may be
+        preempted on the way to its first token: its own recent tail there counts when higher
+        (the cluster's mean spans every class and hides that tail)."""
+        known = []
+        for cluster in clusters:
+            t = self._expected_ttft(cluster)
+            if t is not None and math.isfinite(t) and t >= 0:
+                window = self._class_ttft.get((cluster, cls)) if cluster in self._preempting else None
+                now = self._clock()
+                if window is not None and window.count(now) >= MIN_CLASS_TTFT_SAMPLES:
+                    t = max(t, window.quantile(CLASS_TTFT_QUANTILE, now) or 0.0)
+                known.append(t)
         return min(known, default=0.0)
 
     def _rate(self, clusters: Sequence[str] | None, now: float) -> float | None:
@@ -304,7 +370,7 @@ class Gate:
         drain rate still counts the quiet seconds and would refuse the start of every burst."""
         return self.service_rate(clusters) or self._drain.rate(now)
 
-    def _expected_wait(self, cls: str, tenant: str, clusters: Sequence[str], now: float) -> float:
+    def _expected_wait(self, cls: str, tenant: str, clusters: Sequence[str], now: float, tenant_weight: int = 1) -> float:
         """Admissions until served over the rate this class gets: the higher classes' recent
         share of admissions goes to the requests they keep sending meanwhile (never below the
         share the weights guarantee this class against them)."""
@@ -315,34 +381,64 @@ class Gate:
         rank = self.config.queue.names.index(cls)
         guaranteed = classes[rank].weight / sum(c.weight for c in classes[:rank + 1])
         higher = sum(self._share[c.name] for c in classes[:rank])
-        return self._queue.position(cls, tenant) / (rate * max(guaranteed, 1.0 - higher))
+        return self._queue.position(cls, tenant, tenant_weight) / (rate * max(guaranteed, 1.0 - higher))
 
     def _retry_after(self, now: float) -> float:
         cfg = self.config
         return retry_after_s(len(self._queue), self._rate(None, now), cfg.retry_after_min_s, cfg.retry_after_max_s)
 
-    def _refuse(self, cls: str, reason: str, now: float) -> Refusal:
+    def _refuse(self, cls: str, reason: str, now: float, degrade: bool = False,
+                waited_s: float = 0.0) -> Refusal | Degrade:
+        """A refusal, or with `degrade` (a healthy fallback) a Degrade where the refusal would
+        be for overload (503); a tenant over its own share is refused all the same."""
+        if degrade and REASON_STATUS[reason] == 503:
+            return self._degrade(cls, waited_s)
         self._metrics.refused(cls, reason)
         return Refusal(reason, self._retry_after(now))
 
-    def _grant(self, cluster: str, cls: str, tenant: str, waited_s: float, queued: bool) -> Permit:
+    def _degrade(self, cls: str, waited_s: float) -> Degrade:
+        self._waits[cls].add(self._clock(), waited_s)
+        self._metrics.degraded(cls, waited_s)
+        return Degrade(waited_s)
+
+    def _grant(self, cluster: str, cls: str, tenant: str, waited_s: float, queued: bool,
+               tokens: float | None = None) -> Permit:
+        slots = self._costs.slots(cluster, tokens, self._limiters[cluster].limit)
+        self._costs.admitted(cluster, tokens)
         self._in_flight[cluster] += 1
+        self._used[cluster] = self._used.get(cluster, 0.0) + slots
+        by_class = self._in_flight_by_class.setdefault(cluster, {})
+        by_class[cls] = by_class.get(cls, 0.0) + slots
         in_flight = self._in_flight[cluster]
         self._waits[cls].add(self._clock(), waited_s)
         for name, share in self._share.items():
             self._share[name] = share + SHARE_EWMA_ALPHA * ((name == cls) - share)
         self._metrics.admitted(cls, waited_s, queued)
         self._metrics.concurrency(cluster, self._limiters[cluster].limit, in_flight)
-        return Permit(self, cluster, cls, tenant, waited_s, in_flight, self._clock())
+        return Permit(self, cluster, cls, tenant, waited_s, in_flight, self._clock(), slots)
 
     def _release(self, permit: Permit, latency_s: float | None, ok: bool, upstream_waiting: float | None) -> None:
         now = self._clock()
         cluster = permit.cluster
         self._in_flight[cluster] = max(0, self._in_flight[cluster] - 1)
+        self._used[cluster] = max(0.0, self._used.get(cluster, 0.0) - permit.slots)
+        by_class = self._in_flight_by_class.get(cluster, {})
+        by_class[permit.priority] = max(0.0, by_class.get(permit.priority, 0.0) - permit.slots)
         self._drain.add(now)
         limiter = self._limiters[cluster]
-        if latency_s is not None or not ok:
-            limiter.on_sample(latency_s, ok, permit._in_flight, now, upstream_waiting)
+        sample = latency_s
+        if cluster in self._preempting and permit.priority != self.config.queue.names[0]:
+            # A lower class waits behind the engine's preemptions by design; that is not the
+            # cluster's overload, and would shrink the limit that keeps its batch full.
+            sample = None
+        if sample is not None or not ok:
+            limiter.on_sample(sample, ok, permit._in_flight, now, upstream_waiting)
+        if latency_s is not None and ok and cluster in self._preempting:
+            key = (cluster, permit.priority)
+            window = self._class_ttft.get(key)
+            if window is None:
+                window = self._class_ttft[key] = SampleWindow(self.config.wait_stats_window_s, 1024)
+            window.add(now, latency_s)
         if latency_s is not None and ok:  # answered: the slot was held for a whole request
             held = max(0.0, now - permit._granted_at)
             mean = self._hold_s.get(cluster)
@@ -356,33 +452,36 @@ class Gate:
         for entry in self._queue.expire(now):
             self._resolve(entry, self._refuse(entry.priority, "expired", now))
         while len(self._queue):
-            if not any(self._has_slot(c) for c in self._limiters):
+            if not any(self._has_slot(c, any_room=True) for c in self._limiters):
                 break
-            entry = self._queue.pop(lambda e: any(self._has_slot(c, e.priority) for c in e.item.candidates))
+            entry = self._queue.pop(lambda e: any(self._has_slot(c, e.priority, e.item.tokens)
+                                                  for c in e.item.candidates))
             if entry is None:
                 break
             waiter: _Waiter = entry.item
             if waiter.future.done():  # its task was cancelled and has not yet run its handler
                 continue
-            cluster = _choose(waiter.chooser, [c for c in waiter.candidates if self._has_slot(c, entry.priority)])
-            if admit_or_refuse(entry.deadline - now, 0.0, self._ttft([cluster])) == "refuse":
+            cluster = _choose(waiter.chooser, [c for c in waiter.candidates
+                                               if self._has_slot(c, entry.priority, waiter.tokens)])
+            if admit_or_refuse(entry.deadline - now, 0.0, self._ttft([cluster], entry.priority)) == "refuse":
                 # Too late to answer in time: the slot goes to the next one, not to wasted work.
-                waiter.future.set_result(self._refuse(entry.priority, "expired", now))
+                waiter.future.set_result(self._refuse(entry.priority, "expired", now, waiter.allow_degrade,
+                                                      now - entry.arrival))
                 continue
-            waiter.future.set_result(self._grant(cluster, entry.priority, entry.tenant, now - entry.arrival, queued=True))
+            waiter.future.set_result(self._grant(cluster, entry.priority, entry.tenant, now - entry.arrival,
+                                                 queued=True, tokens=waiter.tokens))
         self._report_depths()
 
     def _on_deadline(self, entry: Entry) -> None:
         if self._queue.remove(entry):
-            self._resolve(entry, self._refuse(entry.priority, "expired", self._clock()))
+            now = self._clock()
+            self._resolve(entry, self._refuse(entry.priority, "expired", now, entry.item.allow_degrade,
+                                              now - entry.arrival))
             self._report_depths()
 
     def _on_degrade(self, entry: Entry) -> None:
         if self._queue.remove(entry):
-            waited = self._clock() - entry.arrival
-            self._waits[entry.priority].add(self._clock(), waited)
-            self._metrics.degraded(entry.priority, waited)
-            self._resolve(entry, Degrade(waited))
+            self._resolve(entry, self._degrade(entry.priority, self._clock() - entry.arrival))
             self._report_depths()
 
     def _abandon(self, entry: Entry, waiter: _Waiter) -> None:

@@ -44,7 +44,7 @@ ADMITTED = Counter(
     ["class", "queued"])
 REFUSED = Counter("sluice_admission_refused_total", "Requests refused, by class and reason.", ["class", "reason"])
 DEGRADED = Counter(
-    "sluice_admission_degraded_total", "Requests sent to a fallback after waiting degrade_after_s, by class.", ["class"])
+    "sluice_admission_degraded_total", "Requests sent to a fallback instead of waiting longer or being refused, by class.", ["class"])
 LIMIT = Gauge("sluice_admission_concurrency_limit", "Current adaptive concurrency limit, by cluster.", ["cluster"])
 IN_FLIGHT = Gauge("sluice_admission_in_flight", "Requests holding a slot, by cluster.", ["cluster"])
 TOKENS = Counter(

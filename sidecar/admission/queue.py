@@ -15,8 +15,11 @@ Order, when a slot frees (`pop`):
    standard vip standard vip vip standard vip batch), but a lone vip never waits behind a
    standard backlog. (Plain SWRR picks the most credit, which spreads the classes evenly but
    lets a standard entry take every other freed slot while a vip waits.)
-2. Tenant -- round robin among the tenants that have an entry in the picked class: the tenant
-   served goes to the back of the rotation.
+2. Tenant -- weighted fair shares among the tenants that have an entry in the picked class,
+   by the same smooth weighted round robin over the tenants' weights (given at push; 1 unless
+   configured): while tenants stay backlogged each gets its weight's share of the class's
+   admissions, so one tenant's burst cannot take the class's whole share. With equal weights
+   this is round robin in order of arrival. A tenant that empties loses its credit.
 3. Entry -- within that tenant's entries in the class, the earliest deadline first (then arrival).
 
 Bounds (`push`): the whole queue holds at most `max_queued`, each class at most its `max_queued`,
@@ -92,6 +95,7 @@ class Entry:
     arrival: float
     seq: int
     item: Any = None
+    cost: float = 1.0  # what it counts for in the shares: 1, or its expected tokens in slots
 
     @property
     def order(self) -> tuple[float, int]:
@@ -112,7 +116,9 @@ class _Class:
     spec: PriorityClass
     tenants: OrderedDict[str, list[Entry]] = field(default_factory=OrderedDict)  # rotation order
     size: int = 0
-    credit: int = 0
+    credit: float = 0
+    tenant_weight: dict[str, int] = field(default_factory=dict)  # of the tenants with entries
+    tenant_credit: dict[str, float] = field(default_factory=dict)
 
 
 class AdmissionQueue:
@@ -144,18 +150,25 @@ class AdmissionQueue:
     def __contains__(self, entry: Entry) -> bool:
         return entry.seq in self._live
 
-    def position(self, priority: str | None, tenant: str) -> int:
-        """How many admissions a new entry of this class and tenant would wait for, its own
-        included, if every queued entry could take the same slots and nothing else arrived."""
+    def position(self, priority: str | None, tenant: str, weight: int = 1) -> int:
+        """How many admissions a new entry of this class and tenant (of this weight) would
+        wait for, its own included, if every queued entry could take the same slots and
+        nothing else arrived."""
         cls = self._classes[self.config.resolve(priority)]
-        own = [len(entries) for t, entries in cls.tenants.items() if t == tenant]
-        others = [len(entries) for t, entries in cls.tenants.items() if t != tenant]
+        own = len(cls.tenants.get(tenant, ()))
+        others = [(len(entries), cls.tenant_weight[t]) for t, entries in cls.tenants.items() if t != tenant]
         other_classes = [(c.size, c.spec.weight) for c in self._classes.values() if c is not cls]
-        return estimate_position(own[0] if own else 0, others, cls.spec.weight, other_classes)
+        return estimate_position(own, [n for n, _ in others], cls.spec.weight, other_classes,
+                                 own_weight=cls.tenant_weight.get(tenant, weight),
+                                 tenant_weights=[w for _, w in others])
 
     # -- changing ----------------------------------------------------------------------------
 
-    def push(self, priority: str | None, tenant: str, deadline: float, arrival: float, item: Any = None) -> Pushed:
+    def push(self, priority: str | None, tenant: str, deadline: float, arrival: float, item: Any = None,
+             weight: int = 1, cost: float = 1.0) -> Pushed:
+        """Queue an entry; `weight`: its tenant's share among the class's tenants (the latest
+        push's weight counts); `cost`: what serving it takes off its class's and tenant's
+        credit, in units of one average request (shares then count tokens, not requests)."""
         name = self.config.resolve(priority)
         cls = self._classes[name]
         if self.tenant_depth(tenant) >= self.config.max_queued_per_tenant:
@@ -167,8 +180,10 @@ class AdmissionQueue:
             evicted = self._evict_below(name)
             if evicted is None:
                 return Pushed(None, "queue_full")
-        entry = Entry(name, tenant, deadline, arrival, next(self._seq), item)
+        entry = Entry(name, tenant, deadline, arrival, next(self._seq), item, max(0.0, float(cost)))
         entries = cls.tenants.setdefault(tenant, [])
+        cls.tenant_weight[tenant] = max(1, int(weight))
+        cls.tenant_credit.setdefault(tenant, 0)
         bisect.insort(entries, entry, key=lambda e: e.order)
         cls.size += 1
         self._per_tenant[tenant] = self.tenant_depth(tenant) + 1
@@ -181,8 +196,8 @@ class AdmissionQueue:
         says may take the slot (all with None); None when there is none."""
         heads = {}
         for name, cls in self._classes.items():
-            head = _head(cls, eligible)
-            if head is not None:
+            head = _heads(cls, eligible)
+            if head:
                 heads[name] = head
         if not heads:
             return None
@@ -193,8 +208,8 @@ class AdmissionQueue:
         best = next((c for c in contenders if c.credit > 0), None)
         if best is None:
             best = max(contenders, key=lambda c: c.credit)  # the first of the most on a tie
-        best.credit -= total
-        entry = heads[best.spec.name]
+        entry = _pick_tenant(best, heads[best.spec.name])
+        best.credit -= total * entry.cost
         self._unlink(entry, rotate=True)
         return entry
 
@@ -232,6 +247,7 @@ class AdmissionQueue:
         entries.remove(entry)
         if not entries:
             del cls.tenants[entry.tenant]
+            del cls.tenant_weight[entry.tenant], cls.tenant_credit[entry.tenant]
         elif rotate:
             cls.tenants.move_to_end(entry.tenant)
         cls.size -= 1
@@ -247,27 +263,48 @@ class AdmissionQueue:
             self._by_deadline.clear()
 
 
-def _head(cls: _Class, eligible: Callable[[Entry], bool] | None) -> Entry | None:
-    """The entry this class would give up next: the first tenant in rotation with an eligible
-    entry, and its earliest-deadline eligible entry."""
-    for entries in cls.tenants.values():
+def _heads(cls: _Class, eligible: Callable[[Entry], bool] | None) -> dict[str, Entry]:
+    """Each tenant's entry this class would give up next, in rotation order: its
+    earliest-deadline eligible entry (tenants without one left out). With no filter only the
+    first entry of each tenant is looked at."""
+    heads = {}
+    for tenant, entries in cls.tenants.items():
         for entry in entries:
             if eligible is None or eligible(entry):
-                return entry
-    return None
+                heads[tenant] = entry
+                break
+    return heads
 
 
-def estimate_position(own: int, other_tenants: Iterable[int], weight: int, other_classes: Iterable[tuple[int, int]]) -> int:
+def _pick_tenant(cls: _Class, heads: Mapping[str, Entry]) -> Entry:
+    """Smooth weighted round robin over the contending tenants' weights (see the module's
+    docstring): the most credit wins, the first in rotation on a tie."""
+    total = 0
+    for tenant in heads:
+        weight = cls.tenant_weight[tenant]
+        cls.tenant_credit[tenant] += weight
+        total += weight
+    best = max(heads, key=lambda t: cls.tenant_credit[t])
+    cls.tenant_credit[best] -= total * heads[best].cost
+    return heads[best]
+
+
+def estimate_position(own: int, other_tenants: Iterable[int], weight: int, other_classes: Iterable[tuple[int, int]],
+                      own_weight: int = 1, tenant_weights: Iterable[int] | None = None) -> int:
     """Admissions until a new entry is served, its own included.
 
     own: entries its tenant has queued in its class; other_tenants: the other tenants' counts in
-    that class; weight: the class's weight; other_classes: (entries, weight) of every other class.
-    Within the class, tenant round robin serves up to own + 1 entries of each tenant first; while
-    those are served, another class gets floor(served x its weight / class weight) admissions,
-    no more than it has queued.
+    that class (tenant_weights: their weights, 1 each when None; own_weight: its tenant's);
+    weight: the class's weight; other_classes: (entries, weight) of every other class.
+    Within the class, the tenants' shares serve own + 1 entries of its tenant in
+    ceil((own + 1) / own_weight) rounds, and up to that many rounds x weight of each other
+    tenant; while those are served, another class gets floor(served x its weight / class
+    weight) admissions, no more than it has queued.
     """
-    rounds = own + 1
-    in_class = rounds + sum(min(n, rounds) for n in other_tenants)
+    counts = list(other_tenants)
+    weights = [1] * len(counts) if tenant_weights is None else list(tenant_weights)
+    rounds = -(-(own + 1) // max(1, own_weight))
+    in_class = own + 1 + sum(min(n, rounds * w) for n, w in zip(counts, weights))
     return in_class + sum(min(n, in_class * w // weight) for n, w in other_classes)
 
 
