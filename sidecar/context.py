@@ -60,6 +60,7 @@ class RequestContext:
     cache_scope: str | None = None     # the cache scope key (a hash; for admin purges)
     cache_request: object = None       # sidecar.caching.CacheRequest, once worked out
     capture: object = None             # sidecar.caching.Capture of a cache miss
+    guard: object = None               # sidecar.guard.director.GuardState, once scanned
     response_complete: bool = False
     response_read: bool = True         # False: Envoy sends no response headers (feedback sampling)
 

@@ -1,0 +1,120 @@
+"""Denied-word lists: every list's words in one Aho-Corasick automaton, each character once.
+
+A word matches the folded text (sidecar/guard/normalize.py): NFKC, invisible characters
+dropped, case-folded. A word that starts (ends) with a letter or digit of a spaced script
+matches only at a word boundary there, so "ass" is not found in "class"; CJK words, written
+without spaces, match anywhere. Lists with `squeeze` also match the text with its spaces and
+punctuation removed ("加 微 信" → "加微信"): `cjk` does that for words with a CJK character
+only, `all` for every word (which costs false matches across word boundaries in spaced
+scripts: see reports/guard.json).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable
+
+import ahocorasick
+
+from sidecar.guard.normalize import fold, fold_with_offsets, squeeze, squeeze_offsets
+
+SQUEEZE_MODES = ("cjk", "all", "off")
+
+
+def is_cjk(ch: str) -> bool:
+    cp = ord(ch)
+    return (0x3040 <= cp <= 0x30FF or 0x3400 <= cp <= 0x4DBF or 0x4E00 <= cp <= 0x9FFF
+            or 0xAC00 <= cp <= 0xD7AF or 0xF900 <= cp <= 0xFAFF or 0x20000 <= cp <= 0x2FA1F)
+
+
+def _bounded(ch: str) -> bool:
+    """Whether a word edge at this character needs a word boundary in the text."""
+    return ch.isalnum() and not is_cjk(ch)
+
+
+@dataclass(frozen=True)
+class WordEntry:
+    list_index: int
+    length: int
+    left: bool     # needs a boundary before it
+    right: bool    # and after it
+
+
+class WordMatcher:
+    """Several named lists compiled together. `scan` returns, per list index, whether it hit;
+    `spans` the original-text ranges to mask."""
+
+    def __init__(self, lists: Iterable[tuple[Iterable[str], str]]):
+        """lists: (words, squeeze mode) per list, in order."""
+        self._plain = ahocorasick.Automaton()
+        self._squeezed = ahocorasick.Automaton()
+        self.size = 0
+        for index, (words, mode) in enumerate(lists):
+            if mode not in SQUEEZE_MODES:
+                raise ValueError(f"squeeze must be one of {SQUEEZE_MODES}, not {mode!r}")
+            for word in words:
+                key = fold(word).strip()
+                if not key:
+                    continue
+                self.size += 1
+                _add(self._plain, key, WordEntry(index, len(key), _bounded(key[0]), _bounded(key[-1])))
+                if mode == "all" or (mode == "cjk" and any(is_cjk(ch) for ch in key)):
+                    tight = squeeze(key)
+                    if tight:
+                        _add(self._squeezed, tight, WordEntry(index, len(tight), False, False))
+        for automaton in (self._plain, self._squeezed):
+            if len(automaton):
+                automaton.make_automaton()
+
+    def scan(self, text: str) -> set[int]:
+        """Indexes of the lists with a word in `text`."""
+        folded = fold(text)
+        return {index for index, _, _ in self._hits(folded)}
+
+    def spans(self, text: str, lists: set[int]) -> list[tuple[int, int]]:
+        """Ranges of the original `text` covered by words of `lists`, merged and sorted."""
+        folded, offsets = fold_with_offsets(text)
+        ranges = []
+        for index, start, end in self._hits(folded, with_squeezed_offsets=True):
+            if index in lists:
+                ranges.append((offsets[start], offsets[end - 1] + 1))
+        return _merge(ranges)
+
+    def _hits(self, folded: str, with_squeezed_offsets: bool = False):
+        """(list index, start, end) of every match, as offsets in `folded`."""
+        found = []
+        if len(self._plain):
+            for end, entries in self._plain.iter(folded):
+                for e in entries:
+                    start = end - e.length + 1
+                    if e.left and start > 0 and _bounded(folded[start - 1]):
+                        continue
+                    if e.right and end + 1 < len(folded) and _bounded(folded[end + 1]):
+                        continue
+                    found.append((e.list_index, start, end + 1))
+        if len(self._squeezed):
+            tight = squeeze(folded)
+            where = squeeze_offsets(folded) if with_squeezed_offsets else None
+            for end, entries in self._squeezed.iter(tight):
+                for e in entries:
+                    start = end - e.length + 1
+                    if where is None:
+                        found.append((e.list_index, 0, 0))
+                    else:
+                        found.append((e.list_index, where[start], where[end] + 1))
+        return found
+
+
+def _add(automaton, key: str, entry: WordEntry) -> None:
+    # One key can be in several lists (or twice in one): keep every entry.
+    existing = automaton.get(key, None)
+    automaton.add_word(key, (*existing, entry) if existing else (entry,))
+
+
+def _merge(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    merged: list[tuple[int, int]] = []
+    for start, end in sorted(ranges):
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((start, end))
+    return merged
