@@ -2,7 +2,7 @@
 
     .venv/bin/python scripts/train_guard.py
 
-Data and splits: bench/guard_data.py. A one-hidden-layer MLP (64 ReLU units, logistic output),
+Data and splits: bench/guard_data.py. A one-hidden-layer MLP (32 ReLU units, logistic output),
 full-batch Adam with L2 and class weights (attacks are few), the epoch count chosen on the val
 split by average precision at low false-alarm rates. Benign val scores are saved with the
 weights: they turn a route's false-alarm rate into a threshold. The test splits are not read.
@@ -21,7 +21,7 @@ sys.path.insert(0, str(ROOT))
 from bench.guard_data import embed_all, injection_examples  # noqa: E402
 
 OUT = ROOT / "sidecar" / "guard" / "injection_head.npz"
-HIDDEN, EPOCHS, LR, L2 = 64, 600, 0.01, 1e-4
+HIDDEN, EPOCHS, LR, L2 = 32, 600, 0.003, 1e-4
 
 
 def recall_at(scores: np.ndarray, labels: np.ndarray, rate: float) -> float:
