@@ -171,18 +171,22 @@ def cost() -> dict:
     results = {}
     for name, texts in (("ascii_clean", prompts), ("with_email_and_word", [p[:1990] + " a.b@example.com internal only" for p in prompts]),
                         ("non_ascii", ["加微信 " + p[:1000] + " 你好，我想问一下这个问题。" * 20 for p in prompts])):
-        timings = []
+        cpu, wall = [], []
         for _ in range(5):
             for text in texts:
                 messages = [{"role": "user", "content": text}]
-                started = time.perf_counter()
+                body = json.dumps({"model": "m", "messages": messages}).encode()
+                started, started_cpu = time.perf_counter(), time.thread_time()
                 result = scan(policy, messages)
                 if result.rewrites:
-                    rewrite_body(json.dumps({"model": "m", "messages": messages}).encode(), result.rewrites)
-                timings.append(time.perf_counter() - started)
-        timings.sort()
-        results[name] = {"p50_ms": round(statistics.median(timings) * 1000, 4),
-                         "p99_ms": round(timings[int(len(timings) * 0.99)] * 1000, 4), "runs": len(timings)}
+                    rewrite_body(body, result.rewrites)
+                cpu.append(time.thread_time() - started_cpu)
+                wall.append(time.perf_counter() - started)
+        cpu.sort()
+        wall.sort()
+        # CPU time is the figure: on a shared machine wall time also counts other processes' turns.
+        results[name] = {"p50_ms": round(statistics.median(cpu) * 1000, 4), "p99_ms": round(cpu[int(len(cpu) * 0.99)] * 1000, 4),
+                         "wall_p50_ms": round(statistics.median(wall) * 1000, 4), "runs": len(cpu)}
     return {"denied_words": policy.words.size, "prompt_chars": 2048, **results}
 
 
@@ -204,8 +208,8 @@ def main() -> int:
     print(report.table([{"squeeze": m, "recall": v["recall"]["rate"], "precision": v["precision"]["rate"],
                          "false_match_rate": v["false_matches_on_clean"]["rate"]} for m, v in data["words"]["modes"].items()],
                        ["squeeze", "recall", "precision", "false_match_rate"]))
-    print("\ncost (2 KB prompt, 10,000 denied words, every detector):")
-    print(report.table([{"prompt": k, **v} for k, v in data["cost"].items() if isinstance(v, dict)], ["prompt", "p50_ms", "p99_ms", "runs"]))
+    print("\ncost (2 KB prompt, 10,000 denied words, every detector; CPU time per request):")
+    print(report.table([{"prompt": k, **v} for k, v in data["cost"].items() if isinstance(v, dict)], ["prompt", "p50_ms", "p99_ms", "wall_p50_ms", "runs"]))
     print(f"\nwrote {report.write('guard', data).relative_to(ROOT)}")
     return 0
 

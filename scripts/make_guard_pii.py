@@ -20,7 +20,7 @@ import phonenumbers
 ROOT = Path(__file__).resolve().parent.parent
 TEMPLATES = ROOT / "data/guard/pii_templates.json"
 OUT = ROOT / "data/guard/pii.jsonl"
-COUNT_ITEM, COUNT_LOOKALIKE = 360, 120
+COUNT_ITEM, COUNT_LOOKALIKE = 1200, 300
 
 
 def luhn_complete(digits: str) -> str:

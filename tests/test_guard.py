@@ -296,3 +296,19 @@ def test_director_without_embedder_lets_injection_pass_and_counts_it():
 def test_invalid_guard_settings_refuse_rather_than_pass():
     plan = GuardingDirector(Inner()).decide_now(context({"words": [{"words": ["x"], "action": "nope"}]}, "x"))
     assert plan.reply.status == 503
+
+
+def test_guard_check_cli_writes_one_line_per_input_without_text(monkeypatch, capsys, tmp_path):
+    import io
+    from sidecar.cli import main
+    words = tmp_path / "words.txt"
+    words.write_text("bluebird merger\n", encoding="utf-8")
+    lines = ['{"text": "card 4111 1111 1111 1111 and the Bluebird Merger"}', '{"text": "hello"}', "not json"]
+    monkeypatch.setattr("sys.stdin", io.StringIO("\n".join(lines) + "\n"))
+    assert main(["guard-check", "--no-injection", "--words", str(words)]) == 0
+    out = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert out[0]["blocked"] and {f["detector"] for f in out[0]["findings"]} == {"card", "word"}
+    assert all(f["action"] == "block" for f in out[0]["findings"])
+    assert out[1] == {"blocked": False, "findings": []}
+    assert "error" in out[2]
+    assert "4111" not in json.dumps(out) and "bluebird" not in json.dumps(out).lower()

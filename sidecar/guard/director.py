@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass, field, replace
 
 from sidecar import metrics as sidecar_metrics
+from sidecar.cache.equivalence import EquivalenceSettings
 from sidecar.chat import BadRequest, forget_parsed, parse_chat_request
 from sidecar.context import Outcome, RequestContext
 from sidecar.events import Plan
@@ -26,6 +27,7 @@ from sidecar.openai_errors import error_reply
 from sidecar.route_settings import PerSettings, RouteSettings
 
 log = logging.getLogger("sluice.guard")
+_CACHE_MAX_PROMPT_CHARS = EquivalenceSettings().max_prompt_chars
 GUARD_HEADER = "x-sluice-guard"
 
 
@@ -154,8 +156,12 @@ class GuardingDirector:
         if self._embedder is None:
             metrics.UNCHECKED.labels(ctx.route_name, "no_model").inc()
             return None
+        # Longer prompts are embedded for the guard alone (the cache compares no prompt past
+        # its max_prompt_chars): the model reads their last 256 tokens, where an order
+        # appended to a pasted document sits. Their vector is not kept for the cache.
+        keep = may_keep(ctx.headers) and len(parts.text) <= _CACHE_MAX_PROMPT_CHARS
         try:
-            vector = await self._embedder.embed(parts.text, keep=may_keep(ctx.headers))
+            vector = await self._embedder.embed(parts.text, keep=keep)
         except Exception as exc:   # EmbeddingUnavailable (queue full, not ready) and any other: pass
             metrics.UNCHECKED.labels(ctx.route_name, type(exc).__name__).inc()
             return None

@@ -32,11 +32,13 @@ class Span:
 
 
 # ASCII addresses: a CJK sentence runs into them without a space, and \w would take it along.
-_EMAIL = re.compile(r"(?<![A-Za-z0-9._%+-])[A-Za-z0-9._%+-]{1,64}@(?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.)+"
+# A leading lookbehind is tried at every position of the text; after the first character it is
+# tried only where that character matched (the patterns below put it there: ~5x faster).
+_EMAIL = re.compile(r"[A-Za-z0-9._%+-](?<![A-Za-z0-9._%+-].)[A-Za-z0-9._%+-]{0,63}@(?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.)+"
                     r"[A-Za-z]{2,24}(?![A-Za-z0-9@-])")
 
 # 13 to 19 digits, in groups split by single spaces or dashes.
-_CARD = re.compile(r"(?<![A-Za-z0-9.,/_-])\d(?:[ -]?\d){12,18}(?![A-Za-z0-9/_-]|[.,]\d)")
+_CARD = re.compile(r"\d(?<![A-Za-z0-9.,/_-].)(?:[ -]?\d){12,18}(?![A-Za-z0-9/_-]|[.,]\d)")
 # Issuer prefixes (IIN) and lengths of the card networks: a Luhn-valid number outside them is
 # some other number.
 _CARD_PREFIX = (
@@ -65,7 +67,7 @@ def _cards(text: str) -> Iterable[Span]:
             yield Span("card", m.start(), m.end())
 
 
-_IBAN = re.compile(r"(?<![A-Za-z0-9])[A-Z]{2}\d{2}(?: ?[A-Z0-9]{1,4}){3,8}(?![A-Za-z0-9])")
+_IBAN = re.compile(r"[A-Z](?<![A-Za-z0-9].)[A-Z]\d{2}(?: ?[A-Z0-9]{1,4}){3,8}(?![A-Za-z0-9])")
 
 
 def _ibans(text: str) -> Iterable[Span]:
@@ -81,7 +83,7 @@ def _ibans(text: str) -> Iterable[Span]:
 
 
 # A phone-number candidate: a + or a digit, then digits with spaces, dots, dashes, brackets.
-_PHONE = re.compile(r"(?<![A-Za-z0-9+./_-])(?:\+|00)?\(?\d[\d ().\-–]{5,22}\d(?![A-Za-z0-9_]|[.-]?\d)")
+_PHONE = re.compile(r"[+(\d](?<![A-Za-z0-9+./_-].)[\d ().\-–]{5,22}\d(?![A-Za-z0-9_]|[.-]?[A-Za-z0-9])")
 # Dates and times: libphonenumber accepts some as numbers of some region.
 _DATE = re.compile(r"\d{4}[-./]\d{1,2}[-./]\d{1,2}|\d{1,2}[-./]\d{1,2}[-./]\d{2,4}|\d{4}-\d{1,2}")
 
@@ -104,12 +106,12 @@ def _phones(text: str, regions: tuple[str, ...]) -> Iterable[Span]:
                 break
 
 
-_IPV4 = re.compile(r"(?<![A-Za-z0-9_.])(?:\d{1,3}\.){3}\d{1,3}(?![A-Za-z0-9_]|\.\d)")
-_IPV6 = re.compile(r"(?<![A-Za-z0-9_:])(?:[0-9A-Fa-f]{0,4}:){2,7}[0-9A-Fa-f]{0,4}(?![A-Za-z0-9_:])")
+_IPV4 = re.compile(r"\d(?<![A-Za-z0-9_.].)\d{0,2}\.(?:\d{1,3}\.){2}\d{1,3}(?![A-Za-z0-9_]|\.\d)")
+_IPV6 = re.compile(r"[0-9A-Fa-f:](?<![A-Za-z0-9_:].)[0-9A-Fa-f]{0,3}:?(?:[0-9A-Fa-f]{0,4}:){1,7}[0-9A-Fa-f]{0,4}(?![A-Za-z0-9_:])")
 
 
 def _ips(text: str) -> Iterable[Span]:
-    for pattern in (_IPV4, _IPV6):
+    for pattern in (_IPV4, _IPV6) if text.count(":") > 1 else (_IPV4,):
         for m in pattern.finditer(text):
             value = m.group()
             if pattern is _IPV6 and value.count(":") < 3 and "::" not in value:
@@ -124,12 +126,13 @@ def _ips(text: str) -> Iterable[Span]:
 # Tokens whose prefix names them: OpenAI, GitHub, AWS, Slack, Google, Stripe, GitLab, Hugging
 # Face, npm, JWTs.
 _KNOWN_SECRET = re.compile(
-    r"(?<![A-Za-z0-9_-])(?:sk-(?:proj-|ant-)?[A-Za-z0-9_-]{20,}|(?:ghp|gho|ghs|ghu|ghr)_[A-Za-z0-9]{30,}|github_pat_\w{30,}"
+    r"(?:sk-(?:proj-|ant-)?[A-Za-z0-9_-]{20,}|(?:ghp|gho|ghs|ghu|ghr)_[A-Za-z0-9]{30,}|github_pat_\w{30,}"
     r"|(?:AKIA|ASIA)[0-9A-Z]{16}|xox[abposr]-[A-Za-z0-9-]{10,}|AIza[0-9A-Za-z_-]{35}"
     r"|(?:sk|rk|pk)_(?:live|test)_[A-Za-z0-9]{16,}|glpat-[A-Za-z0-9_-]{20,}|hf_[A-Za-z0-9]{30,}|npm_[A-Za-z0-9]{36}"
     r"|eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{4,}\.[A-Za-z0-9_-]{16,})(?![A-Za-z0-9_-])")
 # Any other long run of token characters; kept only when its characters look random.
-_TOKEN = re.compile(r"(?<![A-Za-z0-9+/=_-])[A-Za-z0-9+/_-]{32,100}={0,2}(?![A-Za-z0-9+/=_-])")
+_TOKEN = re.compile(r"[A-Za-z0-9+/_-](?<![A-Za-z0-9+/=_-].)[A-Za-z0-9+/_-]{31,99}={0,2}(?![A-Za-z0-9+/=_-])")
+_TOKEN_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
 DEFAULT_MIN_ENTROPY = 4.3   # bits per character; chosen on the dev split (reports/guard.json)
 
 
@@ -139,20 +142,28 @@ def entropy(value: str) -> float:
     return -sum(c / n * math.log2(c / n) for c in counts.values())
 
 
+# Every secret lies in a run of token characters of 20 or more: the patterns above run only
+# inside such runs, rare in prose, instead of at every position of the text.
+_RUN = re.compile(r"[A-Za-z0-9_.+/=-]{20,}")
+
+
 def _secrets(text: str, min_entropy: float) -> Iterable[Span]:
-    known = [(m.start(), m.end()) for m in _KNOWN_SECRET.finditer(text)]
-    for start, end in known:
-        yield Span("secret", start, end)
-    for m in _TOKEN.finditer(text):
-        value = m.group()
-        if any(s < m.end() and m.start() < e for s, e in known):
-            continue
-        # Hex (hashes, UUIDs) and one-case runs are ids, not credentials; a key mixes cases and digits.
-        if not (any(c.islower() for c in value) and any(c.isupper() for c in value) and any(c.isdigit() for c in value)):
-            continue
-        score = entropy(value)
-        if score >= min_entropy:
-            yield Span("secret", m.start(), m.end(), round(score, 2))
+    for run in _RUN.finditer(text):
+        value, offset = run.group(), run.start()
+        known = [(m.start(), m.end()) for m in _KNOWN_SECRET.finditer(value)
+                 if m.start() == 0 or value[m.start() - 1] not in _TOKEN_CHARS]
+        for start, end in known:
+            yield Span("secret", offset + start, offset + end)
+        for m in _TOKEN.finditer(value):
+            token = m.group()
+            if any(s < m.end() and m.start() < e for s, e in known):
+                continue
+            # Hex (hashes, UUIDs) and one-case runs are ids, not credentials; a key mixes cases and digits.
+            if not (any(c.islower() for c in token) and any(c.isupper() for c in token) and any(c.isdigit() for c in token)):
+                continue
+            score = entropy(token)
+            if score >= min_entropy:
+                yield Span("secret", offset + m.start(), offset + m.end(), round(score, 2))
 
 
 _PRIVATE_KEY = re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----.*?(?:-----END [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----|\Z)",
@@ -182,8 +193,10 @@ def detector_functions(settings: PiiSettings) -> dict[str, Callable[[str], Itera
 
 
 # Cheap tests that rule a detector out for most texts before its pattern runs.
-_NEEDS = {"email": lambda t: "@" in t, "ip": lambda t: "." in t or ":" in t,
-          "private_key": lambda t: "PRIVATE KEY" in t}
+_DIGIT = re.compile(r"\d")
+_NEEDS = {"email": lambda t, digits: "@" in t, "ip": lambda t, digits: digits or t.count(":") > 1,
+          "iban": lambda t, digits: digits and not t.islower(), "phone": lambda t, digits: digits,
+          "card": lambda t, digits: digits, "private_key": lambda t, digits: "PRIVATE KEY" in t}
 
 
 # Where spans overlap, the stricter check wins: a phone-number candidate also covers many IP
@@ -196,9 +209,10 @@ def find(text: str, detectors: Iterable[str], settings: PiiSettings = PiiSetting
     the stricter detector (_PRIORITY), then the longer, is kept."""
     functions = detector_functions(settings)
     spans: list[Span] = []
+    digits = _DIGIT.search(text) is not None
     for name in detectors:
         need = _NEEDS.get(name)
-        if need is not None and not need(text):
+        if need is not None and not need(text, digits):
             continue
         spans.extend(functions[name](text))
     if len(spans) < 2:

@@ -10,6 +10,7 @@ scripts: see reports/guard.json).
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Iterable
 
@@ -18,6 +19,9 @@ import ahocorasick
 from sidecar.guard.normalize import fold, fold_with_offsets, squeeze, squeeze_offsets
 
 SQUEEZE_MODES = ("cjk", "all", "off")
+
+
+_CJK = re.compile("[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff\U00020000-\U0002fa1f]")
 
 
 def is_cjk(ch: str) -> bool:
@@ -48,6 +52,8 @@ class WordMatcher:
         self._plain = ahocorasick.Automaton()
         self._squeezed = ahocorasick.Automaton()
         self.size = 0
+        # Only CJK words are squeezed: a text without CJK characters cannot match one.
+        self._squeeze_ascii = False
         for index, (words, mode) in enumerate(lists):
             if mode not in SQUEEZE_MODES:
                 raise ValueError(f"squeeze must be one of {SQUEEZE_MODES}, not {mode!r}")
@@ -57,6 +63,7 @@ class WordMatcher:
                     continue
                 self.size += 1
                 _add(self._plain, key, WordEntry(index, len(key), _bounded(key[0]), _bounded(key[-1])))
+                self._squeeze_ascii |= mode == "all"
                 if mode == "all" or (mode == "cjk" and any(is_cjk(ch) for ch in key)):
                     tight = squeeze(key)
                     if tight:
@@ -91,7 +98,7 @@ class WordMatcher:
                     if e.right and end + 1 < len(folded) and _bounded(folded[end + 1]):
                         continue
                     found.append((e.list_index, start, end + 1))
-        if len(self._squeezed):
+        if len(self._squeezed) and (self._squeeze_ascii or _CJK.search(folded)):
             tight = squeeze(folded)
             where = squeeze_offsets(folded) if with_squeezed_offsets else None
             for end, entries in self._squeezed.iter(tight):
