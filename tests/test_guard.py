@@ -312,3 +312,31 @@ def test_guard_check_cli_writes_one_line_per_input_without_text(monkeypatch, cap
     assert out[1] == {"blocked": False, "findings": []}
     assert "error" in out[2]
     assert "4111" not in json.dumps(out) and "bluebird" not in json.dumps(out).lower()
+
+
+def test_a_blocked_request_keeps_no_trace_of_what_blocked_it():
+    ctx = context({"words": [{"name": "leaks", "words": ["bluebird merger"]}],
+                   "personal_data": {"detectors": {"secret": "block"}}},
+                  "the bluebird merger key sk-abcdefghijklmnopqrstuvwx1234")
+    plan = GuardingDirector(Inner()).decide_now(ctx)
+    assert plan.reply.status == 400
+    assert ctx.chat.messages[0]["content"] == "the *** key <SECRET_1>"
+    assert b"sk-abc" not in ctx.body
+
+
+def test_word_files_are_read_again_after_reload(tmp_path):
+    words = tmp_path / "words.txt"
+    words.write_text("alpha\n", encoding="utf-8")
+    director = GuardingDirector(Inner())
+    route = parse_route_settings({"guard": {"words": [{"file": str(words)}]}})
+
+    def blocked(content):
+        body = json.dumps({"model": "m", "messages": [{"role": "user", "content": content}]}).encode()
+        ctx = RequestContext(route=route, route_name="r", body=body, chat=parse_chat_request(body))
+        return director.decide_now(ctx).reply is not None
+
+    assert blocked("alpha") and not blocked("beta")
+    words.write_text("beta\n", encoding="utf-8")
+    assert blocked("alpha")                 # the running list until a reload
+    director.reload()
+    assert blocked("beta") and not blocked("alpha")

@@ -8,7 +8,7 @@ guard found is kept in what they return, only detector names, actions and scores
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from sidecar.guard import pii as pii_detectors
 from sidecar.guard.policy import GuardPolicy
@@ -87,6 +87,14 @@ def scan(policy: GuardPolicy, messages) -> Scan:
     for detector, count in pii_hits.items():
         result.findings.append(Finding(detector, policy.pii[detector], detector, count=count))
     return result
+
+
+def scrubbing(policy: GuardPolicy) -> GuardPolicy:
+    """The policy with every `block` turned into a rewrite: what a blocked request's record
+    (the request log with log_prompts on) keeps instead of the text that blocked it."""
+    rules = tuple(replace(r, action="mask") if r.action == "block" else r for r in policy.word_rules)
+    pii = {name: "redact" if action == "block" else action for name, action in policy.pii.items()}
+    return replace(policy, word_rules=rules, pii=pii)
 
 
 def _apply(text: str, edits: list[tuple[int, int, str]]) -> str:

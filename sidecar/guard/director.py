@@ -20,7 +20,7 @@ from sidecar.chat import BadRequest, forget_parsed, parse_chat_request
 from sidecar.context import Outcome, RequestContext
 from sidecar.events import Plan
 from sidecar.guard import metrics
-from sidecar.guard.check import Finding, header_value, judge_injection, rewrite_body, scan
+from sidecar.guard.check import Finding, header_value, judge_injection, rewrite_body, scan, scrubbing
 from sidecar.guard.policy import GuardPolicy, build_policy
 from sidecar.memo import may_keep
 from sidecar.openai_errors import error_reply
@@ -131,6 +131,9 @@ class GuardingDirector:
         blocking = result.blocking
         if blocking is not None:
             state.reply = self._blocked(ctx, blocking)
+            scrubbed = scan(scrubbing(policy), ctx.chat.messages).rewrites
+            if scrubbed:        # the request log must not keep what blocked it either
+                self._rewrite(ctx, scrubbed)
         elif result.rewrites:
             self._rewrite(ctx, result.rewrites)
         metrics.SECONDS.observe(time.perf_counter() - started)
