@@ -340,3 +340,12 @@ def test_word_files_are_read_again_after_reload(tmp_path):
     assert blocked("alpha")                 # the running list until a reload
     director.reload()
     assert blocked("beta") and not blocked("alpha")
+
+
+def test_large_bodies_are_scanned_in_decide_off_the_loop():
+    inner = Inner()
+    director = GuardingDirector(inner)
+    ctx = context({"personal_data": {"detectors": {"email": "redact"}}}, "x " * 20000 + "mail a@example.com")
+    assert director.decide_now(ctx) is None
+    plan = asyncio.run(director.decide(ctx))
+    assert inner.seen[0].messages[0]["content"].endswith("mail <EMAIL_1>") and b"a@example.com" not in plan.body

@@ -10,6 +10,7 @@ upstream in x-sluice-guard.
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from dataclasses import dataclass, field, replace
@@ -29,6 +30,7 @@ from sidecar.route_settings import PerSettings, RouteSettings
 log = logging.getLogger("sluice.guard")
 _CACHE_MAX_PROMPT_CHARS = EquivalenceSettings().max_prompt_chars
 GUARD_HEADER = "x-sluice-guard"
+SCAN_OFF_LOOP_BYTES = 32 * 1024
 
 
 @dataclass
@@ -57,6 +59,8 @@ class GuardingDirector:
         policy = self._policy(ctx)
         if policy is None:
             return self._inner.decide_now(ctx)
+        if ctx.guard is None and len(ctx.body) > SCAN_OFF_LOOP_BYTES:
+            return None                      # scanned in a thread by decide
         state = self._scan(ctx, policy)
         if state.reply is not None:
             return state.reply
@@ -69,7 +73,12 @@ class GuardingDirector:
         policy = self._policy(ctx)
         if policy is None:
             return await self._inner.decide(ctx)
-        state = self._scan(ctx, policy)
+        if ctx.guard is None and len(ctx.body) > SCAN_OFF_LOOP_BYTES:
+            # A large body (~30 ms a megabyte, more for pathological digit runs) is scanned
+            # off the event loop, so the other streams' messages are answered meanwhile.
+            state = await asyncio.to_thread(self._scan, ctx, policy)
+        else:
+            state = self._scan(ctx, policy)
         if state.reply is not None:
             return state.reply
         if policy.injection is not None and not state.injection_checked:

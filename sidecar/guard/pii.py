@@ -88,22 +88,39 @@ _PHONE = re.compile(r"[+(\d](?<![A-Za-z0-9+./_-].)[\d ().\-–]{5,22}\d(?![A-Za-
 _DATE = re.compile(r"\d{4}[-./]\d{1,2}[-./]\d{1,2}|\d{1,2}[-./]\d{1,2}[-./]\d{2,4}|\d{4}-\d{1,2}")
 
 
+# Each candidate costs a libphonenumber parse per region (~50 µs each): a text of many
+# digit groups ("1 2 3 4 ...", a table of numbers) would cost seconds. Equal candidates are
+# judged once and at most this many distinct ones per text (later ones pass unchecked).
+MAX_PHONE_CANDIDATES = 64
+
+
 def _phones(text: str, regions: tuple[str, ...]) -> Iterable[Span]:
+    verdicts: dict[str, bool] = {}
     for m in _PHONE.finditer(text):
         candidate = m.group()
-        if _DATE.fullmatch(candidate):
+        valid = verdicts.get(candidate)
+        if valid is None:
+            if len(verdicts) >= MAX_PHONE_CANDIDATES:
+                return
+            valid = verdicts[candidate] = _is_phone(candidate, regions)
+        if valid:
+            yield Span("phone", m.start(), m.end())
+
+
+def _is_phone(candidate: str, regions: tuple[str, ...]) -> bool:
+    if _DATE.fullmatch(candidate):
+        return False
+    digits = sum(ch.isdigit() for ch in candidate)
+    if digits < 7 or digits > 15:
+        return False
+    for region in (None,) if candidate.startswith("+") else regions:
+        try:
+            number = phonenumbers.parse(candidate, region)
+        except phonenumbers.NumberParseException:
             continue
-        digits = sum(ch.isdigit() for ch in candidate)
-        if digits < 7 or digits > 15:
-            continue
-        for region in (None,) if candidate.startswith("+") else regions:
-            try:
-                number = phonenumbers.parse(candidate, region)
-            except phonenumbers.NumberParseException:
-                continue
-            if phonenumbers.is_valid_number(number):
-                yield Span("phone", m.start(), m.end())
-                break
+        if phonenumbers.is_valid_number(number):
+            return True
+    return False
 
 
 _IPV4 = re.compile(r"\d(?<![A-Za-z0-9_.].)\d{0,2}\.(?:\d{1,3}\.){2}\d{1,3}(?![A-Za-z0-9_]|\.\d)")
