@@ -49,6 +49,11 @@ class GuardingDirector:
         self._policy_of = PerSettings()
         self._generation = 0
 
+    def __getattr__(self, name):
+        # What the server asks of the director beyond the Director protocol (the cache's
+        # report_false_hit, ...) is the wrapped director's.
+        return getattr(self._inner, name)
+
     def reload(self) -> None:
         """Re-read word files (SIGHUP): every policy is built again on its next request."""
         self._generation += 1
