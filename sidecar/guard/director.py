@@ -43,16 +43,16 @@ class GuardState:
 
 class GuardingDirector:
     def __init__(self, inner, embedder=None, injection_head=None):
-        self._inner = inner
+        self._wrapped = inner
         self._embedder = embedder            # sidecar.guard.embeddings.SharedEmbeddings, or None
         self._head = injection_head
         self._policy_of = PerSettings()
         self._generation = 0
 
     def __getattr__(self, name):
-        # What the server asks of the director beyond the Director protocol (the cache's
-        # report_false_hit, ...) is the wrapped director's.
-        return getattr(self._inner, name)
+        # The guard is transparent: what the server (the cache's report_false_hit) or a test
+        # asks of the director beyond the Director protocol is the wrapped director's.
+        return getattr(self._wrapped, name)
 
     def reload(self) -> None:
         """Re-read word files (SIGHUP): every policy is built again on its next request."""
@@ -63,7 +63,7 @@ class GuardingDirector:
     def decide_now(self, ctx: RequestContext) -> Plan | None:
         policy = self._policy(ctx)
         if policy is None:
-            return self._inner.decide_now(ctx)
+            return self._wrapped.decide_now(ctx)
         if ctx.guard is None and len(ctx.body) > SCAN_OFF_LOOP_BYTES:
             return None                      # scanned in a thread by decide
         state = self._scan(ctx, policy)
@@ -71,13 +71,13 @@ class GuardingDirector:
             return state.reply
         if policy.injection is not None and not state.injection_checked:
             return None                      # the embedding is awaited in decide
-        plan = self._inner.decide_now(ctx)
+        plan = self._wrapped.decide_now(ctx)
         return None if plan is None else self._passed_on(ctx, state, plan)
 
     async def decide(self, ctx: RequestContext) -> Plan:
         policy = self._policy(ctx)
         if policy is None:
-            return await self._inner.decide(ctx)
+            return await self._wrapped.decide(ctx)
         if ctx.guard is None and len(ctx.body) > SCAN_OFF_LOOP_BYTES:
             # A large body (~30 ms a megabyte, more for pathological digit runs) is scanned
             # off the event loop, so the other streams' messages are answered meanwhile.
@@ -95,19 +95,19 @@ class GuardingDirector:
                 if finding.action == "block":
                     state.reply = self._blocked(ctx, finding)
                     return state.reply
-        return self._passed_on(ctx, state, await self._inner.decide(ctx))
+        return self._passed_on(ctx, state, await self._wrapped.decide(ctx))
 
     def reads_response(self, ctx: RequestContext) -> bool:
-        return self._inner.reads_response(ctx)
+        return self._wrapped.reads_response(ctx)
 
     def on_response_headers(self, ctx: RequestContext) -> None:
-        self._inner.on_response_headers(ctx)
+        self._wrapped.on_response_headers(ctx)
 
     def on_response_body(self, ctx: RequestContext, chunk: bytes, end_of_stream: bool) -> None:
-        self._inner.on_response_body(ctx, chunk, end_of_stream)
+        self._wrapped.on_response_body(ctx, chunk, end_of_stream)
 
     def on_finish(self, ctx: RequestContext) -> None:
-        self._inner.on_finish(ctx)
+        self._wrapped.on_finish(ctx)
 
     # --- the checks ---------------------------------------------------------------------
 
