@@ -1,4 +1,5 @@
-"""Denied-word lists: every list's words in one Aho-Corasick automaton, each character once.
+"""Denied-word lists: every list's words in one Aho-Corasick automaton, each character once
+(ahocorasick-rs: half pyahocorasick's time on a 2 KB prompt with 10,000 words).
 
 A word matches the folded text (sidecar/guard/normalize.py): NFKC, invisible characters
 dropped, case-folded. A word that starts (ends) with a letter or digit of a spaced script
@@ -14,7 +15,7 @@ import re
 from dataclasses import dataclass
 from typing import Iterable
 
-import ahocorasick
+import ahocorasick_rs
 
 from sidecar.guard.normalize import fold, fold_with_offsets, squeeze, squeeze_offsets
 
@@ -49,8 +50,8 @@ class WordMatcher:
 
     def __init__(self, lists: Iterable[tuple[Iterable[str], str]]):
         """lists: (words, squeeze mode) per list, in order."""
-        self._plain = ahocorasick.Automaton()
-        self._squeezed = ahocorasick.Automaton()
+        plain: dict[str, list[WordEntry]] = {}
+        squeezed: dict[str, list[WordEntry]] = {}
         self.size = 0
         # Only CJK words are squeezed: a text without CJK characters cannot match one.
         self._squeeze_ascii = False
@@ -62,15 +63,15 @@ class WordMatcher:
                 if not key:
                     continue
                 self.size += 1
-                _add(self._plain, key, WordEntry(index, len(key), _bounded(key[0]), _bounded(key[-1])))
+                # One key can be in several lists (or twice in one): every entry is kept.
+                plain.setdefault(key, []).append(WordEntry(index, len(key), _bounded(key[0]), _bounded(key[-1])))
                 self._squeeze_ascii |= mode == "all"
                 if mode == "all" or (mode == "cjk" and any(is_cjk(ch) for ch in key)):
                     tight = squeeze(key)
                     if tight:
-                        _add(self._squeezed, tight, WordEntry(index, len(tight), False, False))
-        for automaton in (self._plain, self._squeezed):
-            if len(automaton):
-                automaton.make_automaton()
+                        squeezed.setdefault(tight, []).append(WordEntry(index, len(tight), False, False))
+        self._plain, self._plain_entries = _automaton(plain)
+        self._squeezed, self._squeezed_entries = _automaton(squeezed)
 
     def scan(self, text: str) -> set[int]:
         """Indexes of the lists with a word in `text`."""
@@ -89,32 +90,32 @@ class WordMatcher:
     def _hits(self, folded: str, with_squeezed_offsets: bool = False):
         """(list index, start, end) of every match, as offsets in `folded`."""
         found = []
-        if len(self._plain):
-            for end, entries in self._plain.iter(folded):
-                for e in entries:
-                    start = end - e.length + 1
+        if self._plain is not None:
+            for key, start, end in self._plain.find_matches_as_indexes(folded, overlapping=True):
+                for e in self._plain_entries[key]:
                     if e.left and start > 0 and _bounded(folded[start - 1]):
                         continue
-                    if e.right and end + 1 < len(folded) and _bounded(folded[end + 1]):
+                    if e.right and end < len(folded) and _bounded(folded[end]):
                         continue
-                    found.append((e.list_index, start, end + 1))
-        if len(self._squeezed) and (self._squeeze_ascii or _CJK.search(folded)):
+                    found.append((e.list_index, start, end))
+        if self._squeezed is not None and (self._squeeze_ascii or _CJK.search(folded)):
             tight = squeeze(folded)
             where = squeeze_offsets(folded) if with_squeezed_offsets else None
-            for end, entries in self._squeezed.iter(tight):
-                for e in entries:
-                    start = end - e.length + 1
+            for key, start, end in self._squeezed.find_matches_as_indexes(tight, overlapping=True):
+                for e in self._squeezed_entries[key]:
                     if where is None:
                         found.append((e.list_index, 0, 0))
                     else:
-                        found.append((e.list_index, where[start], where[end] + 1))
+                        found.append((e.list_index, where[start], where[end - 1] + 1))
         return found
 
 
-def _add(automaton, key: str, entry: WordEntry) -> None:
-    # One key can be in several lists (or twice in one): keep every entry.
-    existing = automaton.get(key, None)
-    automaton.add_word(key, (*existing, entry) if existing else (entry,))
+def _automaton(entries: dict[str, list[WordEntry]]):
+    """The automaton of the keys, and each key's entries by pattern index; (None, []) when empty."""
+    if not entries:
+        return None, []
+    keys = list(entries)
+    return ahocorasick_rs.AhoCorasick(keys), [tuple(entries[k]) for k in keys]
 
 
 def _merge(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
