@@ -48,7 +48,7 @@ def injection() -> dict:
         threshold = head.threshold(rate)
         flagged = scores >= threshold
 
-        def group(pred) -> tuple[dict, dict]:
+        def group(pred, flagged=flagged) -> tuple[dict, dict]:
             idx = [i for i, e in enumerate(test) if pred(e)]
             attacks = [i for i in idx if test[i].label == 1]
             benign = [i for i in idx if test[i].label == 0]
