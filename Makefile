@@ -7,7 +7,7 @@ GEN     := sidecar/gen/.stamp
 MODEL   := build/models/.stamp
 PROTOS  := $(wildcard proto/sluice/v1/*.proto)
 
-.PHONY: all run test test-fast proto bench bench-overhead bench-embed bench-decode bench-route bench-overload bench-cache bench-cache-memory bench-index bench-instructions model-fp16 gpu-check docs lint system-deps clean fuzz chaos
+.PHONY: all run test test-fast proto bench bench-overhead bench-embed bench-decode bench-route bench-overload bench-cache bench-cache-memory bench-index bench-instructions model-fp16 gpu-check docs lint system-deps clean fuzz chaos eval-guard guard-model
 
 all: $(STAMP) $(GEN) $(MODEL)
 
@@ -76,6 +76,15 @@ chaos: all system-deps
 
 bench-index: all
 	$(BIN)/python -m bench.index
+
+# The guard's quality on held-out data (with intervals) and its cost: reports/guard.json.
+eval-guard: all
+	$(BIN)/python -m bench.guard
+
+# Retrains the injection head (sidecar/guard/injection_head.npz, committed) from data/guard/
+# and ../shared/data; embeddings are remembered in build/guard/.
+guard-model: all
+	$(BIN)/python scripts/train_guard.py
 
 # Instructions per request under callgrind: steady on a busy machine, unlike req/s.
 bench-instructions: all

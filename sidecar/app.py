@@ -59,7 +59,9 @@ def build(config: SidecarConfig) -> App:
     routing = RoutingDirector()
     routing.admission = _admission(config, routing, secret, redis)
     if not config.cache:
-        return App(routing, closers=shared, scheduler=routing.scheduler)
+        # No embedding model without the cache: the guard's injection classifier counts its
+        # requests as unchecked (sluice_guard_unchecked_total) and lets them pass.
+        return App(_guarded(routing, None), closers=shared, scheduler=routing.scheduler)
     from sidecar.cache.budget import BytePool
     from sidecar.cache.equivalence import forget_profiles
     from sidecar.cache.false_hits import MemoryFalseHits, RedisFalseHits
@@ -68,10 +70,7 @@ def build(config: SidecarConfig) -> App:
 
     budget = _budget(config)            # one budget, its shares: sidecar/cache/budget.py
     forget_profiles(budget.profiles)
-    embedder = None
-    if config.semantic:
-        from sidecar.embedding import EmbeddingService, EmbeddingSettings
-        embedder = EmbeddingService(EmbeddingSettings.from_env())
+    embedder = _embedder(config)
     if config.redis_url:
         from sidecar.cache.inflight_redis import RedisInFlight
         from sidecar.cache.redis_store import RedisSettings, RedisStore
@@ -89,9 +88,29 @@ def build(config: SidecarConfig) -> App:
         closers = [store]
     memo_pool = BytePool(budget.memos)
     _export_memory(budget, store, memo_pool)
-    runtime = CacheRuntime(store=store, inflight=inflight, embedder=embedder, secret=secret,
+    from sidecar.guard.embeddings import SharedEmbeddings
+    shared_embedder = None if embedder is None else SharedEmbeddings(embedder)
+    runtime = CacheRuntime(store=store, inflight=inflight, embedder=shared_embedder, secret=secret,
                            false_hits=false_hits, memo_pool=memo_pool)
-    return App(CachingDirector(routing, runtime), embedder, closers, scheduler=routing.scheduler, store=store)
+    return App(_guarded(CachingDirector(routing, runtime), shared_embedder), embedder, closers,
+               scheduler=routing.scheduler, store=store)
+
+
+def _embedder(config: SidecarConfig):
+    if not config.semantic:
+        return None
+    from sidecar.embedding import EmbeddingService, EmbeddingSettings
+    return EmbeddingService(EmbeddingSettings.from_env())
+
+
+def _guarded(director, embedder):
+    """The guard before every other stage (sidecar/guard/director.py); it shares the cache's
+    embeddings so the injection classifier costs no second model run."""
+    from sidecar.guard.director import GuardingDirector
+    from sidecar.guard.embeddings import SharedEmbeddings
+    if embedder is not None and not isinstance(embedder, SharedEmbeddings):
+        embedder = SharedEmbeddings(embedder)
+    return GuardingDirector(director, embedder)
 
 
 def _admission(config: SidecarConfig, routing: RoutingDirector, secret: bytes, redis):

@@ -146,6 +146,11 @@ def parse_chat_request(body: bytes, remember: bool = True) -> ChatRequest:
     return _parse(body)
 
 
+def forget_parsed(body: bytes) -> None:
+    """Drop `body` from the parse memo (the guard rewrote it: its original must not linger)."""
+    _parsed.discard(body)
+
+
 def _parse(body: bytes) -> ChatRequest:
     if not body:
         raise BadRequest("request body is empty; expected a JSON chat completion request")

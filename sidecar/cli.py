@@ -82,6 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_embedding_commands(commands)
     from sidecar.cache_check import add_subcommands as add_cache_commands
     add_cache_commands(commands)
+    from sidecar.guard.cli import add_subcommands as add_guard_commands
+    add_guard_commands(commands)
     return parser
 
 

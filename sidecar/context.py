@@ -63,6 +63,7 @@ class RequestContext:
     cache_scope: str | None = None     # the cache scope key (a hash; for admin purges)
     cache_request: object = None       # sidecar.caching.CacheRequest, once worked out
     capture: object = None             # sidecar.caching.Capture of a cache miss
+    guard: object = None               # sidecar.guard.director.GuardState, once scanned
     response_complete: bool = False
     response_body_read: bool = False   # Envoy sends the answer's body (or its end) to the sidecar
     first_byte_overdue: bool = False   # judged a failure while waiting for its first byte

@@ -35,6 +35,9 @@ class BoundedMemo(Generic[T]):
             self._results[key] = result
         return result
 
+    def discard(self, key: Hashable) -> None:
+        self._results.pop(key, None)
+
     def __iter__(self):
         """The keys, oldest first."""
         return iter(self._results)

@@ -266,6 +266,8 @@ async def serve(config: SidecarConfig, app: App | None = None,
         logs.set_level(new.log_level)
         access_log.enabled, access_log.log_prompts = new.access_log, new.log_prompts
         sidecar.config = new
+        if hasattr(app.director, "reload"):       # the guard re-reads its word files
+            app.director.reload()
 
     reloader = Reloader(config, load_config or reload.load_config, apply)
     loop.add_signal_handler(signal.SIGHUP, reloader.reload)

@@ -1,0 +1,222 @@
+"""`make eval-guard`: the guard's quality and cost, printed and written to reports/guard.json.
+
+- injection: detection and false alarms on the held-out test splits (bench/guard_data.py) at the
+  threshold a route gets for false_alarm_rate 0.01 (set on validation prompts), per source and
+  language, with Wilson 95% intervals; prompts the model does not embed count as passed;
+- words: planted denied words (with zero-width characters, full-width letters, case and CJK
+  spacing tricks) in paraphrase prompts, and false matches on clean ones, per squeeze mode;
+- personal data: per detector, precision and recall on data/guard/pii.jsonl (dev and test);
+- cost: guard time for a 2 KB prompt with 10,000 denied words loaded, every detector on.
+"""
+from __future__ import annotations
+
+import json
+import math
+import random
+import statistics
+import string
+import sys
+import time
+
+import numpy as np
+
+from bench import report
+from bench.guard_data import ROOT, embed_all, injection_examples, pii_examples
+
+
+def wilson(hits: int, n: int) -> dict:
+    if n == 0:
+        return {"rate": None, "n": 0, "ci95": None}
+    p, z = hits / n, 1.96
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return {"rate": round(p, 4), "hits": hits, "n": n, "ci95": [round(max(0.0, centre - half), 4), round(min(1.0, centre + half), 4)]}
+
+
+# --- injection -------------------------------------------------------------------------------
+
+def injection() -> dict:
+    from sidecar.guard.injection import InjectionHead
+    head = InjectionHead.load()
+    test = [e for e in injection_examples() if e.split == "test"]
+    vectors = embed_all([e.text for e in test])
+    embedded = ~np.isnan(vectors).any(axis=1)
+    scores = np.full(len(test), -1.0)
+    scores[embedded] = head.scores(vectors[embedded])
+    out: dict = {"not_embedded": int((~embedded).sum())}
+    for rate in (0.01, 0.005, 0.001):
+        threshold = head.threshold(rate)
+        flagged = scores >= threshold
+
+        def group(pred, flagged=flagged) -> tuple[dict, dict]:
+            idx = [i for i, e in enumerate(test) if pred(e)]
+            attacks = [i for i in idx if test[i].label == 1]
+            benign = [i for i in idx if test[i].label == 0]
+            return (wilson(int(flagged[attacks].sum()), len(attacks)),
+                    wilson(int(flagged[benign].sum()), len(benign)))
+
+        detect, fa = group(lambda e: e.source != "paraphrase")
+        section = {"threshold": round(threshold, 4), "detection": detect, "false_alarms": fa,
+                   "false_alarms_paraphrase": group(lambda e: e.source == "paraphrase")[1], "by_source": {}, "by_language": {}}
+        for source in ("deepset", "sluice"):
+            d, f = group(lambda e, s=source: e.source == s)
+            section["by_source"][source] = {"detection": d, "false_alarms": f}
+        for lang in sorted({e.lang for e in test if e.source == "sluice"}):
+            d, f = group(lambda e, lang=lang: e.source == "sluice" and e.lang == lang)
+            section["by_language"][lang] = {"detection": d, "false_alarms": f}
+        out[f"false_alarm_rate_{rate}"] = section
+    return out
+
+
+# --- words -----------------------------------------------------------------------------------
+
+def _denied_words() -> list[str]:
+    lines = (ROOT / "data/guard/denied_words.txt").read_text(encoding="utf-8").splitlines()
+    return [w.strip() for w in lines if w.strip() and not w.startswith("#")]
+
+
+def _hide(word: str, rng: random.Random) -> tuple[str, str]:
+    trick = rng.choice(["plain", "upper", "zero_width", "full_width", "soft_hyphen", "spaced_cjk"])
+    if trick == "upper":
+        return trick, word.upper()
+    if trick == "zero_width":
+        at = rng.randrange(1, len(word))
+        return trick, word[:at] + "\u200b" + word[at:]
+    if trick == "soft_hyphen":
+        at = rng.randrange(1, len(word))
+        return trick, word[:at] + "\u00ad" + word[at:]
+    if trick == "full_width":
+        return trick, "".join(chr(ord(c) + 0xFEE0) if "!" <= c <= "~" else c for c in word)
+    if trick == "spaced_cjk" and any(ord(c) > 0x3000 for c in word):
+        return trick, " ".join(word)
+    return "plain", word
+
+
+def words() -> dict:
+    from sidecar.guard.words import WordMatcher
+    denied = _denied_words()
+    benign = [e.text for e in injection_examples() if e.source == "paraphrase" and e.split == "test"]
+    rng = random.Random(22)
+    planted, tricks = [], []
+    for i in range(300):
+        base = benign[i % len(benign)].split(" ")
+        trick, hidden = _hide(rng.choice(denied), rng)
+        base.insert(rng.randrange(len(base) + 1), hidden)
+        planted.append(" ".join(base))
+        tricks.append(trick)
+    clean = benign[300:]
+    out = {"denied_words": len(denied), "planted": len(planted), "clean_prompts": len(clean), "modes": {}}
+    for mode in ("cjk", "all", "off"):
+        matcher = WordMatcher([(denied, mode)])
+        found = [bool(matcher.scan(t)) for t in planted]
+        false = sum(bool(matcher.scan(t)) for t in clean)
+        by_trick = {t: wilson(sum(f for f, k in zip(found, tricks) if k == t), tricks.count(t)) for t in sorted(set(tricks))}
+        out["modes"][mode] = {"recall": wilson(sum(found), len(found)), "by_trick": by_trick,
+                              "false_matches_on_clean": wilson(false, len(clean)),
+                              "precision": wilson(sum(found), sum(found) + false)}
+    return out
+
+
+# --- personal data ---------------------------------------------------------------------------
+
+def personal_data() -> dict:
+    from sidecar.guard.pii import DETECTORS, find
+    out = {}
+    for split in ("dev", "test"):
+        counts = {d: {"tp": 0, "fp": 0, "fn": 0} for d in DETECTORS}
+        rows = [r for r in pii_examples() if r["split"] == split]
+        for row in rows:
+            text = row["text"]
+            items = []
+            for item in row["items"]:
+                start = text.index(item["value"])
+                items.append((item["detector"], start, start + len(item["value"])))
+            matched = set()
+            for span in find(text, DETECTORS):
+                hit = [k for k, (d, a, b) in enumerate(items) if d == span.detector and a < span.end and span.start < b]
+                counts[span.detector]["tp" if hit else "fp"] += 1
+                matched.update(hit)
+            for k, (d, _, _) in enumerate(items):
+                if k not in matched:
+                    counts[d]["fn"] += 1
+        out[split] = {"prompts": len(rows), "detectors": {
+            d: {"precision": wilson(c["tp"], c["tp"] + c["fp"]), "recall": wilson(c["tp"], c["tp"] + c["fn"])}
+            for d, c in counts.items()}}
+    return out
+
+
+# --- cost ------------------------------------------------------------------------------------
+
+def cost() -> dict:
+    from sidecar.guard.check import rewrite_body, scan
+    from sidecar.guard.policy import build_policy
+    from sidecar.protos import route_settings_pb2
+    rng = random.Random(7)
+    denied = _denied_words()
+    while len(denied) < 10_000:
+        denied.append("".join(rng.choice(string.ascii_lowercase) for _ in range(rng.randint(5, 12))))
+    guard = route_settings_pb2.Guard()
+    guard.words.add(name="big", words=denied, action="mask")
+    for name in ("email", "phone", "card", "iban", "ip", "secret", "private_key"):
+        guard.personal_data.detectors[name] = "redact"
+    policy = build_policy(guard)
+    benign = [e.text for e in injection_examples() if e.source == "paraphrase" and e.split == "test"]
+    prompts = []
+    for i in range(200):
+        parts, size = [], 0
+        while size < 2048:
+            parts.append(benign[(i * 37 + len(parts)) % len(benign)])
+            size += len(parts[-1]) + 1
+        prompts.append(" ".join(parts)[:2048])
+    results = {}
+    for name, texts in (("ascii_clean", prompts), ("with_email_and_word", [p[:1990] + " a.b@example.com internal only" for p in prompts]),
+                        ("non_ascii", ["加微信 " + p[:1000] + " 你好，我想问一下这个问题。" * 20 for p in prompts])):
+        cpu, wall = [], []
+        for _ in range(5):
+            for text in texts:
+                messages = [{"role": "user", "content": text}]
+                body = json.dumps({"model": "m", "messages": messages}).encode()
+                started, started_cpu = time.perf_counter(), time.thread_time()
+                result = scan(policy, messages)
+                if result.rewrites:
+                    rewrite_body(body, result.rewrites)
+                cpu.append(time.thread_time() - started_cpu)
+                wall.append(time.perf_counter() - started)
+        cpu.sort()
+        wall.sort()
+        # CPU time is the figure: on a shared machine wall time also counts other processes' turns.
+        results[name] = {"p50_ms": round(statistics.median(cpu) * 1000, 4), "p99_ms": round(cpu[int(len(cpu) * 0.99)] * 1000, 4),
+                         "wall_p50_ms": round(statistics.median(wall) * 1000, 4), "runs": len(cpu)}
+    return {"denied_words": policy.words.size, "prompt_chars": 2048, **results}
+
+
+def main() -> int:
+    data = {"words": words(), "personal_data": personal_data(), "cost": cost(), "injection": injection()}
+    inj = data["injection"]["false_alarm_rate_0.01"]
+    print("injection (test splits, threshold set on val for 1% false alarms):")
+    print(report.table([{"set": "all attacks", **_cells(inj["detection"])}, {"set": "benign (deepset+sluice)", **_cells(inj["false_alarms"])},
+                        {"set": "paraphrase (benign)", **_cells(inj["false_alarms_paraphrase"])}]
+                       + [{"set": f"{k} attacks", **_cells(v["detection"])} for k, v in inj["by_source"].items()]
+                       + [{"set": f"sluice {k} attacks", **_cells(v["detection"])} for k, v in inj["by_language"].items()],
+                       ["set", "rate", "n", "ci95"]))
+    print("\npersonal data (test split):")
+    print(report.table([{"detector": d, "precision": v["precision"]["rate"], "p_ci95": str(v["precision"]["ci95"]),
+                         "recall": v["recall"]["rate"], "r_ci95": str(v["recall"]["ci95"])}
+                        for d, v in data["personal_data"]["test"]["detectors"].items()],
+                       ["detector", "precision", "p_ci95", "recall", "r_ci95"]))
+    print("\nwords (planted with tricks; false matches on clean paraphrase prompts):")
+    print(report.table([{"squeeze": m, "recall": v["recall"]["rate"], "precision": v["precision"]["rate"],
+                         "false_match_rate": v["false_matches_on_clean"]["rate"]} for m, v in data["words"]["modes"].items()],
+                       ["squeeze", "recall", "precision", "false_match_rate"]))
+    print("\ncost (2 KB prompt, 10,000 denied words, every detector; CPU time per request):")
+    print(report.table([{"prompt": k, **v} for k, v in data["cost"].items() if isinstance(v, dict)], ["prompt", "p50_ms", "p99_ms", "wall_p50_ms", "runs"]))
+    print(f"\nwrote {report.write('guard', data).relative_to(ROOT)}")
+    return 0
+
+
+def _cells(w: dict) -> dict:
+    return {"rate": w["rate"], "n": w["n"], "ci95": str(w["ci95"])}
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,101 @@
+"""The guard's labelled prompts and their embeddings, shared by scripts/train_guard.py and
+`make eval-guard` (bench/guard.py), so both split the data the same way.
+
+Injection data (label 1 = attack):
+  - ../shared/data/guard/prompt_injections.jsonl (deepset, English and German): its `test`
+    split is held out; its `train` split is cut 80/20 into train and val by a hash of the id;
+  - data/guard/injections.jsonl (written for Sluice, many languages): train / val / test as
+    the file says;
+  - ../shared/data/paraphrase/dev.jsonl (every prompt benign): by a hash of the text, 15%
+    train, 15% val, 70% test.
+The test splits are never trained on and never used to choose a threshold.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+SHARED = Path(os.environ.get("SLUICE_SHARED_DATA", ROOT.parent / "shared" / "data"))
+OURS = ROOT / "data" / "guard" / "injections.jsonl"
+PII = ROOT / "data" / "guard" / "pii.jsonl"
+CACHE = ROOT / "build" / "guard" / "embeddings.npz"
+
+
+@dataclass(frozen=True)
+class Example:
+    text: str
+    label: int
+    split: str        # train | val | test
+    source: str       # deepset | sluice | paraphrase
+    lang: str
+
+
+def _bucket(key: str) -> float:
+    return int(hashlib.sha256(key.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF
+
+
+def _read(path: Path) -> list[dict]:
+    with path.open(encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def injection_examples(paraphrase_limit: int | None = None) -> list[Example]:
+    out: list[Example] = []
+    deepset = SHARED / "guard" / "prompt_injections.jsonl"
+    for row in _read(deepset):
+        split = "test" if row["split"] == "test" else ("val" if _bucket(row["id"]) < 0.2 else "train")
+        out.append(Example(row["text"], int(row["label"]), split, "deepset", "en+de"))
+    for row in _read(OURS):
+        out.append(Example(row["text"], int(row["label"]), row["split"], "sluice", row["lang"]))
+    seen: set[str] = set()
+    texts = []
+    for row in _read(SHARED / "paraphrase" / "dev.jsonl"):
+        for text in (row["a"], row["b"]):
+            if text and text not in seen:
+                seen.add(text)
+                texts.append(text)
+    if paraphrase_limit is not None:
+        texts = texts[:paraphrase_limit]
+    for text in texts:
+        b = _bucket(text)
+        split = "train" if b < 0.05 else "val" if b < 0.12 else "test" if b < 0.24 else None
+        if split is not None:
+            out.append(Example(text, 0, split, "paraphrase", "en"))
+    return out
+
+
+def pii_examples() -> list[dict]:
+    return _read(PII)
+
+
+def embed_all(texts: list[str]) -> np.ndarray:
+    """Unit vectors of `texts` from the served int8 model, remembered in build/guard/; a row of
+    NaN for a text the model refuses (NothingToEmbed: mostly unknown tokens), which the sidecar
+    would not embed either."""
+    known: dict[str, np.ndarray] = {}
+    if CACHE.exists():
+        with np.load(CACHE, allow_pickle=False) as data:
+            known = dict(zip(data["texts"].tolist(), data["vectors"]))
+    missing = [t for t in dict.fromkeys(texts) if t not in known]
+    if missing:
+        from sidecar.embedding import EmbeddingSettings
+        from sidecar.embedding.loader import load
+        encoder = load(EmbeddingSettings.from_env()).encoder
+        for start in range(0, len(missing), 256):
+            chunk = missing[start:start + 256]
+            for indices, outcomes in encoder.encode_iter(chunk):
+                for index, outcome in zip(indices, outcomes):
+                    known[chunk[index]] = (outcome if isinstance(outcome, np.ndarray)
+                                           else np.full(384, np.nan, np.float32))
+            print(f"  embedded {min(start + 256, len(missing))}/{len(missing)}", flush=True)
+            CACHE.parent.mkdir(parents=True, exist_ok=True)
+            keys = list(known)
+            np.savez(CACHE, texts=np.array(keys), vectors=np.stack([known[k] for k in keys]).astype(np.float32))
+    return np.stack([known[t] for t in texts]).astype(np.float32)
+

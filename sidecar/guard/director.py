@@ -1,0 +1,217 @@
+"""The guarding director: the guard's checks before every other stage of the request path.
+
+Wraps the outermost director (caching or routing). Per chat request on a route with guard
+settings: scan the checked messages (words, personal data); a `block` answers 400 at once;
+masks and redactions rewrite the body, and the parsed request with it, so the cache key, the
+cache entry, the upstream and the request log all see only the rewritten prompt; then the
+injection classifier scores the embedding of the last user turn (the one the semantic cache
+uses: sidecar/guard/embeddings.py hands it over, no second model run). Flags travel to the
+upstream in x-sluice-guard.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field, replace
+
+from sidecar import metrics as sidecar_metrics
+from sidecar.cache.equivalence import EquivalenceSettings
+from sidecar.chat import BadRequest, forget_parsed, parse_chat_request
+from sidecar.context import Outcome, RequestContext
+from sidecar.events import Plan
+from sidecar.guard import metrics
+from sidecar.guard.check import Finding, header_value, judge_injection, rewrite_body, scan, scrubbing
+from sidecar.guard.policy import GuardPolicy, build_policy
+from sidecar.memo import may_keep
+from sidecar.openai_errors import error_reply
+from sidecar.route_settings import PerSettings, RouteSettings
+
+log = logging.getLogger("sluice.guard")
+_CACHE_MAX_PROMPT_CHARS = EquivalenceSettings().max_prompt_chars
+GUARD_HEADER = "x-sluice-guard"
+SCAN_OFF_LOOP_BYTES = 32 * 1024
+
+
+@dataclass
+class GuardState:
+    """The guard's piece of a request: what it found (no text), and whether it is done."""
+    findings: list[Finding] = field(default_factory=list)
+    reply: Plan | None = None
+    injection_checked: bool = False
+
+
+class GuardingDirector:
+    def __init__(self, inner, embedder=None, injection_head=None):
+        self._wrapped = inner
+        self._embedder = embedder            # sidecar.guard.embeddings.SharedEmbeddings, or None
+        self._head = injection_head
+        self._policy_of = PerSettings()
+        self._generation = 0
+
+    def __getattr__(self, name):
+        # The guard is transparent: what the server (the cache's report_false_hit) or a test
+        # asks of the director beyond the Director protocol is the wrapped director's.
+        return getattr(self._wrapped, name)
+
+    def reload(self) -> None:
+        """Re-read word files (SIGHUP): every policy is built again on its next request."""
+        self._generation += 1
+
+    # --- decision -----------------------------------------------------------------------
+
+    def decide_now(self, ctx: RequestContext) -> Plan | None:
+        policy = self._policy(ctx)
+        if policy is None:
+            return self._wrapped.decide_now(ctx)
+        if ctx.guard is None and len(ctx.body) > SCAN_OFF_LOOP_BYTES:
+            return None                      # scanned in a thread by decide
+        state = self._scan(ctx, policy)
+        if state.reply is not None:
+            return state.reply
+        if policy.injection is not None and not state.injection_checked:
+            return None                      # the embedding is awaited in decide
+        plan = self._wrapped.decide_now(ctx)
+        return None if plan is None else self._passed_on(ctx, state, plan)
+
+    async def decide(self, ctx: RequestContext) -> Plan:
+        policy = self._policy(ctx)
+        if policy is None:
+            return await self._wrapped.decide(ctx)
+        if ctx.guard is None and len(ctx.body) > SCAN_OFF_LOOP_BYTES:
+            # A large body (~30 ms a megabyte, more for pathological digit runs) is scanned
+            # off the event loop, so the other streams' messages are answered meanwhile.
+            state = await asyncio.to_thread(self._scan, ctx, policy)
+        else:
+            state = self._scan(ctx, policy)
+        if state.reply is not None:
+            return state.reply
+        if policy.injection is not None and not state.injection_checked:
+            state.injection_checked = True
+            finding = await self._injection(ctx, policy)
+            if finding is not None:
+                self._count(ctx, finding)
+                state.findings.append(finding)
+                if finding.action == "block":
+                    state.reply = self._blocked(ctx, finding)
+                    return state.reply
+        return self._passed_on(ctx, state, await self._wrapped.decide(ctx))
+
+    def reads_response(self, ctx: RequestContext) -> bool:
+        return self._wrapped.reads_response(ctx)
+
+    def on_response_headers(self, ctx: RequestContext) -> None:
+        self._wrapped.on_response_headers(ctx)
+
+    def on_response_body(self, ctx: RequestContext, chunk: bytes, end_of_stream: bool) -> None:
+        self._wrapped.on_response_body(ctx, chunk, end_of_stream)
+
+    def on_finish(self, ctx: RequestContext) -> None:
+        self._wrapped.on_finish(ctx)
+
+    # --- the checks ---------------------------------------------------------------------
+
+    def _policy(self, ctx: RequestContext) -> GuardPolicy | None:
+        route = ctx.route
+        if not isinstance(route, RouteSettings) or not route.HasField("guard"):
+            return None
+        return self._policy_of.get(route, self._build, ctx.route_name, self._generation)
+
+    def _build(self, route: RouteSettings, route_name: str, _generation: int) -> GuardPolicy | None:
+        try:
+            return build_policy(route.guard, self._head)
+        except ValueError as exc:
+            # A guard that cannot be built must not let its route through unchecked.
+            log.error("invalid guard settings of route %s, refusing its requests: %s", route_name, exc)
+            return _BROKEN
+
+    def _scan(self, ctx: RequestContext, policy: GuardPolicy) -> GuardState:
+        """Words and personal data, once per request (decide_now, then maybe decide)."""
+        state: GuardState | None = ctx.guard
+        if state is not None:
+            return state
+        state = ctx.guard = GuardState()
+        if policy is _BROKEN:
+            state.reply = Plan(reply=error_reply(
+                503, "the guard settings of this route are invalid; see the sidecar's log",
+                type_="server_error", code="guard_misconfigured"))
+            ctx.outcome = Outcome.REFUSED
+            return state
+        started = time.perf_counter()
+        result = scan(policy, ctx.chat.messages)
+        for finding in result.findings:
+            self._count(ctx, finding)
+        state.findings = result.findings
+        blocking = result.blocking
+        if blocking is not None:
+            state.reply = self._blocked(ctx, blocking)
+            scrubbed = scan(scrubbing(policy), ctx.chat.messages).rewrites
+            if scrubbed:        # the request log must not keep what blocked it either
+                self._rewrite(ctx, scrubbed)
+        elif result.rewrites:
+            self._rewrite(ctx, result.rewrites)
+        metrics.SECONDS.observe(time.perf_counter() - started)
+        return state
+
+    @staticmethod
+    def _rewrite(ctx: RequestContext, rewrites) -> None:
+        """The request from here on is the rewritten one: body, parsed request, cache key."""
+        original = ctx.body
+        ctx.body = rewrite_body(original, rewrites)
+        try:
+            ctx.chat = parse_chat_request(ctx.body, remember=False)
+        except BadRequest:          # cannot happen for a body that parsed: only texts changed
+            raise
+        forget_parsed(original)     # the parse memo must not keep what the guard removed
+        ctx.cache_request = None
+
+    async def _injection(self, ctx: RequestContext, policy: GuardPolicy) -> Finding | None:
+        parts = ctx.chat.prompt_parts
+        if parts is None:
+            metrics.UNCHECKED.labels(ctx.route_name, "no_user_text").inc()
+            return None
+        if self._embedder is None:
+            metrics.UNCHECKED.labels(ctx.route_name, "no_model").inc()
+            return None
+        # Longer prompts are embedded for the guard alone (the cache compares no prompt past
+        # its max_prompt_chars): the model reads their last 256 tokens, where an order
+        # appended to a pasted document sits. Their vector is not kept for the cache.
+        keep = may_keep(ctx.headers) and len(parts.text) <= _CACHE_MAX_PROMPT_CHARS
+        try:
+            vector = await self._embedder.embed(parts.text, keep=keep)
+        except Exception as exc:   # EmbeddingUnavailable (queue full, not ready) and any other: pass
+            metrics.UNCHECKED.labels(ctx.route_name, type(exc).__name__).inc()
+            return None
+        head = self._head
+        if head is None:
+            from sidecar.guard.injection import default_head
+            head = self._head = default_head()
+        return judge_injection(policy, head.score(vector))
+
+    @staticmethod
+    def _count(ctx: RequestContext, finding: Finding) -> None:
+        sidecar_metrics.child(metrics.FINDINGS, ctx.route_name, finding.detector, finding.action).inc()
+
+    @staticmethod
+    def _blocked(ctx: RequestContext, finding: Finding) -> Plan:
+        ctx.outcome = Outcome.BAD_REQUEST
+        what = "prompt injection" if finding.detector == "injection" else (
+            f"denied words of list {finding.rule!r}" if finding.detector == "word" else f"personal data ({finding.detector})")
+        return Plan(reply=error_reply(400, f"the request was blocked by the content guard: {what}",
+                                      code="content_filtered", param="messages"))
+
+    @staticmethod
+    def _passed_on(ctx: RequestContext, state: GuardState, plan: Plan) -> Plan:
+        if plan.reply is not None:
+            return plan
+        rewritten = plan.body
+        if rewritten is None and ctx.body is not None and state.findings and any(
+                f.action in ("mask", "redact") for f in state.findings):
+            rewritten = ctx.body
+        if not state.findings:
+            return plan
+        headers = plan.request_headers + ((GUARD_HEADER, header_value(state.findings)),)
+        return replace(plan, body=rewritten, request_headers=headers)
+
+
+_BROKEN = GuardPolicy()

@@ -1,0 +1,128 @@
+"""Denied-word lists: every list's words in one Aho-Corasick automaton, each character once
+(ahocorasick-rs: half pyahocorasick's time on a 2 KB prompt with 10,000 words).
+
+A word matches the folded text (sidecar/guard/normalize.py): NFKC, invisible characters
+dropped, case-folded. A word that starts (ends) with a letter or digit of a spaced script
+matches only at a word boundary there, so "ass" is not found in "class"; CJK words, written
+without spaces, match anywhere. Lists with `squeeze` also match the text with its spaces and
+punctuation removed ("加 微 信" → "加微信"): `cjk` does that for words with a CJK character
+only, `all` for every word (which costs false matches across word boundaries in spaced
+scripts: see reports/guard.json).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Iterable
+
+import ahocorasick_rs
+
+from sidecar.guard.normalize import fold, fold_with_offsets, squeeze, squeeze_offsets
+
+SQUEEZE_MODES = ("cjk", "all", "off")
+
+
+_CJK = re.compile("[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff\U00020000-\U0002fa1f]")
+
+
+def is_cjk(ch: str) -> bool:
+    cp = ord(ch)
+    return (0x3040 <= cp <= 0x30FF or 0x3400 <= cp <= 0x4DBF or 0x4E00 <= cp <= 0x9FFF
+            or 0xAC00 <= cp <= 0xD7AF or 0xF900 <= cp <= 0xFAFF or 0x20000 <= cp <= 0x2FA1F)
+
+
+def _bounded(ch: str) -> bool:
+    """Whether a word edge at this character needs a word boundary in the text."""
+    return ch.isalnum() and not is_cjk(ch)
+
+
+@dataclass(frozen=True)
+class WordEntry:
+    list_index: int
+    length: int
+    left: bool     # needs a boundary before it
+    right: bool    # and after it
+
+
+class WordMatcher:
+    """Several named lists compiled together. `scan` returns, per list index, whether it hit;
+    `spans` the original-text ranges to mask."""
+
+    def __init__(self, lists: Iterable[tuple[Iterable[str], str]]):
+        """lists: (words, squeeze mode) per list, in order."""
+        plain: dict[str, list[WordEntry]] = {}
+        squeezed: dict[str, list[WordEntry]] = {}
+        self.size = 0
+        # Only CJK words are squeezed: a text without CJK characters cannot match one.
+        self._squeeze_ascii = False
+        for index, (words, mode) in enumerate(lists):
+            if mode not in SQUEEZE_MODES:
+                raise ValueError(f"squeeze must be one of {SQUEEZE_MODES}, not {mode!r}")
+            for word in words:
+                key = fold(word).strip()
+                if not key:
+                    continue
+                self.size += 1
+                # One key can be in several lists (or twice in one): every entry is kept.
+                plain.setdefault(key, []).append(WordEntry(index, len(key), _bounded(key[0]), _bounded(key[-1])))
+                self._squeeze_ascii |= mode == "all"
+                if mode == "all" or (mode == "cjk" and any(is_cjk(ch) for ch in key)):
+                    tight = squeeze(key)
+                    if tight:
+                        squeezed.setdefault(tight, []).append(WordEntry(index, len(tight), False, False))
+        self._plain, self._plain_entries = _automaton(plain)
+        self._squeezed, self._squeezed_entries = _automaton(squeezed)
+
+    def scan(self, text: str) -> set[int]:
+        """Indexes of the lists with a word in `text`."""
+        folded = fold(text)
+        return {index for index, _, _ in self._hits(folded)}
+
+    def spans(self, text: str, lists: set[int]) -> list[tuple[int, int]]:
+        """Ranges of the original `text` covered by words of `lists`, merged and sorted."""
+        folded, offsets = fold_with_offsets(text)
+        ranges = []
+        for index, start, end in self._hits(folded, with_squeezed_offsets=True):
+            if index in lists:
+                ranges.append((offsets[start], offsets[end - 1] + 1))
+        return _merge(ranges)
+
+    def _hits(self, folded: str, with_squeezed_offsets: bool = False):
+        """(list index, start, end) of every match, as offsets in `folded`."""
+        found = []
+        if self._plain is not None:
+            for key, start, end in self._plain.find_matches_as_indexes(folded, overlapping=True):
+                for e in self._plain_entries[key]:
+                    if e.left and start > 0 and _bounded(folded[start - 1]):
+                        continue
+                    if e.right and end < len(folded) and _bounded(folded[end]):
+                        continue
+                    found.append((e.list_index, start, end))
+        if self._squeezed is not None and (self._squeeze_ascii or _CJK.search(folded)):
+            tight = squeeze(folded)
+            where = squeeze_offsets(folded) if with_squeezed_offsets else None
+            for key, start, end in self._squeezed.find_matches_as_indexes(tight, overlapping=True):
+                for e in self._squeezed_entries[key]:
+                    if where is None:
+                        found.append((e.list_index, 0, 0))
+                    else:
+                        found.append((e.list_index, where[start], where[end - 1] + 1))
+        return found
+
+
+def _automaton(entries: dict[str, list[WordEntry]]):
+    """The automaton of the keys, and each key's entries by pattern index; (None, []) when empty."""
+    if not entries:
+        return None, []
+    keys = list(entries)
+    return ahocorasick_rs.AhoCorasick(keys), [tuple(entries[k]) for k in keys]
+
+
+def _merge(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    merged: list[tuple[int, int]] = []
+    for start, end in sorted(ranges):
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((start, end))
+    return merged
