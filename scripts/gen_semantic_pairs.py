@@ -158,6 +158,11 @@ def pairs_of(frame: Frame, perturb: Perturb, rng: random.Random, per_frame: int)
     for _ in range(per_frame):
         values = frame.fill(rng)
         form_a, form_b = rng.choice(frame.forms), rng.choice(frame.forms)
+        # Half the rewordings keep the form and change a detail of wording, as half the hard
+        # negatives keep it and change one thing: lexical distance alone must not tell them apart.
+        same_form = rng.random() < 0.5
+        if same_form:
+            form_b = form_a
         a = frame.render(form_a, values)
         # A rewording: another form, and now and then a perturbation of either side.
         b, how = perturb.apply(frame.render(form_b, values), rng)

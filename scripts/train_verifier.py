@@ -92,27 +92,38 @@ def _bin_edges(x: np.ndarray) -> list[np.ndarray]:
     return edges
 
 
-def _best_split(binned, edges, g, h, rows):
-    """(gain, feature, bin) of the best split of `rows`, or None."""
-    G, H = g[rows].sum(), h[rows].sum()
-    parent = G * G / (H + L2)
-    best = None
-    for j, e in enumerate(edges):
-        if not len(e):
-            continue
-        b = binned[rows, j]
-        gs = np.bincount(b, weights=g[rows], minlength=len(e) + 1)
-        hs = np.bincount(b, weights=h[rows], minlength=len(e) + 1)
-        gl, hl = np.cumsum(gs)[:-1], np.cumsum(hs)[:-1]
+class _Splits:
+    """Every candidate split of every feature, laid out so one bincount scores them all."""
+
+    def __init__(self, binned: np.ndarray, edges: list[np.ndarray]):
+        sizes = np.array([len(e) + 1 for e in edges])
+        self.offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+        self.total = int(sizes.sum())
+        self.flat = binned + self.offsets                                # [n, F] global bin ids
+        self.position = np.concatenate([self.offsets[j] + np.arange(len(e)) for j, e in enumerate(edges)])
+        self.base = np.concatenate([np.full(len(e), self.offsets[j] - 1) for j, e in enumerate(edges)])
+        self.feature = np.concatenate([np.full(len(e), j) for j, e in enumerate(edges)])
+        self.bin = np.concatenate([np.arange(len(e)) for e in edges])
+
+    def best(self, g, h, rows):
+        """(gain, feature, bin) of the best split of `rows`, or None."""
+        G, H = g[rows].sum(), h[rows].sum()
+        flat = self.flat[rows].ravel()
+        width = self.flat.shape[1]
+        cg = np.cumsum(np.bincount(flat, weights=np.repeat(g[rows], width), minlength=self.total))
+        ch = np.cumsum(np.bincount(flat, weights=np.repeat(h[rows], width), minlength=self.total))
+        before_g = np.where(self.base >= 0, cg[np.maximum(self.base, 0)], 0.0)
+        before_h = np.where(self.base >= 0, ch[np.maximum(self.base, 0)], 0.0)
+        gl, hl = cg[self.position] - before_g, ch[self.position] - before_h
         gr, hr = G - gl, H - hl
         ok = (hl >= MIN_HESSIAN) & (hr >= MIN_HESSIAN)
         if not ok.any():
-            continue
-        gain = np.where(ok, gl * gl / (hl + L2) + gr * gr / (hr + L2) - parent, -np.inf)
-        k = int(np.argmax(gain))
-        if gain[k] > 1e-9 and (best is None or gain[k] > best[0]):
-            best = (float(gain[k]), j, k)
-    return best
+            return None
+        gain = np.where(ok, gl * gl / (hl + L2) + gr * gr / (hr + L2) - G * G / (H + L2), -np.inf)
+        i = int(np.argmax(gain))
+        if gain[i] <= 1e-9:
+            return None
+        return float(gain[i]), int(self.feature[i]), int(self.bin[i])
 
 
 def train_trees(x: np.ndarray, y: np.ndarray, weight: np.ndarray) -> dict:
@@ -120,6 +131,7 @@ def train_trees(x: np.ndarray, y: np.ndarray, weight: np.ndarray) -> dict:
     binned = np.stack([np.searchsorted(e, x[:, j], side="left") if len(e) else np.zeros(len(x), int)
                        for j, e in enumerate(edges)], axis=1)
     # searchsorted(left) gives the count of edges < value: value > edge[k] iff bin > k.
+    splits = _Splits(binned, edges)
     prior = float(np.average(y, weights=weight))
     base = float(np.log(prior / (1 - prior)))
     logit = np.full(len(y), base)
@@ -134,7 +146,7 @@ def train_trees(x: np.ndarray, y: np.ndarray, weight: np.ndarray) -> dict:
         members = {0: np.arange(len(y))}
         for node in range(n_inner):
             rows = members.pop(node)
-            found = _best_split(binned, edges, g, h, rows) if len(rows) else None
+            found = splits.best(g, h, rows) if len(rows) else None
             if found is None:
                 left, right = rows, rows[:0]
             else:

