@@ -14,6 +14,32 @@ def _table(header: list[str], rows: list[list]) -> list[str]:
             *["| " + " | ".join(str(c) for c in row) + " |" for row in rows]]
 
 
+HELD_OUT = ("chat", "qqp", "mrpc-train", "stsb-train", "generated")
+
+
+def _gate(report: dict) -> list[str]:
+    """Why the default is what it is: until a verifier setting meets the chat goal, the default
+    may not have lower precision than today's decision on any held-out set."""
+    results, goal = report["results"], report["goals"]["chat"]
+    rows = []
+    for d in next(iter(results.values())):
+        if not d.startswith("verifier"):
+            continue
+        worse = [n for n in HELD_OUT if n in results and (results[n][d]["precision"] or 0)
+                 < (results[n]["today"]["precision"] or 0)]
+        chat = results.get("chat", {}).get(d)
+        meets = bool(chat) and (chat["precision"] or 0) >= goal["precision"] and chat["recall"] >= goal["recall"]
+        rows.append([d, "yes" if meets else "no", ", ".join(worse) or "none"])
+    return ["## Why the default is what it is", "",
+            "Rule: until a verifier setting meets the chat goal (precision ≥ 0.95 and recall ≥ 0.50 on "
+            "the hand-written chat suite), the shipped default may not have lower precision than today's "
+            "decision on any held-out set. Each verifier setting measured:", "",
+            *_table(["setting", "meets the chat goal", "held-out sets where its precision is below today's"], rows),
+            "", f"So the shipped default is `max_false_hit_rate = {report['shipped']['max_false_hit_rate']:g}`"
+            + (" (today's decision); a route opts in by setting a rate." if report["shipped"]["max_false_hit_rate"] == 0
+               else "."), ""]
+
+
 def markdown(report: dict) -> str:
     m, shipped = report["model"], report["shipped"]
     results, sets = report["results"], report["sets"]
@@ -84,6 +110,7 @@ def markdown(report: dict) -> str:
         lines += _table(["decision", "hits", "precision / recall / false-hit rate"],
                         [[d, results[name][d]["hits"], _cell(results[name][d])] for d in decisions])
         lines.append("")
+    lines += _gate(report)
     goals = report["goals"]
     lines += ["## Goals", ""]
     rows = []
@@ -141,6 +168,18 @@ def markdown(report: dict) -> str:
               "(plain synonyms, a question made an instruction) and a near-miss with one swapped noun look "
               "alike to these features; telling them apart needs the words' meaning in context (the "
               "top-layer cross-encoder the issue proposes), which this model does not have.",
+              "- Not built: the DeFormer-style cross-encoder (MiniLM's lower layers per text, its top one "
+              "or two layers fine-tuned jointly on the pair). It needs the engine to hand back lower-layer "
+              "token states and a torch training run; the boosted trees above are the cheap baseline it "
+              "has to beat. Trees of depth 2 to 4 and 300 to 600 rounds were tried on the calibration "
+              "sets and differ by a few points of recall at a 1% false-hit rate; the cosine alone, at a "
+              "1% false-hit rate on the generator's held-out frames, keeps 2% of their rewordings, the "
+              "trees about 25%.",
+              "- The verifier's precision on the paraphrase sets is below today's at every rate: it is "
+              "trained on chat prompts only (their licences forbid training on them), and news sentences "
+              "that add a clause or a name look to it like chat rewordings that add a filler.",
+              "- The RSS figure is the process's peak (ru_maxrss), which includes building the ONNX "
+              "session; the verifier's trees and word list add well under 1 MiB.",
               "- The generator's held-out frames share its style and word lists; their figures are the "
               "optimistic bound. `chat` is the figure to quote for chat traffic.",
               "- QQP labels are noisy (see semantic-checks.md); MRPC calls sentences that add a clause "
