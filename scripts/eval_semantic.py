@@ -24,7 +24,6 @@ import dataclasses
 import json
 import math
 import os
-import resource
 import subprocess
 import sys
 import time
