@@ -7,7 +7,7 @@ GEN     := sidecar/gen/.stamp
 MODEL   := build/models/.stamp
 PROTOS  := $(wildcard proto/sluice/v1/*.proto)
 
-.PHONY: all run test test-fast proto bench bench-overhead bench-embed bench-decode bench-route bench-overload bench-cache bench-cache-memory bench-index bench-instructions model-fp16 gpu-check docs lint system-deps clean fuzz chaos eval-guard guard-model
+.PHONY: all run test test-fast proto bench bench-overhead bench-embed bench-decode bench-route bench-overload bench-cache bench-cache-memory bench-index bench-instructions model-fp16 gpu-check docs lint system-deps clean fuzz chaos eval-guard guard-model eval-semantic verifier-model
 
 all: $(STAMP) $(GEN) $(MODEL)
 
@@ -85,6 +85,15 @@ eval-guard: all
 # and ../shared/data; embeddings are remembered in build/guard/.
 guard-model: all
 	$(BIN)/python scripts/train_guard.py
+
+# Semantic hits: today's checks against the learned verifier, per held-out set, with 95% intervals
+# (reports/semantic.json; --doc regenerates docs/semantic-quality.md).
+eval-semantic: all
+	$(BIN)/python scripts/eval_semantic.py
+
+# Retrain the verifier (sidecar/models/verifier.json) from data/semantic/ and calibrate it.
+verifier-model: all
+	$(BIN)/python scripts/train_verifier.py
 
 # Instructions per request under callgrind: steady on a busy machine, unlike req/s.
 bench-instructions: all

@@ -423,16 +423,22 @@ def embed_report_reference() -> dict | None:
 
 # ---------------------------------------------------------------- main
 
-def routes() -> list[dict]:
+def routes(max_false_hit_rate: float | None = None) -> list[dict]:
+    """The no-cache route and the cached one (with the verifier's rate when given: the
+    "after" of a before/after replay)."""
     candidates = [{"cluster": "upstream_a", "weight": 1}]
     no_cache = chat_route("nocache", "/nocache/", candidates, rewrite="/")
     no_cache["metadata"]["filter_metadata"]["sluice"]["cache"] = {"enabled": False}
-    return [no_cache, chat_route("cached", "/", candidates)]
+    cached = chat_route("cached", "/", candidates)
+    if max_false_hit_rate is not None:
+        cached["metadata"]["filter_metadata"]["sluice"].setdefault("cache", {})["max_false_hit_rate"] = \
+            max_false_hit_rate
+    return [no_cache, cached]
 
 
 def run_cache_stack(work: pathlib.Path, args, pairs, stream, ttft_texts, exact_bodies, noop_url: str) -> dict:
     out: dict = {}
-    stack = Stack(work / "cache", routes=routes(), envoy_vars=overhead.NO_RATE_LIMIT,
+    stack = Stack(work / "cache", routes=routes(args.max_false_hit_rate), envoy_vars=overhead.NO_RATE_LIMIT,
                   upstream_args={"a": REPLAY_UPSTREAM, "b": REFERENCE_UPSTREAM},
                   sidecar_env={"SLUICE_CACHE": "true"})
     with stack:
@@ -529,6 +535,8 @@ def main() -> int:
     parser.add_argument("--extra", type=int, default=EXTRA, help="Zipf-drawn repeats")
     parser.add_argument("--zipf", type=float, default=ZIPF_S)
     parser.add_argument("--seed", type=int, default=SEED)
+    parser.add_argument("--max-false-hit-rate", type=float, default=None,
+                        help="the cached route's max_false_hit_rate (default: the route default)")
     parser.add_argument("--seconds", type=float, default=4.0, help="wrk duration at concurrency 16/64")
     parser.add_argument("--seconds-c1", type=float, default=3.0, help="wrk duration at concurrency 1")
     parser.add_argument("--embed-seconds", type=float, default=3.0)
@@ -582,7 +590,8 @@ def main() -> int:
 
     data = {
         "settings": {"pairs": len(pairs), "extra_zipf_requests": args.extra, "zipf_s": args.zipf,
-                     "seed": args.seed, "pairs_file": str(path), "replay_upstream": REPLAY_UPSTREAM,
+                     "seed": args.seed, "max_false_hit_rate": args.max_false_hit_rate,
+                     "pairs_file": str(path), "replay_upstream": REPLAY_UPSTREAM,
                      "stream_upstream": STREAM_CONFIG, "wrk_seconds": args.seconds,
                      "wrk_seconds_c1": args.seconds_c1,
                      "exact_body_bytes": {k: len(v) for k, v in exact_bodies.items()},

@@ -19,7 +19,7 @@ What it does:
 4. evaluates on the held-out half and on all pairs, per source and overall: the
    embedding alone, the embedding with the checks, each check switched off in turn,
    a stricter content-word setting, a sweep of thresholds, and SUITE;
-5. writes reports/semantic_quality.json and docs/semantic-quality.md.
+5. writes reports/semantic_quality.json and docs/semantic-checks.md.
 
 A "hit" is a pair for which `same_question` says yes.  Precision = correct hits / hits;
 recall = correct hits / label-1 pairs; false-hit rate = wrong hits / label-0 pairs.
@@ -50,7 +50,7 @@ from sidecar.cache.equivalence import (EquivalenceSettings, forget_profiles, req
 DEFAULT_PAIRS = ROOT.parent / "shared" / "data" / "paraphrase" / "dev.jsonl"
 CACHE_DIR = ROOT / "build" / "semantic"
 REPORT = ROOT / "reports" / "semantic_quality.json"
-DOC = ROOT / "docs" / "semantic-quality.md"
+DOC = ROOT / "docs" / "semantic-checks.md"
 
 SOURCES = ("qqp", "mrpc-train", "stsb-train")
 ALL = "all"

@@ -1,9 +1,11 @@
 """`sluice cache-check`: would a request with prompt b be served the answer stored for prompt a?
 
 Reads JSONL pairs {"a": ..., "b": ...} on stdin and writes one JSON object per pair:
-{"hit": bool, "tier": "exact"|"semantic"|null, "similarity": float|null, "reason": str}, where
-reason names the check that decided. It runs the server's own decision code (bypass rules,
-scope, exact key, embedding, nearest neighbour, same-question checks: CachingDirector.lookup)
+{"hit": bool, "tier": "exact"|"semantic"|null, "similarity": float|null, "reason": str,
+"score": float|null}, where reason names the check that decided and score is the semantic
+verifier's P(same question) when it was asked (docs/semantic-quality.md). It runs the server's
+own decision code (bypass rules, scope, exact key, embedding, nearest neighbour, same-question
+decision: CachingDirector.lookup)
 on an in-memory store, without Envoy or Redis, under the sidecar-wide settings the server would
 read (SLUICE_* variables, SLUICE_CONFIG_FILE: SLUICE_CACHE=false is "cache_off" for every pair,
 SLUICE_SEMANTIC=false leaves no semantic tier) and one route's settings: --route NAME (the
@@ -83,7 +85,7 @@ async def _run(args) -> int:
                           for text in (a, b))
         verdict = (await _check(director, settings, chat_a, chat_b, headers, answer,
                                 cache_decision, scope_for, prompt_text, exact_key) if config.cache
-                   else {"hit": False, "tier": None, "similarity": None, "reason": "cache_off"})
+                   else {"hit": False, "tier": None, "similarity": None, "reason": "cache_off", "score": None})
         print(json.dumps(verdict), flush=True)
     if embedder is not None:
         await embedder.close()
@@ -137,13 +139,13 @@ async def _check(director, settings, chat_a, chat_b, headers, answer,
                  cache_decision, scope_for, prompt_text, exact_key) -> dict:
     policy = settings.policy
     if not policy.enabled:
-        return {"hit": False, "tier": None, "similarity": None, "reason": "disabled"}
+        return {"hit": False, "tier": None, "similarity": None, "reason": "disabled", "score": None}
     stored = cache_decision(chat_a, headers, policy)
     if stored is not None and not stored.may_store:
-        return {"hit": False, "tier": None, "similarity": None, "reason": f"a_not_stored:{stored.reason}"}
+        return {"hit": False, "tier": None, "similarity": None, "reason": f"a_not_stored:{stored.reason}", "score": None}
     bypass = cache_decision(chat_b, headers, policy)
     if bypass is not None:
-        return {"hit": False, "tier": None, "similarity": None, "reason": bypass.reason}
+        return {"hit": False, "tier": None, "similarity": None, "reason": bypass.reason, "score": None}
     scope = scope_for(chat_a, headers, policy, director._rt.secret)
     prompt_a, prompt_b = prompt_text(chat_a), prompt_text(chat_b)
     vector_a = await director._embed(prompt_a) if settings.semantic else None
@@ -153,4 +155,5 @@ async def _check(director, settings, chat_a, chat_b, headers, answer,
     if similarity is None and vector_a is not None and found.vector is not None:
         similarity = float(np.dot(vector_a, found.vector))
     return {"hit": found.tier is not None, "tier": found.tier,
-            "similarity": None if similarity is None else round(similarity, 4), "reason": found.reason}
+            "similarity": None if similarity is None else round(similarity, 4), "reason": found.reason,
+            "score": None if found.score is None else round(found.score, 4)}

@@ -28,7 +28,7 @@ from sidecar import metrics, tracing
 from sidecar.cache.answer import CachedAnswer, decode_answer
 from sidecar.cache.budget import BytePool
 from sidecar.cache.capture import IDENTITY_ENCODING, Refusal, SseCapture, capture_json, response_refusal
-from sidecar.cache.equivalence import EquivalenceSettings, Verdict, same_question
+from sidecar.cache.equivalence import EquivalenceSettings, Verdict, candidate_floor, same_question
 from sidecar.cache.false_hits import FEEDBACK_HEADER, MemoryFalseHits, pair_id
 from sidecar.cache.inflight import Answered, Follow, Lead, Near, Promoted
 from sidecar.cache.policy import TIME_SENSITIVE_WORDS, CachePolicy, cache_decision
@@ -115,6 +115,7 @@ def cache_policy(route: RouteSettings) -> CachePolicy:
 
     return CachePolicy(
         enabled=get("enabled", d.enabled), semantic_threshold=get("semantic_threshold", d.semantic_threshold),
+        max_false_hit_rate=get("max_false_hit_rate", d.max_false_hit_rate),
         ttl_s=get("ttl_s", d.ttl_s), allow_tools=c.allow_tools,
         max_temperature=get("max_temperature", d.max_temperature), shared=c.shared,
         tenant_header=c.tenant_header.lower(),
@@ -141,6 +142,7 @@ class Lookup:
     entry: object = None             # the stored Entry found (also for a refused semantic match)
     similarity: float | None = None
     vector: np.ndarray | None = None  # the prompt's embedding, when it was computed
+    score: float | None = None       # the semantic verifier's P(same question), when it was asked
 
 
 @dataclass
@@ -360,22 +362,26 @@ class CachingDirector:
         vector = await self._embed(prompt)
         if vector is None:
             return Lookup(None, "embedding_unavailable")
-        policy = settings.policy
-        neighbour = await self._rt.store.nearest(scope, vector, policy.semantic_threshold)
+        checks = self._checks(settings.policy)
+        neighbour = await self._rt.store.nearest(scope, vector, candidate_floor(checks))
         if neighbour is None:
             return Lookup(None, "below_threshold", vector=vector)
         if neighbour.entry.entry_id == key:       # stored while this request was embedding
             if self._reported(scope, neighbour.entry, key):
                 return Lookup(None, "reported_false_hit", neighbour.entry, vector=vector)
             return Lookup("exact", "exact", neighbour.entry, 1.0, vector)
-        checks = dataclasses.replace(self._rt.equivalence, threshold=policy.semantic_threshold)
         verdict = checked_same_question(neighbour.entry.prompt, prompt, neighbour.similarity, checks)
         if verdict.hit and await self._rt.false_hits.known(
                 scope, pair_id(neighbour.entry.entry_id, neighbour.entry.stored_at, key)):
-            verdict = Verdict(False, "reported_false_hit")
+            verdict = Verdict(False, "reported_false_hit", verdict.score)
         metrics.child(metrics.CACHE_SEMANTIC_VERDICTS, verdict.reason).inc()
         return Lookup("semantic" if verdict.hit else None, verdict.reason, neighbour.entry,
-                      neighbour.similarity, vector)
+                      neighbour.similarity, vector, verdict.score)
+
+    def _checks(self, policy: CachePolicy) -> EquivalenceSettings:
+        """The sidecar's same-question settings with the route's threshold and false-hit rate."""
+        return dataclasses.replace(self._rt.equivalence, threshold=policy.semantic_threshold,
+                                   max_false_hit_rate=policy.max_false_hit_rate)
 
     def _reported(self, scope: str, entry, key: str) -> bool:
         """An exact entry reported wrong for its own prompt, as this process knows (exact hits
@@ -408,8 +414,8 @@ class CachingDirector:
         """(lead, None) to go upstream leading (or alone); (None, answer) when a twin answered."""
         near = None
         if vector is not None:
-            settings = dataclasses.replace(self._rt.equivalence, threshold=policy.semantic_threshold)
-            near = Near(vector, policy.semantic_threshold, prompt,
+            settings = self._checks(policy)
+            near = Near(vector, candidate_floor(settings), prompt,
                         same=lambda leader, cosine: checked_same_question(leader, prompt, cosine, settings).hit)
         ticket = await self._rt.inflight.join(scope, key, near)
         if not isinstance(ticket, Follow):

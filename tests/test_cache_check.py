@@ -28,17 +28,31 @@ def run(pairs, *args, **env):
 
 def test_decisions_with_the_reason_that_decided():
     exact, semantic, swapped, time_sensitive, unrelated, bad = run(PAIRS)
-    assert exact == {"hit": True, "tier": "exact", "similarity": 1.0, "reason": "exact"}
+    assert exact == {"hit": True, "tier": "exact", "similarity": 1.0, "reason": "exact", "score": None}
     assert semantic["hit"] and semantic["tier"] == "semantic" and semantic["similarity"] >= 0.94
     assert not swapped["hit"] and swapped["reason"] in ("order_differs", "below_threshold")
-    assert time_sensitive == {"hit": False, "tier": None, "similarity": None, "reason": "a_not_stored:time_sensitive"}
+    assert time_sensitive == {"hit": False, "tier": None, "similarity": None, "reason": "a_not_stored:time_sensitive",
+                              "score": None}
     assert not unrelated["hit"] and unrelated["reason"] == "below_threshold" and unrelated["similarity"] < 0.5
     assert "error" in bad
+    assert semantic["score"] is None                 # the verifier is not asked with max_false_hit_rate 0
+
+
+def test_the_verifier_scores_the_candidate_when_a_route_sets_a_false_hit_rate():
+    route = json.dumps({"cache": {"max_false_hit_rate": 0.02}})
+    exact, semantic, swapped, _, unrelated, _ = run(PAIRS, "--route", route)
+    assert exact["score"] is None and unrelated["score"] is None    # decided before the verifier
+    from sidecar.cache.verifier import load_verifier
+    assert 0.0 <= semantic["score"] <= 1.0
+    assert semantic["hit"] == (semantic["score"] >= round(load_verifier().threshold(0.02), 4))
+    assert semantic["reason"] == ("ok" if semantic["hit"] else "verifier_rejected")
+    assert not swapped["hit"]
+    assert swapped["score"] is None or swapped["score"] < semantic["score"]
 
 
 def test_route_settings_apply():
     off, = run(PAIRS[1:2], "--route", json.dumps({"cache": {"semantic": False}}))[:1]
-    assert off == {"hit": False, "tier": None, "similarity": None, "reason": "no_semantic_tier"}
+    assert off == {"hit": False, "tier": None, "similarity": None, "reason": "no_semantic_tier", "score": None}
     bad = subprocess.run([str(BIN / "sluice"), "cache-check", "--route", '{"cache": {"ttl_s": "x"}}'],
                          input="", capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert bad.returncode == 2 and "ttl_s" in bad.stderr.lower() + bad.stderr
@@ -47,7 +61,7 @@ def test_route_settings_apply():
 def test_the_sidecar_wide_switches_apply_as_in_the_server():
     assert run(PAIRS[:1], REDIS_URL="redis://127.0.0.1:1/0")[0]["tier"] == "exact"    # Redis is not asked
     cache_off = run(PAIRS[:1], SLUICE_CACHE="false")[0]
-    assert cache_off == {"hit": False, "tier": None, "similarity": None, "reason": "cache_off"}
+    assert cache_off == {"hit": False, "tier": None, "similarity": None, "reason": "cache_off", "score": None}
     exact, paraphrase = run(PAIRS[:2], SLUICE_SEMANTIC="false")[:2]
     assert exact["tier"] == "exact" and not paraphrase["hit"] and paraphrase["reason"] == "no_semantic_tier"
 

@@ -6,7 +6,7 @@ keep that word: the "same question?" decision can ask, for each content token of
 prompt, how close the nearest token of the other prompt is (a BERTScore-style greedy
 alignment), and refuse a hit when too many tokens have no counterpart.
 
-Measured in docs/semantic-quality.md.  `content_states` turns one model run's output
+Measured in docs/semantic-checks.md.  `content_states` turns one model run's output
 into what `unaligned` compares; sidecar.cache.equivalence applies the limit.
 `run_content_states` is that run, offline (scripts/tune_semantic.py, tests): the
 serving engine returns pooled vectors only, so the server does not use this yet.

@@ -7,7 +7,7 @@ nearly blind to the details that change an answer: a number, a "not", a name,
 a pure function of the two texts; the first that disagrees names the verdict.
 
 Serving a wrong answer is the worst failure, so every check errs towards a miss.
-The defaults and their measured effect are documented in docs/semantic-quality.md
+The defaults and their measured effect are documented in docs/semantic-checks.md
 (reproduce with scripts/tune_semantic.py).
 """
 
@@ -22,14 +22,15 @@ from decimal import Decimal, InvalidOperation
 from sidecar.embedding.normalize import normalize_text
 
 __all__ = ["EquivalenceSettings", "Verdict", "Requirement", "Profile", "profile",
-           "requirement", "same_question", "STOPWORDS"]
+           "requirement", "same_question", "STOPWORDS",
+           "Disagreements", "disagreements", "candidate_floor"]
 
 
 @dataclass(frozen=True)
 class EquivalenceSettings:
     """Threshold and switches for `same_question`.
 
-    The defaults are what scripts/tune_semantic.py picks (docs/semantic-quality.md):
+    The defaults are what scripts/tune_semantic.py picks (docs/semantic-checks.md):
     the most recall with at most 2 % false hits on every source of the labelled pairs,
     and no hit on its suite of different-question prompts.
     """
@@ -45,6 +46,10 @@ class EquivalenceSettings:
     check_tense: bool = True
     check_quantifiers: bool = True
     check_content_words: bool = True
+    # Case: "Is Polish hard to learn?" / "Is polish hard to learn?" (see _case_differs). Off:
+    # measured on the held-out QQP half it turns 23 correct hits into misses and no wrong one
+    # (docs/semantic-quality.md); the verifier reads it as a feature instead.
+    check_case: bool = False
     # Content words that only one prompt has ("how do I center a div [vertically]") raise
     # the cosine needed: + extra_word_cost for each, counted on the side with more ...
     extra_word_cost: float = 0.0
@@ -80,6 +85,14 @@ class EquivalenceSettings:
     check_alignment: bool = False
     alignment_floor: float = 0.6
     max_unaligned_tokens: int = 4
+    # The learned verifier (sidecar/cache/verifier.py): above 0, candidates come from the
+    # model's measured cosine floor instead of `threshold`, and a hit needs its score to
+    # clear the threshold calibrated for this false-hit rate; the checks then act only as
+    # features, except those in `verifier_vetoes` (Disagreements fields), which still say no
+    # outright.  0: the threshold and every check decide, as described above.
+    max_false_hit_rate: float = 0.0
+    # Kept by measurement with the verifier in place (docs/semantic-quality.md, "Checks as vetoes").
+    verifier_vetoes: tuple[str, ...] = ("symbols",)
 
     def __post_init__(self) -> None:
         if not 0.0 < self.threshold <= 1.0:
@@ -87,6 +100,11 @@ class EquivalenceSettings:
         for name in ("extra_word_cost", "substitution_margin"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)!r}")
+        if not 0.0 <= self.max_false_hit_rate < 1.0:
+            raise ValueError(f"max_false_hit_rate: must be in [0, 1), got {self.max_false_hit_rate!r}")
+        unknown = set(self.verifier_vetoes) - {f for _, f, _ in _CHECK_ORDER}
+        if unknown:
+            raise ValueError(f"verifier_vetoes: unknown checks {sorted(unknown)}")
         if not -1.0 <= self.alignment_floor <= 1.0:
             raise ValueError(f"alignment_floor: must be in [-1, 1], got {self.alignment_floor!r}")
         for name in ("max_extra_words", "long_prompt_words", "tail_prompt_words", "max_unaligned_tokens",
@@ -98,7 +116,8 @@ class EquivalenceSettings:
 @dataclass(frozen=True)
 class Verdict:
     hit: bool
-    reason: str  # "ok" or the check that said no, e.g. "numbers_differ"
+    reason: str  # "ok" or the check that said no, e.g. "numbers_differ"; "verifier_rejected"
+    score: float | None = None   # the verifier's P(same question), when it was asked
 
 
 @dataclass(frozen=True)
@@ -136,6 +155,9 @@ class Profile:
     words: frozenset[str]            # every lower-cased word and its stem, for matching
     sorted_words: tuple[str, ...]    # the same, sorted, for prefix look-ups
     length: int                      # words, numbers left out
+    capitalized: frozenset[str]      # lower-cased words written capitalised mid-sentence
+    lowered: frozenset[str]          # words written all in lower case
+    uses_case: bool                  # some letter is upper case
     tail: str                        # the last sentence
 
 
@@ -591,6 +613,13 @@ def _is_label(tok: _Token) -> bool:
             and tok.text not in _NOT_LABELS and not tok.starts_sentence)
 
 
+def _capitalized(tokens: list[_Token]) -> frozenset[str]:
+    """Words capitalised mid-sentence, as names are; none in a Title Case Prompt."""
+    words = [t for t in tokens if t.kind == "word" and len(t.text) > 1]
+    found = [t for t in words if not t.starts_sentence and t.text[:1].isupper() and t.text[1:].islower()]
+    return frozenset() if 2 * len(found) > len(words) else frozenset(t.lower for t in found)
+
+
 def _roles(tokens: list[_Token]) -> tuple[str, ...]:
     """Every token as what fills its role: a pronoun by person ("I" and "me" are one), a
     number or label as written, marked ("=A": no article, "=s": no stopword), a word by its stem."""
@@ -709,6 +738,9 @@ def _profile(text: str) -> Profile:
         words=all_words,
         sorted_words=tuple(sorted(all_words)),
         length=len(words),
+        capitalized=_capitalized(tokens),
+        lowered=frozenset(t.lower for t in tokens if t.kind == "word" and t.text.islower()),
+        uses_case=normalized != normalized.lower(),
         tail=sentences[-1] if sentences else normalized,
     )
 
@@ -861,6 +893,74 @@ def _tail_differs(a: Profile, b: Profile) -> bool:
     return _unmatched(last_a.content, last_b) > 0 or _unmatched(last_b.content, last_a) > 0
 
 
+@dataclass(frozen=True)
+class Disagreements:
+    """What each check finds about a pair, all of them (the verifier's features; `requirement`
+    reads them in order).  Counts are content words (and polar-word classes) only one side has."""
+    numbers: bool
+    negation: bool
+    question_word: bool
+    comparison: bool
+    entities: bool
+    order: bool
+    symbols: bool
+    tense: bool
+    quantifiers: bool
+    case: bool
+    tail: bool
+    extra_a: int
+    extra_b: int
+    length: int          # words of the longer prompt
+
+
+# (check switch, Disagreements field, reason), in the order `requirement` asks them.
+_CHECK_ORDER = (
+    ("check_numbers", "numbers", "numbers_differ"),
+    ("check_negation", "negation", "negation_differs"),
+    ("check_question_words", "question_word", "question_word_differs"),
+    ("check_comparisons", "comparison", "comparison_differs"),
+    ("check_entities", "entities", "entities_differ"),
+    ("check_case", "case", "case_differs"),
+    ("check_word_order", "order", "order_differs"),
+    ("check_symbols", "symbols", "symbols_differ"),
+    ("check_tense", "tense", "tense_differs"),
+    ("check_quantifiers", "quantifiers", "quantifiers_differ"),
+)
+
+
+def _case_differs(a: Profile, b: Profile) -> bool:
+    """A word written as a name mid-sentence in one prompt ("Is Polish hard") and in lower case
+    in the other ("Is polish hard"), when that other prompt uses capitals at all: the model
+    reads both in lower case, so only this tells a name from a word.  A prompt typed all in
+    lower case says nothing about names."""
+    return bool((a.capitalized & b.lowered and b.uses_case) or (b.capitalized & a.lowered and a.uses_case))
+
+
+def disagreements(a_text: str, b_text: str, tail_words: int = 40) -> Disagreements:
+    """Every check's finding on the pair (pure, symmetric but for extra_a / extra_b); the
+    last sentences are compared once a prompt has `tail_words` words."""
+    a, b = profile(a_text), profile(b_text)
+    only_a, only_b = _only_in(a, b), _only_in(b, a)
+    length = max(a.length, b.length)
+    return Disagreements(
+        numbers=_numbers_differ(a, b),
+        negation=a.negations != b.negations,
+        question_word=bool(a.question_words and b.question_words and a.question_words != b.question_words),
+        comparison=(_compared_differently(a, b) or _opposed_words(only_a, only_b)
+                    or _particles_opposed(a, b) or _particles_opposed(b, a)),
+        entities=bool(_unmatched(a.entities, b) or _unmatched(b.entities, a) or a.letters != b.letters),
+        order=_swapped(a, b) or _swapped(b, a) or _flipped(a, b) or _flipped(b, a) or _roles_exchanged(a, b),
+        symbols=bool(a.operators and b.operators and a.operators != b.operators),
+        tense=bool(a.tenses and b.tenses and not a.tenses & b.tenses),
+        quantifiers=_quantified_differently(a, b),
+        case=_case_differs(a, b),
+        tail=length >= tail_words and _tail_differs(a, b),
+        extra_a=len(only_a) + len(a.comparisons - b.comparisons),
+        extra_b=len(only_b) + len(b.comparisons - a.comparisons),
+        length=length,
+    )
+
+
 def requirement(a_text: str, b_text: str, settings: EquivalenceSettings) -> Requirement:
     """The least cosine at which the answer for one prompt may serve the other.
 
@@ -870,39 +970,16 @@ def requirement(a_text: str, b_text: str, settings: EquivalenceSettings) -> Requ
     never = float("inf")
     if max(len(a_text), len(b_text)) > settings.max_prompt_chars:
         return Requirement(never, "too_long")
-    a, b = profile(a_text), profile(b_text)
-    if settings.check_numbers and _numbers_differ(a, b):
-        return Requirement(never, "numbers_differ")
-    if settings.check_negation and a.negations != b.negations:
-        return Requirement(never, "negation_differs")
-    if settings.check_question_words and a.question_words and b.question_words \
-            and a.question_words != b.question_words:
-        return Requirement(never, "question_word_differs")
-    # Content words only one prompt has: for opposites by prefix and the content check.
-    only_a, only_b = _only_in(a, b), _only_in(b, a)
-    if settings.check_comparisons and (_compared_differently(a, b) or _opposed_words(only_a, only_b)
-                                       or _particles_opposed(a, b) or _particles_opposed(b, a)):
-        return Requirement(never, "comparison_differs")  # "best" for "worst"; an extra one counts below
-    if settings.check_entities and (_unmatched(a.entities, b) or _unmatched(b.entities, a)
-                                    or a.letters != b.letters):
-        return Requirement(never, "entities_differ")
-    if settings.check_word_order and (_swapped(a, b) or _swapped(b, a) or _flipped(a, b) or _flipped(b, a)
-                                      or _roles_exchanged(a, b)):
-        return Requirement(never, "order_differs")
-    if settings.check_symbols and a.operators and b.operators and a.operators != b.operators:
-        return Requirement(never, "symbols_differ")
-    if settings.check_tense and a.tenses and b.tenses and not a.tenses & b.tenses:
-        return Requirement(never, "tense_differs")
-    if settings.check_quantifiers and _quantified_differently(a, b):
-        return Requirement(never, "quantifiers_differ")
+    found = disagreements(a_text, b_text, settings.tail_prompt_words)
+    for switch, field_name, reason in _CHECK_ORDER:
+        if getattr(settings, switch) and getattr(found, field_name):
+            return Requirement(never, reason)
     if settings.check_content_words:
-        # Extra words: content words and polar-word classes only one prompt has.
-        extra_a = len(only_a) + len(a.comparisons - b.comparisons)
-        extra_b = len(only_b) + len(b.comparisons - a.comparisons)
-        long = max(a.length, b.length) > settings.long_prompt_words
+        extra_a, extra_b = found.extra_a, found.extra_b
+        long = found.length > settings.long_prompt_words
         if max(extra_a, extra_b) > (0 if long else settings.max_extra_words):
             return Requirement(never, "content_differs")
-        if max(a.length, b.length) >= settings.tail_prompt_words and _tail_differs(a, b):
+        if found.tail:
             return Requirement(never, "content_differs")
         raise_by = settings.extra_word_cost * max(extra_a, extra_b)
         if extra_a and extra_b:
@@ -922,6 +999,8 @@ def same_question(a_text: str, b_text: str, cosine: float,
     (sidecar.cache.alignment.content_states), in the order of the texts.  Symmetric in
     the prompts.  The reason names the first check that said no, or "ok".
     """
+    if settings.max_false_hit_rate > 0:
+        return _verified(a_text, b_text, cosine, settings)
     if cosine < settings.threshold:
         return Verdict(False, "below_threshold")
     need = requirement(a_text, b_text, settings)
@@ -934,3 +1013,31 @@ def same_question(a_text: str, b_text: str, cosine: float,
         if unaligned(*token_states, settings.alignment_floor) > settings.max_unaligned_tokens:
             return Verdict(False, "alignment_differs")
     return Verdict(True, "ok")
+
+
+def candidate_floor(settings: EquivalenceSettings) -> float:
+    """The least cosine of a stored prompt worth deciding on: the verifier's measured floor
+    when it decides, else the threshold."""
+    if settings.max_false_hit_rate > 0:
+        from sidecar.cache.verifier import load_verifier   # here: that module imports this one
+        return load_verifier().floor
+    return settings.threshold
+
+
+def _verified(a_text: str, b_text: str, cosine: float, settings: EquivalenceSettings) -> Verdict:
+    """The verifier's decision: its score against the threshold calibrated for the route's
+    false-hit rate, after the checks kept as vetoes."""
+    from sidecar.cache.verifier import features, load_verifier
+    verifier = load_verifier()
+    if cosine < verifier.floor:
+        return Verdict(False, "below_threshold")
+    if max(len(a_text), len(b_text)) > settings.max_prompt_chars:
+        return Verdict(False, "too_long")
+    found = disagreements(a_text, b_text, settings.tail_prompt_words)
+    for switch, field_name, reason in _CHECK_ORDER:
+        if field_name in settings.verifier_vetoes and getattr(settings, switch) and getattr(found, field_name):
+            return Verdict(False, reason)
+    score = float(verifier.probabilities(features(a_text, b_text, cosine, found))[0])
+    if score < verifier.threshold(settings.max_false_hit_rate):
+        return Verdict(False, "verifier_rejected", score)
+    return Verdict(True, "ok", score)

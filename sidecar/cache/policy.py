@@ -89,7 +89,10 @@ _CJK = re.compile("[\u1100-\u11ff\u3040-\u30ff\u3130-\u318f\u3400-\u4dbf\u4e00-\
 @dataclass(frozen=True)
 class CachePolicy:
     enabled: bool = True
-    semantic_threshold: float = 0.93       # τ: minimum cosine; tuned in docs/semantic-quality.md
+    semantic_threshold: float = 0.93       # τ: minimum cosine; tuned in docs/semantic-checks.md
+    # Target false-hit rate of the learned verifier (0: off, τ and the checks decide);
+    # the default is measured in docs/semantic-quality.md.
+    max_false_hit_rate: float = 0.0
     ttl_s: float = 86400.0
     allow_tools: bool = False
     max_temperature: float = 1.0
@@ -106,6 +109,9 @@ class CachePolicy:
         _check_number("semantic_threshold", self.semantic_threshold)
         if not 0.0 < self.semantic_threshold <= 1.0:
             raise ValueError(f"semantic_threshold: must be in (0, 1], got {self.semantic_threshold!r}")
+        _check_number("max_false_hit_rate", self.max_false_hit_rate)
+        if not 0.0 <= self.max_false_hit_rate < 1.0:
+            raise ValueError(f"max_false_hit_rate: must be in [0, 1), got {self.max_false_hit_rate!r}")
         _check_number("ttl_s", self.ttl_s)
         if self.ttl_s <= 0:
             raise ValueError(f"ttl_s: must be > 0, got {self.ttl_s!r}")

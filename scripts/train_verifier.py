@@ -1,0 +1,261 @@
+"""Train and calibrate the semantic verifier (sidecar/models/verifier.json).
+
+    .venv/bin/python scripts/train_verifier.py          # writes the model
+    .venv/bin/python scripts/train_verifier.py --check  # trains, compares with the shipped model
+
+Training data: only pairs the project owns.
+- data/semantic/generator/*.json through scripts/gen_semantic_pairs.py (templates and word
+  lists written for this project), the frames of its "train" half;
+- data/semantic/handwritten.jsonl (pairs written for this project).
+Calibration (thresholds only, no weights): the generator's held-out frames ("valid") and the
+tune half of ../shared/data/paraphrase (QQP, MRPC, STS-B: measured and tuned on, never
+trained on, by their licences).  The hand-written chat test suite (data/semantic/chat-test)
+is read by scripts/eval_semantic.py only.
+
+Model: gradient-boosted trees (logistic loss, fixed depth, histogram splits) written here in
+numpy, so training is deterministic and needs nothing more than the serving venv; a few
+seconds on one core once the embeddings are cached (build/semantic/).
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from gen_semantic_pairs import generate  # noqa: E402
+from sidecar.cache.equivalence import forget_profiles  # noqa: E402
+from sidecar.cache.verifier import FEATURES, MODEL_PATH, Verifier, features  # noqa: E402
+
+HANDWRITTEN = ROOT / "data" / "semantic" / "handwritten.jsonl"
+CACHE = ROOT / "build" / "semantic"
+
+DEPTH = 3
+ROUNDS = 300
+LEARNING_RATE = 0.08
+L2 = 2.0
+MIN_HESSIAN = 2.0
+BINS = 48
+# Pairs below this cosine never reach the verifier: not trained on (the floor is measured below).
+TRAIN_COSINE = 0.45
+RATES = (0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.1)
+# The candidate floor keeps this share of the calibration sets' label-1 pairs.
+FLOOR_RECALL = 0.97
+
+
+def load_jsonl(path: Path) -> list[dict]:
+    with open(path, encoding="utf-8") as handle:
+        return [json.loads(line) for line in handle if line.strip()]
+
+
+def cosines(pairs: list[dict]) -> np.ndarray:
+    from semantic_vectors import cosines as cosines_of
+    return cosines_of([(p["a"], p["b"]) for p in pairs])
+
+
+def feature_rows(pairs: list[dict], cos: np.ndarray) -> np.ndarray:
+    """Features of every pair, cached on the pairs, cosines and the feature code."""
+    code = "".join((ROOT / "sidecar" / f).read_text() for f in
+                   ("cache/verifier.py", "cache/equivalence.py", "models/verifier-words.json"))
+    key = hashlib.sha256(json.dumps([[p["a"], p["b"]] for p in pairs]).encode()
+                         + cos.tobytes() + code.encode()).hexdigest()[:16]
+    path = CACHE / f"features-{key}.npy"
+    if path.exists():
+        return np.load(path)
+    start = time.perf_counter()
+    rows = np.stack([features(p["a"], p["b"], float(c)) for p, c in zip(pairs, cos)]) if pairs \
+        else np.zeros((0, len(FEATURES)))
+    print(f"features of {len(pairs)} pairs: {time.perf_counter() - start:.1f}s", file=sys.stderr)
+    CACHE.mkdir(parents=True, exist_ok=True)
+    np.save(path, rows)
+    return rows
+
+
+# ---------------------------------------------------------------- boosted trees
+
+def _bin_edges(x: np.ndarray) -> list[np.ndarray]:
+    edges = []
+    for j in range(x.shape[1]):
+        values = np.unique(x[:, j])
+        if len(values) > BINS:
+            values = np.unique(np.quantile(x[:, j], np.linspace(0, 1, BINS + 1)[1:-1], method="lower"))
+        # A split "x > edge" between consecutive values.
+        edges.append(values[:-1] if len(values) > 1 else values[:0])
+    return edges
+
+
+class _Splits:
+    """Every candidate split of every feature, laid out so one bincount scores them all."""
+
+    def __init__(self, binned: np.ndarray, edges: list[np.ndarray]):
+        sizes = np.array([len(e) + 1 for e in edges])
+        self.offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+        self.total = int(sizes.sum())
+        self.flat = binned + self.offsets                                # [n, F] global bin ids
+        self.position = np.concatenate([self.offsets[j] + np.arange(len(e)) for j, e in enumerate(edges)])
+        self.base = np.concatenate([np.full(len(e), self.offsets[j] - 1) for j, e in enumerate(edges)])
+        self.feature = np.concatenate([np.full(len(e), j) for j, e in enumerate(edges)])
+        self.bin = np.concatenate([np.arange(len(e)) for e in edges])
+
+    def best(self, g, h, rows):
+        """(gain, feature, bin) of the best split of `rows`, or None."""
+        G, H = g[rows].sum(), h[rows].sum()
+        flat = self.flat[rows].ravel()
+        width = self.flat.shape[1]
+        cg = np.cumsum(np.bincount(flat, weights=np.repeat(g[rows], width), minlength=self.total))
+        ch = np.cumsum(np.bincount(flat, weights=np.repeat(h[rows], width), minlength=self.total))
+        before_g = np.where(self.base >= 0, cg[np.maximum(self.base, 0)], 0.0)
+        before_h = np.where(self.base >= 0, ch[np.maximum(self.base, 0)], 0.0)
+        gl, hl = cg[self.position] - before_g, ch[self.position] - before_h
+        gr, hr = G - gl, H - hl
+        ok = (hl >= MIN_HESSIAN) & (hr >= MIN_HESSIAN)
+        if not ok.any():
+            return None
+        gain = np.where(ok, gl * gl / (hl + L2) + gr * gr / (hr + L2) - G * G / (H + L2), -np.inf)
+        i = int(np.argmax(gain))
+        if gain[i] <= 1e-9:
+            return None
+        return float(gain[i]), int(self.feature[i]), int(self.bin[i])
+
+
+def train_trees(x: np.ndarray, y: np.ndarray, weight: np.ndarray) -> dict:
+    edges = _bin_edges(x)
+    binned = np.stack([np.searchsorted(e, x[:, j], side="left") if len(e) else np.zeros(len(x), int)
+                       for j, e in enumerate(edges)], axis=1)
+    # searchsorted(left) gives the count of edges < value: value > edge[k] iff bin > k.
+    splits = _Splits(binned, edges)
+    prior = float(np.average(y, weights=weight))
+    base = float(np.log(prior / (1 - prior)))
+    logit = np.full(len(y), base)
+    n_inner, n_leaf = 2 ** DEPTH - 1, 2 ** DEPTH
+    trees = []
+    for _ in range(ROUNDS):
+        p = 1 / (1 + np.exp(-logit))
+        g, h = (p - y) * weight, np.maximum(p * (1 - p), 1e-6) * weight
+        feature = [0] * n_inner
+        split = [float("inf")] * n_inner      # "never right": a node that does not split
+        leaf = [0.0] * n_leaf
+        members = {0: np.arange(len(y))}
+        for node in range(n_inner):
+            rows = members.pop(node)
+            found = splits.best(g, h, rows) if len(rows) else None
+            if found is None:
+                left, right = rows, rows[:0]
+            else:
+                _, j, k = found
+                feature[node], split[node] = j, float(edges[j][k])
+                go_right = binned[rows, j] > k
+                left, right = rows[~go_right], rows[go_right]
+            members[2 * node + 1], members[2 * node + 2] = left, right
+        leaf_rows = np.full(len(y), -1)
+        for node, rows in members.items():
+            i = node - n_inner
+            leaf[i] = float(-LEARNING_RATE * g[rows].sum() / (h[rows].sum() + L2)) if len(rows) else 0.0
+            leaf_rows[rows] = i
+        logit = logit + np.array(leaf)[leaf_rows]
+        trees.append({"feature": feature, "split": [round(s, 6) if np.isfinite(s) else 1e300 for s in split],
+                      "leaf": [round(v, 6) for v in leaf]})
+    return {"base": round(base, 6), "depth": DEPTH, "trees": trees}
+
+
+# ---------------------------------------------------------------- calibration
+
+def false_hit_rate(scores, cos, labels, floor, threshold) -> float:
+    negatives = labels == 0
+    return float(((scores >= threshold) & (cos >= floor) & negatives).sum() / max(1, negatives.sum()))
+
+
+def calibrate(sets: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]], floor: float) -> dict:
+    """For each target rate, the least score threshold whose false-hit rate is at or under it
+    on every calibration set."""
+    thresholds = []
+    grid = np.linspace(0.0, 1.0, 1001)
+    for rate in RATES:
+        chosen = 1.0
+        for t in grid:
+            if all(false_hit_rate(s, c, y, floor, t) <= rate for s, c, y in sets.values()):
+                chosen = float(t)
+                break
+        thresholds.append(round(chosen, 3))
+    # Monotone by construction (a stricter rate never needs a lower threshold).
+    return {"rates": list(RATES), "thresholds": thresholds,
+            "sets": {name: int((y == 0).sum()) for name, (_, _, y) in sets.items()}}
+
+
+def choose_floor(cos_label1: np.ndarray) -> float:
+    """The cosine that keeps FLOOR_RECALL of the calibration sets' rewordings, down to 0.05."""
+    return float(np.floor(np.quantile(cos_label1, 1 - FLOOR_RECALL) * 20) / 20)
+
+
+def datasets(pairs_path: Path | None = None):
+    """(train pairs, calibration {name: pairs}) as lists of dicts; each dict gets `cos`."""
+    from tune_semantic import DEFAULT_PAIRS, load_pairs
+    generated = generate()
+    handwritten = load_jsonl(HANDWRITTEN)
+    train = [p for p in generated if p["half"] == "train"] + handwritten
+    calibration = {"generated-valid": [p for p in generated if p["half"] == "valid"]}
+    public = [p for p in load_pairs(pairs_path or DEFAULT_PAIRS) if p.half == "tune"]
+    for source in ("qqp", "mrpc-train", "stsb-train"):
+        calibration[f"{source}-tune"] = [{"a": p.a, "b": p.b, "label": p.label} for p in public if p.source == source]
+    return train, calibration
+
+
+def build(pairs_path: Path | None = None) -> tuple[dict, dict]:
+    forget_profiles(cache_size=None)
+    train, calibration = datasets(pairs_path)
+    everything = train + [p for ps in calibration.values() for p in ps]
+    cos_all = cosines(everything)
+    x_all = feature_rows(everything, cos_all)
+    n = len(train)
+    x, y, c = x_all[:n], np.array([p["label"] for p in train], float), cos_all[:n]
+    keep = c >= TRAIN_COSINE
+    # Hand-written pairs count more: there are few, and they are the most like traffic.
+    weight = np.array([3.0 if "frame" not in p else 1.0 for p in train])[keep]
+    start = time.perf_counter()
+    model = train_trees(x[keep], y[keep], weight)
+    seconds = time.perf_counter() - start
+    model["features"] = list(FEATURES)
+    sets, offset = {}, n
+    for name, ps in calibration.items():
+        sets[name] = (x_all[offset:offset + len(ps)], cos_all[offset:offset + len(ps)],
+                      np.array([p["label"] for p in ps]))
+        offset += len(ps)
+    label1 = np.concatenate([c_[y_ == 1] for _, c_, y_ in sets.values()])
+    model["floor"] = choose_floor(label1)
+    model["calibration"] = {"rates": [1.0], "thresholds": [0.5]}   # placeholder to score with
+    verifier = Verifier(model)
+    scored = {name: (verifier.probabilities(xs), cs, ys) for name, (xs, cs, ys) in sets.items()}
+    model["calibration"] = calibrate(scored, model["floor"])
+    model["version"] = hashlib.sha256(json.dumps(model["trees"]).encode()).hexdigest()[:12]
+    stats = {"train_pairs": int(keep.sum()), "train_label1": int(y[keep].sum()), "seconds": round(seconds, 1),
+             "floor": model["floor"], "calibration": model["calibration"]}
+    return model, stats
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=MODEL_PATH)
+    parser.add_argument("--check", action="store_true", help="compare with the model at --out; write nothing")
+    args = parser.parse_args(argv)
+    model, stats = build()
+    print(json.dumps(stats, indent=1))
+    text = json.dumps(model, separators=(",", ":")) + "\n"
+    if args.check:
+        same = args.out.exists() and json.loads(args.out.read_text())["version"] == model["version"]
+        print("same as the shipped model" if same else "DIFFERS from the shipped model")
+        return 0 if same else 1
+    args.out.write_text(text)
+    print(f"wrote {args.out} ({len(text) // 1024} KiB)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

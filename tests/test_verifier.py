@@ -1,0 +1,99 @@
+"""The semantic verifier: its model, its features, and how same_question uses it."""
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+
+from sidecar.cache.equivalence import EquivalenceSettings, candidate_floor, disagreements, same_question
+from sidecar.cache.policy import CachePolicy
+from sidecar.cache.verifier import FEATURES, MODEL_PATH, Calibration, Verifier, features, load_verifier
+
+ON = EquivalenceSettings(max_false_hit_rate=0.01)
+
+
+def test_the_shipped_model_matches_the_code_and_its_budget():
+    model = json.loads(MODEL_PATH.read_text())
+    assert tuple(model["features"]) == FEATURES
+    assert MODEL_PATH.stat().st_size < 5 * 1024 * 1024
+    verifier = load_verifier()
+    assert 0.0 < verifier.floor < 0.93
+    thresholds = verifier.calibration.thresholds
+    # A stricter target never gets a looser threshold.
+    assert list(thresholds) == sorted(thresholds, reverse=True)
+
+
+def test_trees_route_on_their_splits():
+    # One tree of depth 1: feature 0 (cosine) > 0.5 goes right (+2), else left (-2).
+    stump = {"features": list(FEATURES), "base": 0.0, "depth": 1, "floor": 0.5,
+             "trees": [{"feature": [0], "split": [0.5], "leaf": [-2.0, 2.0]}],
+             "calibration": {"rates": [0.01, 0.05], "thresholds": [0.9, 0.6]}}
+    verifier = Verifier(stump)
+    x = np.zeros((2, len(FEATURES)))
+    x[1, 0] = 0.9
+    assert np.allclose(verifier.logits(x), [-2.0, 2.0])
+    assert verifier.threshold(0.001) == 0.9 and verifier.threshold(0.02) == 0.9 and verifier.threshold(0.5) == 0.6
+    with pytest.raises(ValueError, match="features"):
+        Verifier({**stump, "features": ["cosine"]})
+
+
+def test_calibration_never_looser_than_asked():
+    cal = Calibration((0.005, 0.01, 0.05), (0.95, 0.9, 0.7))
+    assert cal.threshold(0.0001) == 0.95
+    assert cal.threshold(0.01) == 0.9
+    assert cal.threshold(0.049) == 0.9
+
+
+def test_features_are_symmetric_and_see_what_cosine_cannot():
+    a, b = "Is every square a rectangle?", "Is every rectangle a square?"
+    fa, fb = features(a, b, 0.98), features(b, a, 0.98)
+    assert np.array_equal(fa, fb)
+    named = dict(zip(FEATURES, fa))
+    assert named["exchanged"] == 1 and named["cosine"] == 0.98
+    opposite = dict(zip(FEATURES, features("¿Cuál es el mejor portátil?", "¿Cuál es el peor portátil?", 0.97)))
+    assert opposite["opposite_words"] == 1
+
+
+def test_same_question_with_the_verifier():
+    rewording = ("How do I reset my password?", "How can I reset my password?")
+    verdict = same_question(*rewording, 0.99, ON)
+    assert 0.0 <= verdict.score <= 1.0
+    assert verdict.hit == (verdict.score >= load_verifier().threshold(0.01))
+    assert verdict.reason == ("ok" if verdict.hit else "verifier_rejected")
+    other = same_question("how to cook rice", "how to cook pasta", 0.99, ON)
+    assert not other.hit and other.score < verdict.score
+    assert same_question(*rewording, 0.99, EquivalenceSettings()).score is None     # off: no score
+    floor = load_verifier().floor
+    below = same_question(*rewording, floor - 0.01, ON)
+    assert not below.hit and below.reason == "below_threshold" and below.score is None
+    # A check kept as a veto says no before the model is asked.
+    vetoed = same_question("Set a timer for 20 minutes", "Set a timer for 25 minutes", 0.99,
+                           dataclasses.replace(ON, verifier_vetoes=("numbers",)))
+    assert not vetoed.hit and vetoed.reason == "numbers_differ" and vetoed.score is None
+    # A stricter rate never serves what a looser one refuses.
+    for a, b in (rewording, ("how to cook rice", "how to cook pasta")):
+        strict = same_question(a, b, 0.95, dataclasses.replace(ON, max_false_hit_rate=0.002))
+        loose = same_question(a, b, 0.95, dataclasses.replace(ON, max_false_hit_rate=0.1))
+        assert loose.hit or not strict.hit
+    assert candidate_floor(ON) == floor and candidate_floor(EquivalenceSettings()) == 0.93
+
+
+def test_case_matters_only_where_the_prompt_uses_case():
+    assert disagreements("Is Polish hard to learn?", "Is polish hard to learn?").case
+    assert not disagreements("is polish hard to learn", "Is Polish hard to learn?").case     # typed in lower case
+    assert not disagreements("Best Laptop For Students", "Best laptop for students").case      # Title Case
+    case = EquivalenceSettings(check_case=True)
+    verdict = same_question("Is Polish hard to learn?", "Is polish hard to learn?", 1.0, case)
+    assert not verdict.hit and verdict.reason == "case_differs"
+    # Off by default (measured: on the paraphrase pairs it loses correct hits only).
+    assert same_question("Is Polish hard to learn?", "Is polish hard to learn?", 1.0, EquivalenceSettings()).hit
+
+
+def test_settings_refuse_bad_rates_and_vetoes():
+    for bad in (-0.1, 1.0, 2):
+        with pytest.raises(ValueError, match="max_false_hit_rate"):
+            EquivalenceSettings(max_false_hit_rate=bad)
+        with pytest.raises(ValueError, match="max_false_hit_rate"):
+            CachePolicy(max_false_hit_rate=bad)
+    with pytest.raises(ValueError, match="verifier_vetoes"):
+        EquivalenceSettings(verifier_vetoes=("spelling",))
