@@ -75,6 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_embedding_commands(commands)
     from sidecar.cache_check import add_subcommands as add_cache_commands
     add_cache_commands(commands)
+    from sidecar.lint import add_subcommands as add_lint_commands
+    add_lint_commands(commands)
     return parser
 
 
