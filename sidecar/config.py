@@ -25,7 +25,7 @@ class SidecarConfig:
     metrics_listen: str = "127.0.0.1:9464"  # Prometheus /metrics; "" disables
     drain_delay_s: float = 0.0   # on SIGTERM: NOT_SERVING for this long before refusing streams
     grace_s: float = 10.0        # then open streams get this long to finish
-    log_level: str = "INFO"
+    log_level: str = "INFO"       # DEBUG, INFO, WARNING or ERROR (the request log is written whatever it says)
     log_prompts: bool = False    # prompts are never logged unless an operator turns this on
     cache: bool = True           # the answer cache and in-flight dedup (routes can still opt out)
     semantic: bool = True        # load the embedding model for the semantic tier
@@ -35,7 +35,7 @@ class SidecarConfig:
     # without the shared tier. 50 ms suits Redis in the same zone; raise it for one further away.
     redis_timeout_s: float = 0.05
     cache_secret: str = ""       # HMAC key for tenant ids; replicas sharing Redis need the same one
-    cache_max_entries: int = 100_000
+    cache_max_entries: int = 100_000  # answers the in-process store keeps; one scope holds at most 20,000
     admission_reserved_slots: int = 0  # per cluster, only for the highest priority class (see GateConfig)
     access_log: bool = True      # one JSON line per request on stdout
     config_file: str = ""        # KEY=VALUE file of SLUICE_* settings, re-read on SIGHUP

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from sidecar.chat import ChatRequest
+from sidecar.decision_record import Why
 
 
 # The client's budget for the whole request, in milliseconds from its arrival.
@@ -62,6 +63,7 @@ class RequestContext:
     capture: object = None             # sidecar.caching.Capture of a cache miss
     response_complete: bool = False
     response_read: bool = True         # False: Envoy sends no response headers (feedback sampling)
+    why: Why = field(default_factory=Why)  # each stage's reasons (sidecar/decision_record.py)
 
     @property
     def request_id(self) -> str:
