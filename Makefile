@@ -90,7 +90,7 @@ docs: all
 	$(BIN)/python scripts/gen_route_docs.py
 	$(BIN)/python scripts/gen_settings_docs.py
 	$(BIN)/python scripts/gen_alert_docs.py
-	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 lint: all
 	$(BIN)/python -m compileall -q sidecar devtools bench tests

@@ -1,4 +1,4 @@
-"""`sluice admin clusters|purge|drain|tail`: the Admin gRPC service of a running sidecar.
+"""`sluice admin clusters|purge|report-false-hit|drain|tail`: the Admin gRPC service of a running sidecar.
 
     sluice admin clusters [--json]          # per cluster: breaker, score, in flight, P95 TTFB, errors
     sluice admin purge --scope KEY | --all  # delete cached answers
