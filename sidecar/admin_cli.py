@@ -121,10 +121,12 @@ def summary(entry: dict) -> str:
     if cache:
         detail = ",".join(f"{k}={v}" for k, v in cache.items() if k != "verdict")
         parts.append(f"cache={cache.get('verdict')}({detail})")
-    candidates = why.get("candidates")
+    candidates = [f"{c}:{score}" for c, score in (why.get("scores") or {}).items()]
+    candidates += [f"{c}:dropped({reason})" for c, reason in (why.get("dropped") or {}).items()]
     if candidates:
-        parts.append("candidates=" + ",".join(
-            f"{c['cluster']}:{'dropped(' + c['dropped'] + ')' if 'dropped' in c else c.get('score')}" for c in candidates))
+        parts.append("candidates=" + ",".join(candidates))
+    if why.get("picked"):
+        parts.append("picked=" + ",".join(f"{k}={v}" for k, v in why["picked"].items()))
     admission = why.get("admission")
     if admission:
         parts.append("admission=" + ",".join(f"{k}={v}" for k, v in admission.items()))

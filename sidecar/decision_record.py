@@ -42,26 +42,34 @@ class Why:
 
 
 def record(ctx) -> dict:
-    """The request's decision record as plain data (keys present only when that stage decided)."""
+    """The request's decision record as plain data (keys present only when that stage decided).
+
+    Built for every request with the request log on, so kept lean: the cluster picked is the
+    log line's own `cluster`; each scorer's part is in the route's debug header, not here."""
     why: Why = ctx.why
     out: dict = {}
-    if why.cache is not None:
-        out["cache"] = _drop_none({"verdict": ctx.cache_status, "reason": why.cache.reason,
-                                   "similarity": _round(why.cache.similarity),
-                                   "verifier_score": _round(why.cache.verifier_score)})
+    cache = why.cache
+    if cache is not None:
+        part = {"verdict": ctx.cache_status, "reason": cache.reason}
+        if cache.similarity is not None:
+            part["similarity"] = round(cache.similarity, 4)
+        if cache.verifier_score is not None:
+            part["verifier_score"] = round(cache.verifier_score, 4)
+        out["cache"] = part
     decision = ctx.decision if ctx.decision is not None else why.unavailable
     if decision is not None:
-        candidates = [{"cluster": cluster, "score": _round(s.total),
-                       "parts": {n: _round(v) for n, v in s.parts.items()}}
-                      for cluster, s in decision.scores.items()]
-        candidates += [{"cluster": cluster, "dropped": reason} for cluster, reason in decision.dropped.items()]
-        out["candidates"] = candidates
-        out["picked"] = _drop_none({"cluster": decision.cluster, "role": decision.role,
-                                    "degraded": decision.degraded or None, "probe": decision.probe or None})
-    if why.admission is not None:
-        a = why.admission
-        out["admission"] = _drop_none({"class": a.priority, "result": a.result, "waited_ms": round(a.waited_ms, 1),
-                                       "limit": a.cluster_limit, "in_flight": a.in_flight})
+        if decision.scores:
+            out["scores"] = {cluster: round(s.total, 3) for cluster, s in decision.scores.items()}
+        if decision.dropped:
+            out["dropped"] = dict(decision.dropped)
+        if decision.role is not None and (decision.degraded or decision.probe or decision.role != "primary"):
+            out["picked"] = {"role": decision.role, "degraded": decision.degraded, "probe": decision.probe}
+    a = why.admission
+    if a is not None:
+        part = {"class": a.priority, "result": a.result, "waited_ms": round(a.waited_ms, 1)}
+        if a.cluster_limit is not None:
+            part["limit"], part["in_flight"] = a.cluster_limit, a.in_flight
+        out["admission"] = part
     if why.timeout is not None:
         out["timeout"] = {"ms": why.timeout.ms, "from": why.timeout.source}
     return out
@@ -73,17 +81,11 @@ def span_attributes(rec: dict) -> dict:
     for section in ("cache", "admission", "timeout", "picked"):
         for key, value in (rec.get(section) or {}).items():
             attributes[f"sluice.{section}.{key}"] = value
-    candidates = rec.get("candidates") or []
-    if candidates:
-        attributes["sluice.candidates"] = [c["cluster"] for c in candidates]
-        attributes["sluice.candidates.score"] = [float(c.get("score", -1.0)) for c in candidates]
-        attributes["sluice.candidates.dropped"] = [c.get("dropped", "") for c in candidates]
+    scores, dropped = rec.get("scores") or {}, rec.get("dropped") or {}
+    if scores:
+        attributes["sluice.candidates.scored"] = list(scores)
+        attributes["sluice.candidates.score"] = [float(v) for v in scores.values()]
+    if dropped:
+        attributes["sluice.candidates.dropped"] = list(dropped)
+        attributes["sluice.candidates.dropped_by"] = list(dropped.values())
     return attributes
-
-
-def _round(value: float | None) -> float | None:
-    return None if value is None else round(value, 4)
-
-
-def _drop_none(values: dict) -> dict:
-    return {k: v for k, v in values.items() if v is not None}

@@ -21,9 +21,8 @@ def test_record_of_a_routed_request():
     ctx.why.timeout = TimeoutWhy(30000, "seed")
     assert record(ctx) == {
         "cache": {"verdict": "miss", "reason": "numbers_differ", "similarity": 0.9512},
-        "candidates": [{"cluster": "a", "score": 0.8, "parts": {"load": 1.0, "latency": None}},
-                       {"cluster": "b", "dropped": "breaker_open"}],
-        "picked": {"cluster": "a", "role": "primary"},
+        "scores": {"a": 0.8},
+        "dropped": {"b": "breaker_open"},
         "admission": {"class": "batch", "result": "admitted", "waited_ms": 812.3, "limit": 4, "in_flight": 3},
         "timeout": {"ms": 30000, "from": "seed"},
     }
@@ -32,8 +31,14 @@ def test_record_of_a_routed_request():
 def test_record_of_a_request_nothing_could_take():
     ctx = RequestContext(outcome=Outcome.REFUSED)
     ctx.why.unavailable = Decision.unavailable(2.0, {"a": "breaker_open", "b": "saturated"})
-    assert record(ctx)["candidates"] == [{"cluster": "a", "dropped": "breaker_open"},
-                                         {"cluster": "b", "dropped": "saturated"}]
+    assert record(ctx) == {"dropped": {"a": "breaker_open", "b": "saturated"}}
+
+
+def test_a_fallback_says_so():
+    ctx = RequestContext()
+    ctx.decision = Decision("small", role="fallback", degraded=True, scores={"small": ScoreBreakdown(1.0)},
+                            dropped={"a": "breaker open"})
+    assert record(ctx)["picked"] == {"role": "fallback", "degraded": True, "probe": False}
 
 
 def test_record_is_empty_for_an_untouched_request_and_span_attributes_are_flat():
@@ -43,9 +48,9 @@ def test_record_is_empty_for_an_untouched_request_and_span_attributes_are_flat()
     ctx.decision = Decision("a", scores={"a": ScoreBreakdown(0.5)}, dropped={"b": "saturated"})
     attributes = span_attributes(record(ctx))
     assert attributes["sluice.cache.verifier_score"] == 0.97
-    assert attributes["sluice.candidates"] == ["a", "b"]
-    assert attributes["sluice.candidates.score"] == [0.5, -1.0]
-    assert attributes["sluice.candidates.dropped"] == ["", "saturated"]
+    assert attributes["sluice.candidates.scored"] == ["a"] and attributes["sluice.candidates.score"] == [0.5]
+    assert attributes["sluice.candidates.dropped"] == ["b"]
+    assert attributes["sluice.candidates.dropped_by"] == ["saturated"]
     assert all(isinstance(v, (str, bool, int, float, list)) for v in attributes.values())
 
 

@@ -51,14 +51,14 @@ def test_request_log_line_carries_cache_candidates_and_timeout(stack):
 
     assert miss["why"]["cache"]["verdict"] == "miss"
     assert miss["why"]["cache"]["reason"] in ("below_threshold", "no_semantic_tier")
-    assert {c["cluster"] for c in miss["why"]["candidates"]} == {"upstream_a", "upstream_b"}
-    assert all(0 <= c["score"] <= 1 and "latency" in c["parts"] for c in miss["why"]["candidates"])
-    assert miss["why"]["picked"]["cluster"] == miss["cluster"] == first["x-sluice-cluster"]
+    assert set(miss["why"]["scores"]) == {"upstream_a", "upstream_b"}
+    assert all(0 <= score <= 1 for score in miss["why"]["scores"].values())
+    assert miss["cluster"] == first["x-sluice-cluster"] and "picked" not in miss["why"]   # a primary
     assert miss["why"]["timeout"]["from"] in ("seed", "observed", "route_min", "route_max")
     assert str(miss["why"]["timeout"]["ms"]).isdigit()
 
     assert hit["why"]["cache"] == {"verdict": "exact", "reason": "exact", "similarity": 1.0}
-    assert "candidates" not in hit["why"]                  # answered before any cluster was picked
+    assert "scores" not in hit["why"]                      # answered before any cluster was picked
     assert "prompt" not in miss and "password" not in json.dumps(miss)
 
 

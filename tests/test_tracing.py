@@ -200,9 +200,9 @@ async def test_request_span_carries_the_decision_record(spans):
     attributes = dict(request.attributes)
     assert attributes["sluice.cache.verdict"] == "miss" and attributes["sluice.cache.reason"] == "below_threshold"
     assert attributes["sluice.cache.similarity"] == 0.81
-    assert tuple(attributes["sluice.candidates"]) == ("upstream_a", "upstream_b")
-    assert tuple(attributes["sluice.candidates.score"]) == (0.9, -1.0)
-    assert tuple(attributes["sluice.candidates.dropped"]) == ("", "breaker open")
-    assert attributes["sluice.picked.cluster"] == "upstream_a"
+    assert tuple(attributes["sluice.candidates.scored"]) == ("upstream_a",)
+    assert tuple(attributes["sluice.candidates.score"]) == (0.9,)
+    assert tuple(attributes["sluice.candidates.dropped"]) == ("upstream_b",)
+    assert tuple(attributes["sluice.candidates.dropped_by"]) == ("breaker open",)
     assert attributes["sluice.timeout.ms"] == 30000 and attributes["sluice.timeout.from"] == "seed"
     assert "private" not in repr(attributes)
