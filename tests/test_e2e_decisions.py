@@ -3,6 +3,7 @@ record, and `sluice admin tail` streaming the same records live (prompts only wi
 logging on)."""
 import json
 import subprocess
+import threading
 import time
 
 import pytest
@@ -87,26 +88,42 @@ def test_admission_class_wait_and_limit(stack):
     assert admission["waited_ms"] >= 0 and admission["limit"] >= 1 and admission["in_flight"] >= 1
 
 
-def _tail(stack, *args, seconds=8.0):
-    proc = subprocess.Popen([str(BIN / "sluice"), "admin", "tail", "--target", f"127.0.0.1:{stack.ports.sidecar}",
-                             "--json", "--for", str(seconds), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
-    time.sleep(2.0)       # the CLI imports and subscribes
-    return proc
+class Tail:
+    """`sluice admin tail` running, its lines collected as they come."""
 
+    def __init__(self, stack, *args):
+        self.proc = subprocess.Popen([str(BIN / "sluice"), "admin", "tail", "--target",
+                                      f"127.0.0.1:{stack.ports.sidecar}", "--for", "60", *args],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=lambda: self.lines.extend(iter(self.proc.stdout.readline, "")),
+                                        daemon=True)
+        self._reader.start()
 
-def _records(proc) -> list[dict]:
-    out, err = proc.communicate(timeout=30)
-    assert proc.returncode == 0, err
-    return [json.loads(line) for line in out.splitlines() if line.strip()]
+    def ready(self, send, seen) -> None:
+        """Sends warm-up requests until the tail shows one: then it is surely subscribed."""
+        deadline = time.monotonic() + 30
+        while not any(seen(line) for line in self.lines):
+            assert time.monotonic() < deadline and self.proc.poll() is None, self.proc.stderr.read()
+            send()
+            time.sleep(0.5)
+
+    def stop(self) -> list[str]:
+        time.sleep(1.5)                 # the last records reach the reader
+        self.proc.terminate()
+        self.proc.wait(timeout=10)
+        self._reader.join(timeout=5)
+        return list(self.lines)
 
 
 def test_admin_tail_streams_filtered_records_without_prompts(stack):
-    proc = _tail(stack, "--route", "admitted")
+    tail = Tail(stack, "--json", "--route", "admitted")
+    tail.ready(lambda: ask(client(stack, "/admitted/v1"), "warm up", "m-warm-admitted"),
+               lambda line: "m-warm-admitted" in line)
     c = client(stack)
     ask(c, "secret plans for the tail test", "m-tail-other")
     ask(client(stack, "/admitted/v1"), "secret plans for the admitted route", "m-tail")
-    records = _records(proc)
+    records = [json.loads(line) for line in tail.stop()]
     models = [r["model"] for r in records]
     assert "m-tail" in models and "m-tail-other" not in models
     assert all(r["route"] == "admitted" for r in records)
@@ -116,26 +133,23 @@ def test_admin_tail_streams_filtered_records_without_prompts(stack):
 
 
 def test_admin_tail_outcome_filter_and_readable_summary(stack):
-    proc = subprocess.Popen([str(BIN / "sluice"), "admin", "tail", "--target", f"127.0.0.1:{stack.ports.sidecar}",
-                             "--outcome", "answered", "--for", "8"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
-    time.sleep(2.0)
+    tail = Tail(stack, "--outcome", "answered")
     c = client(stack)
+    tail.ready(lambda: ask(c, "warm up the summary", "m-warm"), lambda line: "outcome=answered" in line)
     ask(c, "tail summary question", "m-summary")
     ask(c, "tail summary question", "m-summary")
-    out, err = proc.communicate(timeout=30)
-    assert proc.returncode == 0, err
-    lines = out.splitlines()
+    lines = tail.stop()
     assert lines and all("outcome=answered" in line for line in lines)
-    assert any("route=chat" in line and "cache=exact(reason=exact" in line for line in lines)
+    assert sum("route=chat" in line and "cache=exact(reason=exact" in line for line in lines) >= 2
 
 
 def test_admin_tail_with_prompt_logging_on(make_stack):
     stack = make_stack(routes=[ROUTES[1]], sidecar_env={"SLUICE_LOG_PROMPTS": "true", "SLUICE_ACCESS_LOG": "false"},
                        upstream_args={"a": UPSTREAM, "b": UPSTREAM})
-    proc = _tail(stack)
+    tail = Tail(stack, "--json")
+    tail.ready(lambda: ask(client(stack), "warm", "m-warm"), lambda line: "m-warm" in line)
     ask(client(stack), "logged on purpose", "m-prompt")
-    [record] = [r for r in _records(proc) if r["model"] == "m-prompt"]
+    [record] = [r for r in map(json.loads, tail.stop()) if r["model"] == "m-prompt"]
     assert record["prompt"] == "logged on purpose"
     # The request log itself is off: the tail still sees every request.
     assert not wait_for_access_lines(stack, lambda e: True, 1, timeout=1.5)
