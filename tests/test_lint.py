@@ -2,6 +2,7 @@
 bad config (the reference config with one thing broken), naming the path."""
 import copy
 import json
+import re
 import subprocess
 from pathlib import Path
 
@@ -198,3 +199,29 @@ def test_copy_of_reference_unchanged():
     # The cases mutate fresh copies: the reference the tests compare with stays as shipped.
     assert reference() == copy.deepcopy(reference())
     assert Path(ROOT / "envoy/envoy.yaml.tmpl").exists()
+
+
+@pytest.mark.parametrize("page", ["docs/routes.md", "README.md"])
+def test_route_settings_examples_in_the_docs_are_clean(page):
+    """The route settings shown to readers load into the proto and pass the sidecar's checks."""
+    text = (ROOT / page).read_text()
+    examples = [yaml.safe_load(b) for b in re.findall(r"```yaml\n(.*?)```", text, re.S)]
+    settings = next(_find_sluice(e) for e in examples if _find_sluice(e) is not None)
+    assert settings["candidates"]
+    config = reference()
+    _hcm(config)["route_config"]["virtual_hosts"][0]["routes"][0]["metadata"]["filter_metadata"]["sluice"] = settings
+    clusters = config["static_resources"]["clusters"]
+    for candidate in settings["candidates"]:
+        clusters.append({**copy.deepcopy(clusters[-1]), "name": candidate["cluster"]})
+    findings = lint_text(yaml.safe_dump(config), page)
+    assert findings == [], "\n".join(f.line() for f in findings)
+
+
+def _find_sluice(value):
+    if isinstance(value, dict):
+        if "sluice" in value and isinstance(value["sluice"], dict) and "candidates" in value["sluice"]:
+            return value["sluice"]
+        return next((found for v in value.values() if (found := _find_sluice(v)) is not None), None)
+    if isinstance(value, list):
+        return next((found for v in value if (found := _find_sluice(v)) is not None), None)
+    return None
