@@ -113,8 +113,14 @@ model-fp16: $(EXPORT_VENV)/.installed
 gpu-check: all
 	$(BIN)/python scripts/gpu_check.py
 
+# Reference pages generated from the code (the proto, the settings classes, the alert rules),
+# then the site from docs/ (mkdocs.yml) into build/site; --strict fails on any warning.
+# docs/semantic-quality.md is written by scripts/tune_semantic.py (slow), not here.
 docs: all
 	$(BIN)/python scripts/gen_route_docs.py
+	$(BIN)/python scripts/gen_settings_docs.py
+	$(BIN)/python scripts/gen_alert_docs.py
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 lint: all
 	$(BIN)/python -m compileall -q sidecar devtools bench tests

@@ -11,6 +11,8 @@ import grpc_tools
 from google.protobuf import descriptor_pb2
 from grpc_tools import protoc
 
+from docs_page import write_or_check  # scripts/docs_page.py
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PROTO = "sluice/v1/route_settings.proto"
 OUT = ROOT / "docs" / "route-settings.md"
@@ -74,16 +76,7 @@ def render() -> str:
 
 
 def main() -> int:
-    text = render()
-    if "--check" in sys.argv:
-        if not OUT.exists() or OUT.read_text() != text:
-            print(f"{OUT.relative_to(ROOT)} is stale: run `make docs`", file=sys.stderr)
-            return 1
-        return 0
-    OUT.parent.mkdir(exist_ok=True)
-    OUT.write_text(text)
-    print(f"wrote {OUT.relative_to(ROOT)}")
-    return 0
+    return write_or_check(OUT, render(), ROOT)
 
 
 if __name__ == "__main__":

@@ -2,8 +2,10 @@
 
 Fields: request id (x-request-id), route, cluster, outcome, cache status, HTTP status, time from
 sending the request upstream to its response headers, total duration since the request headers
-reached the sidecar (both ms), model, stream flag, trace id. Never the Authorization header, the prompt or the
-completion; with log_prompts on, the last user turn, cut to PROMPT_CHARS characters.
+reached the sidecar (both ms), model, stream flag, trace id, and `why`: the decision record
+(sidecar/decision_record.py). Never the Authorization header, the prompt or the completion; with
+log_prompts on, the last user turn, cut to PROMPT_CHARS characters. The same lines go to
+`sluice admin tail` readers (sidecar/record_feed.py), also with the log itself off.
 
 It runs for every request (1-2k/s per sidecar), so the line is built as one dict, serialised
 once and written straight to a buffered stdout, flushed at most every FLUSH_S (like Envoy's own
@@ -19,6 +21,8 @@ from typing import Callable, TextIO
 
 from sidecar.chat import message_text
 from sidecar.context import RequestContext
+from sidecar.decision_record import record
+from sidecar.record_feed import RecordFeed
 
 PROMPT_CHARS = 200
 _ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))   # one for every line
@@ -64,8 +68,10 @@ STDOUT = LineWriter()
 
 class AccessLog:
     def __init__(self, enabled: bool = True, log_prompts: bool = False, clock=time.monotonic,
-                 wall_clock=time.time, write: Callable[[str], None] | None = None) -> None:
+                 wall_clock=time.time, write: Callable[[str], None] | None = None,
+                 feed: RecordFeed | None = None) -> None:
         self.enabled = enabled
+        self.feed = feed if feed is not None else RecordFeed()
         self.log_prompts = log_prompts
         self.write = write if write is not None else STDOUT
         self._clock = clock
@@ -73,15 +79,23 @@ class AccessLog:
         self._second = -1
         self._second_text = ""
 
+    @property
+    def wanted(self) -> bool:
+        """Whether anyone reads the lines: stdout, or a `sluice admin tail`."""
+        return self.enabled or self.feed.active
+
     def emit(self, ctx: RequestContext, trace_id: str | None = None) -> None:
-        if self.enabled:
+        if self.wanted:
             entry = self.entry(ctx, trace_id)
             line = _ENCODER.encode(entry)
             if not line.isascii() and not _utf8(line):
                 # A lone surrogate (a model name or prompt can carry one) would fail the write
                 # of every line buffered with it: this one is escaped instead.
                 line = _ASCII_ENCODER.encode(entry)
-            self.write(line)
+            if self.enabled:
+                self.write(line)
+            if self.feed.active:
+                self.feed.publish(entry, line)
 
     def flush(self) -> None:
         flush = getattr(self.write, "flush", None)
@@ -103,6 +117,9 @@ class AccessLog:
             "stream": chat.stream if chat is not None else None,
             "trace_id": trace_id,
         }
+        why = record(ctx)
+        if why:
+            entry["why"] = why
         if self.log_prompts and chat is not None:
             entry["prompt"] = last_user_turn(chat.messages)[:PROMPT_CHARS]
         return entry

@@ -1,5 +1,5 @@
 """The Admin gRPC service (proto/sluice/v1/admin.proto): clusters, cache purge, false-hit
-reports, drain.
+reports, drain, tail.
 
 Served on the ext_proc port; only loopback peers may call it unless SLUICE_ADMIN_REMOTE=true.
 """
@@ -15,6 +15,7 @@ import grpc
 from prometheus_client import REGISTRY
 
 from sidecar.protos import admin_pb2, admin_pb2_grpc
+from sidecar.record_feed import Filter, RecordFeed
 
 log = logging.getLogger("sluice.admin")
 
@@ -63,7 +64,9 @@ class AdminService(admin_pb2_grpc.AdminServicer):
     def __init__(self, scheduler: ClusterView | None, store: PurgeableStore | None,
                  drain: Callable[[], DrainStarted], allow_remote: bool = False,
                  score: Callable[[str], float | None] = last_score, clock=time.monotonic,
-                 report_false_hit: Callable[[str, str], Awaitable[object]] | None = None) -> None:
+                 report_false_hit: Callable[[str, str], Awaitable[object]] | None = None,
+                 feed: RecordFeed | None = None) -> None:
+        self._feed = feed
         self._scheduler = scheduler
         self._store = store
         self._drain = drain
@@ -142,6 +145,23 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         log.warning("drain requested by %s", context.peer())
         return admin_pb2.DrainResponse(drain_delay_s=started.drain_delay_s, grace_s=started.grace_s,
                                        already_draining=started.already_draining)
+
+
+    async def Tail(self, request, context):
+        await self._check_peer(context)
+        if self._feed is None:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "this sidecar keeps no request records")
+        reader = self._feed.subscribe(Filter(request.route, request.cluster, request.outcome))
+        if reader is None:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                "too many tails are reading (or the sidecar is draining)")
+        log.info("tail opened by %s (route=%r cluster=%r outcome=%r)", context.peer(), request.route,
+                 request.cluster, request.outcome)
+        try:
+            while (item := await reader.next()) is not None:
+                yield admin_pb2.TailRecord(json=item[0], dropped=item[1])
+        finally:
+            self._feed.unsubscribe(reader)
 
 
 def _state(state) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import time
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Mapping, Sequence
@@ -17,6 +18,7 @@ from sidecar.admission.cost import AnswerLengths
 from sidecar.cache.scope import tenant_of
 from sidecar.context import RequestContext
 from sidecar.engine_priority import class_ranks, engine_field
+from sidecar.decision_record import AdmissionWhy
 from sidecar.route_settings import PerSettings, RouteSettings, warn_unless_internal
 
 log = logging.getLogger("sluice.admission")
@@ -114,16 +116,19 @@ class Admission:
         overloaded or what would wait past the route's degrade_after_s."""
         tenant = tenant_of(ctx.headers, self._secret, tenant_header=settings.tenant_header) or ANONYMOUS
         ctx.tenant = tenant
+        priority = ctx.priority_class = self._priority(ctx, settings)
         if self._tokens is not None and (settings.limits.requests_per_minute or settings.limits.tokens_per_minute):
             estimate = estimate_prompt_tokens(ctx.chat.text)
             decision = await self._tokens.check(tenant, ctx.route_name, estimate)
             if not decision.allowed:
-                return decision.refusal()
+                refusal = decision.refusal()
+                ctx.why.admission = AdmissionWhy(priority, f"refused:{refusal.reason}", 0.0)
+                return refusal
             ctx.token_estimate = estimate
-        priority = ctx.priority_class = self._priority(ctx, settings)
         if settings.count_tokens:
             ctx.expected_tokens = self.answer_lengths.expected_tokens(
                 ctx.route_name, estimate_prompt_tokens(ctx.chat.text), ctx.chat.max_tokens)
+        asked = time.monotonic()
         try:
             # Queued no longer than the sidecar may hold a request (Envoy's one extension of
             # its message timeout), whatever the deadline.
@@ -138,7 +143,15 @@ class Admission:
             raise
         if isinstance(result, Refusal):     # refused at the gate: its budget was not spent
             self.refund(ctx)
+        ctx.why.admission = self._why(priority, result, time.monotonic() - asked)
         return result
+
+    def _why(self, priority: str, result: Permit | Refusal | Degrade, waited_s: float) -> AdmissionWhy:
+        if isinstance(result, Permit):
+            return AdmissionWhy(priority, "admitted", waited_s * 1000, self.gate.limit(result.cluster),
+                                self.gate.in_flight(result.cluster))
+        verdict = f"refused:{result.reason}" if isinstance(result, Refusal) else "degraded"
+        return AdmissionWhy(priority, verdict, waited_s * 1000)
 
     def _priority(self, ctx: RequestContext, settings: RouteAdmission) -> str:
         """The class the route's priority header names (any case), else the route's default:

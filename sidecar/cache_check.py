@@ -10,7 +10,8 @@ on an in-memory store, without Envoy or Redis, under the sidecar-wide settings t
 read (SLUICE_* variables, SLUICE_CONFIG_FILE: SLUICE_CACHE=false is "cache_off" for every pair,
 SLUICE_SEMANTIC=false leaves no semantic tier) and one route's settings: --route NAME (the
 route of that name in --envoy-config), --route '{"cache": {...}}' (its sluice metadata as JSON),
-or none (the defaults). Exit 2 on bad settings.
+or none (the defaults). Exit 2 on bad settings. Over a large file, progress on stderr when it is
+a terminal (--progress / --no-progress to choose).
 """
 from __future__ import annotations
 
@@ -35,6 +36,8 @@ def add_subcommands(subparsers) -> None:
     check.add_argument("--envoy-config", default=str(DEFAULT_ENVOY_CONFIG),
                        help="Envoy config (YAML or JSON) holding the named route (default: the one `make run` renders)")
     check.add_argument("--model", default="demo-model")
+    check.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                       help="progress on stderr (default: when stderr is a terminal)")
     check.set_defaults(func=lambda args: asyncio.run(_run(args)))
 
 
@@ -48,6 +51,7 @@ async def _run(args) -> int:
     from sidecar.chat import ChatRequest
     from sidecar.config import ConfigError
     from sidecar.embedding import EmbeddingService, EmbeddingSettings, ModelLoadError
+    from sidecar.progress import Progress, input_size
     from sidecar.reload import load_config
     from sidecar.route_settings import RouteSettingsError, parse_route_settings
 
@@ -68,7 +72,9 @@ async def _run(args) -> int:
                           prompt_tokens=1, completion_tokens=1, created_at=0.0).to_bytes()
     # The caller's identity where the route reads it (a tenant header Envoy would set).
     headers = {credential_header(settings.policy.tenant_header): "Bearer cache-check"}
+    progress = Progress("cache-check: pairs", input_size(sys.stdin), show=args.progress)
     for line_number, line in enumerate(sys.stdin, 1):
+        progress.advance(0, len(line.encode()))
         if not line.strip():
             continue
         try:
@@ -87,6 +93,8 @@ async def _run(args) -> int:
                                 cache_decision, scope_for, prompt_text, exact_key) if config.cache
                    else {"hit": False, "tier": None, "similarity": None, "reason": "cache_off", "score": None})
         print(json.dumps(verdict), flush=True)
+        progress.advance()
+    progress.done()
     if embedder is not None:
         await embedder.close()
     return 0

@@ -36,6 +36,7 @@ from sidecar.cache.replay import completion_id, hit_headers, json_body, sse_body
 from sidecar.cache.request_memo import RequestMemo
 from sidecar.cache.scope import credential_header, exact_key, exact_key_in, prompt_text, scope_for
 from sidecar.context import Outcome, RequestContext
+from sidecar.decision_record import CacheWhy
 from sidecar.logs import Throttle
 from sidecar.events import BodyMode, ImmediateReply, Plan
 from sidecar.route_settings import PerSettings, RouteSettings, warn_unless_internal
@@ -185,6 +186,15 @@ class CacheRuntime:
     memo_pool: BytePool | None = None  # the bytes every route's request memo draws on together
 
 
+OFF = CacheWhy("off")                    # no cache on the route (or the sidecar)
+EXACT = CacheWhy("exact", 1.0)
+
+
+def _untouched_why(request: CacheRequest) -> CacheWhy:
+    """Neither served nor stored: the bypass reason, or no scope (an anonymous caller)."""
+    return CacheWhy(request.bypass.reason if request.bypass is not None else "anonymous")
+
+
 def _debug(ctx: RequestContext) -> tuple[tuple[str, str], ...]:
     """The cache scope key (for `sluice admin purge --scope`) on routes with debug headers on."""
     route = ctx.route
@@ -214,9 +224,11 @@ class CachingDirector:
         wait (Redis, the embedder, an in-flight twin): then the server awaits decide."""
         settings = self._route_cache(ctx)
         if settings is None or not settings.policy.enabled:
+            ctx.why.cache = OFF
             return self._bypass_now(ctx)
         request = self._cache_request(ctx, settings)
         if request.untouched:
+            ctx.why.cache = _untouched_why(request)
             plan = self._bypass_now(ctx)
             if plan is not None:                    # else decide routes and counts it
                 self._count_untouched(ctx)
@@ -230,6 +242,7 @@ class CachingDirector:
         if answer is None:
             return None
         ctx.cache_scope = request.scope.key
+        ctx.why.cache = EXACT
         return self._serve(ctx, answer, "exact", None, entry.stored_at)
 
     def reads_response(self, ctx: RequestContext) -> bool:
@@ -240,11 +253,13 @@ class CachingDirector:
     async def decide(self, ctx: RequestContext) -> Plan:
         settings = self._route_cache(ctx)
         if settings is None or not settings.policy.enabled:
+            ctx.why.cache = OFF
             return await self._upstream(ctx, "bypass", None)
         policy = settings.policy
         chat = ctx.chat
         request = self._cache_request(ctx, settings)
         if request.untouched:
+            ctx.why.cache = _untouched_why(request)
             self._count_untouched(ctx)
             return await self._upstream(ctx, "bypass", None)
         bypass, scope, prompt, key = request
@@ -255,9 +270,11 @@ class CachingDirector:
             if bypass is None:                                   # may serve from cache
                 with tracing.span("sluice.cache"):
                     found = await self.lookup(scope.key, key, prompt, settings)
+                ctx.why.cache = CacheWhy(found.reason, found.similarity, found.score)
                 if _reports_false_hit(ctx):
                     await self._report(ctx.route_name, "client", scope.key, key, found, policy.ttl_s)
                     found = dataclasses.replace(found, tier=None)     # the repeat goes upstream
+                    ctx.why.cache = dataclasses.replace(ctx.why.cache, reason="false_hit_reported")
                 answer = None if found.tier is None else self._replayable(found.entry)
                 if answer is not None:
                     return self._serve(ctx, answer, found.tier,
@@ -267,8 +284,10 @@ class CachingDirector:
                 if policy.dedup:
                     lead, answered = await self._coalesce(ctx, scope.key, key, prompt, vector, policy)
                     if answered is not None:
+                        ctx.why.cache = dataclasses.replace(ctx.why.cache, reason="coalesced")
                         return self._serve(ctx, answered, "coalesced", None, self._clock())
             else:
+                ctx.why.cache = CacheWhy(bypass.reason)
                 metrics.child(metrics.CACHE_LOOKUPS, ctx.route_name, bypass.reason).inc()
                 vector = await self._embed(prompt) if self._semantic(settings, prompt) else None
             capture = Capture(scope.key, key, prompt, vector, policy.ttl_s, chat.stream, lead,

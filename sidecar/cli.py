@@ -84,6 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_cache_commands(commands)
     from sidecar.guard.cli import add_subcommands as add_guard_commands
     add_guard_commands(commands)
+    from sidecar.lint import add_subcommands as add_lint_commands
+    add_lint_commands(commands)
     return parser
 
 

@@ -26,7 +26,7 @@ class SidecarConfig:
     metrics_listen: str = "127.0.0.1:9464"  # Prometheus /metrics; "" disables
     drain_delay_s: float = 0.0   # on SIGTERM: NOT_SERVING for this long before refusing streams
     grace_s: float = 10.0        # then open streams get this long to finish
-    log_level: str = "INFO"
+    log_level: str = "INFO"       # DEBUG, INFO, WARNING or ERROR (the request log is written whatever it says)
     log_prompts: bool = False    # prompts are never logged unless an operator turns this on
     cache: bool = True           # the answer cache and in-flight dedup (routes can still opt out)
     semantic: bool = True        # load the embedding model for the semantic tier
@@ -36,7 +36,7 @@ class SidecarConfig:
     # without the shared tier. 50 ms suits Redis in the same zone; raise it for one further away.
     redis_timeout_s: float = 0.05
     cache_secret: str = ""       # HMAC key for tenant ids; replicas sharing Redis need the same one
-    cache_max_entries: int = 100_000
+    cache_max_entries: int = 100_000  # answers the in-process store keeps; one scope holds at most 20,000
     # The in-process cache's byte budget, whatever the mix of scopes (entries, answers, vectors,
     # each scope's index; with Redis, the local tier and the mirror of the shared vectors).
     cache_max_mib: float = 256.0

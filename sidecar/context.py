@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from sidecar.chat import ChatRequest
+from sidecar.decision_record import Why
 
 
 # The client's budget for the whole request, in milliseconds from its arrival.
@@ -68,6 +69,7 @@ class RequestContext:
     response_body_read: bool = False   # Envoy sends the answer's body (or its end) to the sidecar
     first_byte_overdue: bool = False   # judged a failure while waiting for its first byte
     response_read: bool = True         # False: Envoy sends no response headers (feedback sampling)
+    why: Why = field(default_factory=Why)  # each stage's reasons (sidecar/decision_record.py)
 
     @property
     def request_id(self) -> str:

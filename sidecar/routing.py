@@ -22,6 +22,7 @@ from sidecar.cache.answer import compact_json
 from sidecar.cache.capture import IDENTITY_ENCODING, is_encoded
 from sidecar.context import Outcome, RequestContext
 from sidecar.engine_priority import EngineField
+from sidecar.decision_record import TimeoutWhy
 from sidecar.events import BodyMode, Plan
 from sidecar.usage import UsageMeter
 from sidecar.gpu import GpuPoller
@@ -177,11 +178,14 @@ class RoutingDirector:
         ctx.sent_at = now
         ctx.decision, ctx.outcome, ctx.cluster = decision, Outcome.ROUTED, decision.cluster
         self._remember_scores(decision)
-        timeout_ms = self.scheduler.timeout_ms(decision, estimate_prompt_tokens(ctx.chat.text), ctx.chat.max_tokens,
-                                               ctx.chat.model, now, plan.timeout)
+        timeout_ms, source = self.scheduler.timeout(decision, estimate_prompt_tokens(ctx.chat.text),
+                                                    ctx.chat.max_tokens, ctx.chat.model, now, plan.timeout)
         deadline = ctx.client_deadline
         if deadline is not None:    # the client's whole budget: no answer is waited for past it
-            timeout_ms = max(1, min(timeout_ms, math.ceil((deadline - now) * 1000)))
+            left_ms = max(1, math.ceil((deadline - now) * 1000))
+            if left_ms < timeout_ms:
+                timeout_ms, source = left_ms, "client_deadline"
+        ctx.why.timeout = TimeoutWhy(timeout_ms, source)
         body = self._body(ctx, plan, decision)
         response_headers = [(CLUSTER_HEADER, decision.cluster), *debug]
         if decision.degraded:
@@ -226,6 +230,7 @@ class RoutingDirector:
 
     def _unavailable(self, ctx: RequestContext, decision: Decision, debug: tuple) -> Plan:
         ctx.outcome = Outcome.REFUSED
+        ctx.why.unavailable = decision
         metrics.child(metrics.UNAVAILABLE, ctx.route_name).inc()
         retry = str(max(1, math.ceil(decision.retry_after_s or 1)))
         return Plan(reply=error_reply(

@@ -174,7 +174,7 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):
         try:
             if trace is not None:
                 trace.finish(ctx)
-            if self._access_log is not None and self._access_log.enabled:
+            if self._access_log is not None and self._access_log.wanted:
                 self._access_log.emit(ctx, trace.trace_id if trace is not None else trace_id_of(ctx.headers))
         except Exception:
             log.exception("request log or span failed")
@@ -259,7 +259,7 @@ async def serve(config: SidecarConfig, app: App | None = None,
 
     scheduler, store = admin_parts(app)
     admin = AdminService(scheduler, store, drain, allow_remote=config.admin_remote,
-                         report_false_hit=getattr(app.director, "report_false_hit", None))
+                         report_false_hit=getattr(app.director, "report_false_hit", None), feed=access_log.feed)
     sidecar = Sidecar(config, app.director, new_processor, access_log=access_log, tracing=tracing, admin=admin)
 
     def apply(new: SidecarConfig) -> None:
@@ -301,6 +301,7 @@ async def serve(config: SidecarConfig, app: App | None = None,
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal)
     await stopping.wait()
+    access_log.feed.close()             # tails end: they would hold the drain to its grace
     if watcher is not None:
         watcher.cancel()
     await sidecar.stop(hurry)           # the flusher runs on: a drain can last grace_s and more

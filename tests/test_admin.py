@@ -180,3 +180,38 @@ def test_admissions_ttft_estimate_lapses(monkeypatch):
     assert gate._expected_ttft("upstream_a") == pytest.approx(4.0)
     now[0] += app_module.TTFT_ESTIMATE_MAX_AGE_S + 1
     assert gate._expected_ttft("upstream_a") is None
+
+
+async def test_tail_streams_matching_records_and_ends_on_drain():
+    import asyncio
+
+    from sidecar.record_feed import RecordFeed
+    feed = RecordFeed()
+    admin, _ = service(feed=feed)
+    stream = admin.Tail(admin_pb2.TailRequest(route="chat"), Context())
+    first = asyncio.ensure_future(stream.__anext__())
+    while not feed.active:
+        await asyncio.sleep(0)
+    feed.publish({"route": "other"}, '{"route":"other"}')
+    feed.publish({"route": "chat"}, '{"route":"chat"}')
+    assert (await first).json == '{"route":"chat"}'
+    feed.close()                               # the sidecar drains: the stream ends
+    with pytest.raises(StopAsyncIteration):
+        await stream.__anext__()
+    assert not feed.active
+
+
+async def test_tail_refusals():
+    from sidecar.record_feed import MAX_READERS, Filter, RecordFeed
+    feed = RecordFeed()
+    admin, _ = service(feed=feed)
+    context = Context(peer="ipv4:10.0.0.9:5000")
+    with pytest.raises(Aborted):
+        await admin.Tail(admin_pb2.TailRequest(), context).__anext__()
+    assert context.code == grpc.StatusCode.PERMISSION_DENIED and not feed.active
+    for _ in range(MAX_READERS):
+        feed.subscribe(Filter())
+    context = Context()
+    with pytest.raises(Aborted):
+        await admin.Tail(admin_pb2.TailRequest(), context).__anext__()
+    assert context.code == grpc.StatusCode.RESOURCE_EXHAUSTED

@@ -87,3 +87,19 @@ def test_a_route_by_name_from_an_envoy_config(tmp_path):
         (tmp_path / "bad.yaml").write_text(text)
         refused = check([], "--route", "strict", "--envoy-config", str(tmp_path / "bad.yaml"))
         assert refused.returncode == 2 and "Traceback" not in refused.stderr, text
+
+
+def test_progress_on_stderr_only_when_asked_or_on_a_terminal(tmp_path):
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text("".join(json.dumps({"a": f"question {i}", "b": f"question {i}"}) + "\n" for i in range(3)))
+    env = {**inherited_env(), "SLUICE_SEMANTIC": "false"}
+    with pairs.open() as stdin:
+        shown = subprocess.run([str(BIN / "sluice"), "cache-check", "--progress"], stdin=stdin, capture_output=True,
+                               text=True, cwd=ROOT, timeout=120, env=env)
+    assert shown.returncode == 0, shown.stderr
+    assert "cache-check: pairs: 3, 100%" in shown.stderr
+    assert len(shown.stdout.splitlines()) == 3                   # stdout keeps only the verdicts
+    with pairs.open() as stdin:
+        piped = subprocess.run([str(BIN / "sluice"), "cache-check"], stdin=stdin, capture_output=True,
+                               text=True, cwd=ROOT, timeout=120, env=env)
+    assert "pairs" not in piped.stderr                          # stderr is no terminal here

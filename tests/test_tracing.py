@@ -174,3 +174,35 @@ def test_adding_the_traceparent_keeps_every_other_field_of_the_plan():
     assert len(dataclasses.fields(Plan)) == 6, "Plan.with_request_header lists the fields by position"
     assert plan.with_request_header("traceparent", "00-1") == dataclasses.replace(
         plan, request_headers=(("k", "v"), ("traceparent", "00-1")))
+
+
+class WhyDirector(FakeDirector):
+    """Decides as a cache miss routed to upstream_a, with its reasons recorded."""
+
+    async def decide(self, ctx):
+        from sidecar.decision_record import CacheWhy, TimeoutWhy
+        from sidecar.scheduling import Decision
+        from sidecar.scheduling.scorers import ScoreBreakdown
+        ctx.cache_status = "miss"
+        ctx.why.cache = CacheWhy("below_threshold", 0.81)
+        ctx.why.timeout = TimeoutWhy(30000, "seed")
+        ctx.decision = Decision("upstream_a", role="primary", scores={"upstream_a": ScoreBreakdown(0.9)},
+                                dropped={"upstream_b": "breaker open"})
+        return await super().decide(ctx)
+
+
+async def test_request_span_carries_the_decision_record(spans):
+    traced, exporter = spans
+    servicer = ExternalProcessor(WhyDirector(), tracing=traced)
+    await run_stream(servicer, chat_messages(chat_body("a private prompt"), {**CHAT_HEADERS, "traceparent": INCOMING}))
+    await asyncio.sleep(0)
+    [request] = [s for s in exporter.get_finished_spans() if s.name == "sluice.request"]
+    attributes = dict(request.attributes)
+    assert attributes["sluice.cache.verdict"] == "miss" and attributes["sluice.cache.reason"] == "below_threshold"
+    assert attributes["sluice.cache.similarity"] == 0.81
+    assert tuple(attributes["sluice.candidates.scored"]) == ("upstream_a",)
+    assert tuple(attributes["sluice.candidates.score"]) == (0.9,)
+    assert tuple(attributes["sluice.candidates.dropped"]) == ("upstream_b",)
+    assert tuple(attributes["sluice.candidates.dropped_by"]) == ("breaker open",)
+    assert attributes["sluice.timeout.ms"] == 30000 and attributes["sluice.timeout.from"] == "seed"
+    assert "private" not in repr(attributes)

@@ -29,7 +29,7 @@ from sidecar.scheduling.model import (
 from sidecar.scheduling.picker import PICKERS, Hysteresis, PickerConfig, Rng
 from sidecar.scheduling.scorers import ScoreBreakdown, ScoringConfig, WeightedScorers
 from sidecar.scheduling.signals import SignalConfig, SignalTracker
-from sidecar.scheduling.timeout import TimeoutConfig, upstream_timeout_ms
+from sidecar.scheduling.timeout import TimeoutConfig, upstream_timeout
 
 DEFAULT_SCORER_WEIGHTS: Mapping[str, float] = MappingProxyType(
     {"load": 1.0, "latency": 1.0, "errors": 1.0, "queue": 1.0, "gpu": 1.0}
@@ -267,8 +267,15 @@ class Scheduler:
         now: float, config: TimeoutConfig,
     ) -> int:
         """Upstream timeout for this request on the chosen cluster (see timeout.py)."""
+        return self.timeout(decision, prompt_tokens, max_tokens, model, now, config)[0]
+
+    def timeout(
+        self, decision: Decision, prompt_tokens: int, max_tokens: int | None, model: str | None,
+        now: float, config: TimeoutConfig,
+    ) -> tuple[int, str]:
+        """timeout_ms and what decided it (timeout.upstream_timeout)."""
         snapshot = self.signals.recent_snapshot(decision.cluster, now) if decision.cluster else None
-        return upstream_timeout_ms(prompt_tokens, max_tokens, decision.model_rewrite or model, snapshot, config)
+        return upstream_timeout(prompt_tokens, max_tokens, decision.model_rewrite or model, snapshot, config)
 
     def breaker_states(self, now: float) -> Mapping[str, BreakerState]:
         """State of every breaker seen so far (for export); moves open ones whose cool-down ended."""

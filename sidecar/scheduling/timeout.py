@@ -51,13 +51,32 @@ def upstream_timeout_ms(
     signals: ClusterSnapshot | None,
     config: TimeoutConfig,
 ) -> int:
+    return upstream_timeout(prompt_tokens, max_tokens, model, signals, config)[0]
+
+
+def upstream_timeout(
+    prompt_tokens: int,
+    max_tokens: int | None,
+    model: str | None,
+    signals: ClusterSnapshot | None,
+    config: TimeoutConfig,
+) -> tuple[int, str]:
+    """(ms, what decided it): observed (the cluster's TTFB and tokens/s), seed (prompt size and
+    model), or route_min / route_max when the route's bounds clamped it."""
     ttfb, rate = (signals.ttfb_p95_s, signals.tokens_per_s) if signals else (None, None)
     if ttfb is not None and rate:
         tokens = max_tokens if max_tokens and max_tokens > 0 else config.default_max_tokens
         seconds = config.safety_factor * (ttfb + tokens / rate)
+        source = "observed"
     else:
+        source = "seed"
         seconds = config.base_s + config.per_512_prompt_tokens_s * max(prompt_tokens, 0) / 512
         size = model_size_b(model)
         if size is not None and size >= config.large_model_min_b:
             seconds *= config.large_model_factor
-    return min(max(math.ceil(seconds * 1000), config.min_ms), config.max_ms)
+    ms = math.ceil(seconds * 1000)
+    if ms < config.min_ms:
+        return config.min_ms, "route_min"
+    if ms > config.max_ms:
+        return config.max_ms, "route_max"
+    return ms, source
