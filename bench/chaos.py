@@ -518,7 +518,7 @@ async def run_scenario(scenario: Scenario, duration: float, clients: int, workdi
         env.update(SLUICE_REDIS_URL=redis.url, SLUICE_CACHE_SECRET="chaos-suite-secret-0123456789")
         extra["_redis"] = redis
     elif scenario.judge is judge_scopes:
-        env.update(SLUICE_CACHE_MAX_BYTES=str(int(cache_budget_mb * 2**20)))
+        env.update(SLUICE_CACHE_MAX_MIB=f"{cache_budget_mb:g}")
         extra.update(_scopes=scopes, scopes_wanted=scopes, cache_budget_mb=cache_budget_mb)
         duration = max(duration, scopes / 50)       # until every scope is sent (or this long)
     else:
@@ -548,7 +548,7 @@ def main() -> int:
     parser.add_argument("--only", nargs="*", default=None, help="scenarios whose name contains one of these")
     parser.add_argument("--scopes", type=int, default=50_000, help="distinct cache scopes in the flood")
     parser.add_argument("--cache-budget-mb", type=float, default=256.0,
-                        help="the cache's byte budget (SLUICE_CACHE_MAX_BYTES) the flood must stay within")
+                        help="the cache's byte budget (SLUICE_CACHE_MAX_MIB) the flood must stay within")
     args = parser.parse_args()
     duration = max(16.0, args.duration)
     chosen = [s for s in SCENARIOS if not args.only or any(o.lower() in s.name.lower() for o in args.only)]
