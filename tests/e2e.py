@@ -84,3 +84,18 @@ def wait_for_access_lines(stack: Stack, keep: Callable[[dict], bool], count: int
         if len(found) >= count or time.monotonic() > deadline:
             return found
         time.sleep(0.05)
+
+
+def steered_within(stack: Stack, seconds: float = 2.0) -> float:
+    """Seconds until a request is steered by the sidecar again (x-sluice-cluster), asking at
+    once and then every 50 ms; fails after `seconds`. Envoy lifts an outlier ejection of a
+    restarted sidecar within max_ejection_time (1 s)."""
+    started = time.monotonic()
+    while True:
+        status, headers, _ = post(stack, "/v1/chat/completions",
+                                  b'{"model": "demo-model", "messages": [{"role": "user", "content": "hello"}]}',
+                                  {"content-type": "application/json", "authorization": "Bearer test-key"})
+        if status == 200 and "x-sluice-cluster" in headers:
+            return time.monotonic() - started
+        assert time.monotonic() - started < seconds, f"not steered {seconds}s after the sidecar came back"
+        time.sleep(0.05)

@@ -12,7 +12,7 @@ import openai
 import pytest
 
 from devtools.envoy_config import chat_route
-from tests.e2e import ask, client, post
+from tests.e2e import ask, client, post, steered_within
 
 BODY = json.dumps({"model": "demo-model", "messages": [{"role": "user", "content": "hi"}]}).encode()
 CHAT = "/v1/chat/completions"
@@ -53,6 +53,7 @@ def test_fail_closed_refusals_are_openai_shaped_503s_and_steering_resumes(make_s
     assert caught.value.status_code == 503 and caught.value.body["code"] == "processor_unavailable"
     stack.start_sidecar()
     stack.wait_sidecar_health(True)
+    steered_within(stack)                  # the goal: steering resumes <= 1 s after restart
     assert ask(client(stack))[1]["x-sluice-cluster"] in ("upstream_a", "upstream_b")
 
 
@@ -88,9 +89,15 @@ def test_a_killed_replica_is_passed_over_at_once_when_failing_closed(make_stack)
     stack = make_stack(envoy_vars={"FAILURE_MODE_ALLOW": "false"}, sidecars=2)
     assert all(timed_post(stack)[0] == 200 for _ in range(4))
     stack.stop_process("sidecar2", signal.SIGKILL)
-    # Its first refused connection ejects it (outlier detection), before its health checks fail.
-    statuses = [timed_post(stack)[0] for _ in range(20)]
-    assert statuses.count(503) <= 1 and statuses.count(200) >= 19, statuses
+    killed = time.monotonic()
+    # Refused connections eject it (outlier detection), before its health checks fail: the
+    # issue's goal is failover within 1 s; past it, every request is answered.
+    late = []
+    while time.monotonic() - killed < 3.0:
+        status = timed_post(stack)[0]
+        if time.monotonic() - killed > 1.0:
+            late.append(status)
+    assert late and all(s == 200 for s in late), late
 
 
 # --- slow or absent request bodies ------------------------------------------------------------
