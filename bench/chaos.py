@@ -18,7 +18,6 @@ import pathlib
 import random
 import signal
 import socket
-import subprocess
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -30,7 +29,7 @@ import httpx
 from bench import report
 from bench.openloop import percentile
 from devtools.envoy_config import chat_route
-from devtools.stack import Stack, http_get
+from devtools.stack import Stack
 
 WORKDIR = pathlib.Path(__file__).resolve().parent.parent / "build" / "chaos"
 UPSTREAM = ["--ttft-ms", "20", "--tokens", "8", "--tokens-per-s", "400"]
