@@ -8,7 +8,7 @@ import yaml
 
 from devtools.stack import BIN, ROOT, Stack, http_get, wait_until
 from sidecar.lint import lint_text
-from tests.e2e import client, wait_for_access_lines
+from tests.e2e import client, steered_within, wait_for_access_lines
 
 SNIPPET = ROOT / "docs" / "snippets" / "byo-envoy.yaml"
 UPSTREAM = ["--ttft-ms", "5", "--tokens-per-s", "2000", "--tokens", "4"]
@@ -40,6 +40,9 @@ def byo(tmp_path_factory):
         proc = stack._spawn("envoy", [str(BIN / "envoy"), "-c", str(path), "--concurrency", "1",
                                       "--log-level", "warn", "--base-id", str(stack.ports.admin)])
         wait_until(lambda: http_get(f"http://127.0.0.1:{stack.ports.admin}/ready")[0] == 200, "envoy", proc=proc)
+        # Ready is not yet steering: Envoy's first connection to the sidecar may still be opening
+        # (fail-open then passes a request by), as with any edge that has just started.
+        steered_within(stack, 15.0)
         yield stack
     finally:
         stack.stop()
