@@ -188,6 +188,9 @@ def test_a_cluster_failing_after_a_healthy_spell_is_cut_off_within_a_few_request
     assert failures <= 8, Counter(names)     # 5 in a row trip it; then one probe per cool-down
 
 
+@pytest.mark.xfail(strict=False, reason="issue 18, open: a half-open breaker's probe is a client's request, "
+                   "and on a hanging cluster it waits until the client gives up (no first-byte timeout and "
+                   "no retry on another cluster yet); seen in 1 of 3 clean runs")
 def test_a_hanging_cluster_is_avoided_before_its_requests_time_out(two_clusters):
     stack = two_clusters
     ask_many(stack, 40)                      # the clusters' usual time to first byte
