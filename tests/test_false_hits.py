@@ -3,6 +3,7 @@ import asyncio
 import json
 import random
 import time
+import zlib
 
 import numpy as np
 import pytest
@@ -35,7 +36,7 @@ class Embedder:
     async def embed(self, text):
         base = np.zeros(384, np.float32)
         base[0 if "password" in text else 1] = 1.0
-        base[2] = 0.02 * (hash(text) % 7)
+        base[2] = 0.01 * (zlib.crc32(text.encode()) % 11)   # not hash(): it is salted per process
         return base / np.linalg.norm(base)
 
 
