@@ -520,5 +520,9 @@ def run_lint(args: argparse.Namespace) -> int:
     else:
         for finding in findings:
             print(finding.line())
+        # A summary on stderr: a person sees that the check ran, scripts keep one finding per line.
+        counts = ", ".join(f"{sum(f.severity == s for f in findings)} {s}" for s in SEVERITIES)
+        print(f"{len(args.files)} file(s) checked: {counts}" if findings
+              else f"{len(args.files)} file(s) checked: everything Sluice needs is there", file=sys.stderr)
     failing = SEVERITIES[:SEVERITIES.index(args.fail_on) + 1]
     return 1 if any(f.severity in failing for f in findings) else 0

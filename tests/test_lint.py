@@ -183,9 +183,11 @@ def test_cli_exit_status_and_json(tmp_path):
     def lint(*args):
         return subprocess.run([str(BIN / "sluice"), "lint", *args], capture_output=True, text=True, timeout=120)
 
-    assert lint(str(good)).returncode == 0
+    result = lint(str(good))
+    assert result.returncode == 0 and result.stdout == ""
+    assert "everything Sluice needs is there" in result.stderr
     result = lint(str(bad))
-    assert result.returncode == 1
+    assert result.returncode == 1 and "1 warning" in result.stderr
     assert result.stdout.strip() == f"{bad}: {EXT_PROC}.failure_mode_allow: warning[failure-mode]: " + \
         "not set, so Envoy fails closed (a 500 for every request while the sidecar is down); say which you want: " \
         "true (fail open) or false"
