@@ -34,6 +34,8 @@ DEFAULTS: dict[str, Any] = {
     "REQUEST_HEADERS_TIMEOUT": "10s",
     "REQUEST_TIMEOUT": "90s",
     "STREAM_IDLE_TIMEOUT": "300s",
+    "FIRST_BYTE_MS": 15000,
+    "MAX_RETRIES": 1024,
 }
 
 
@@ -63,7 +65,8 @@ def http_connection_managers(config: dict) -> list[dict]:
             for listener in config["static_resources"]["listeners"]]
 
 
-def chat_route(name: str, prefix: str, candidates: list[dict] | None, rewrite: str | None = None) -> dict:
+def chat_route(name: str, prefix: str, candidates: list[dict] | None, rewrite: str | None = None,
+               scheduling: dict | None = None) -> dict:
     """An Envoy route steered by the sidecar (cluster_header), with Sluice settings in its metadata."""
     route = {"cluster_header": "x-sluice-cluster", "timeout": "60s"}
     if rewrite is not None:
@@ -71,6 +74,8 @@ def chat_route(name: str, prefix: str, candidates: list[dict] | None, rewrite: s
     sluice = {"name": name}
     if candidates is not None:
         sluice["candidates"] = candidates
+    if scheduling is not None:
+        sluice["scheduling"] = scheduling
     return {"name": name, "match": {"prefix": prefix}, "route": route,
             "metadata": {"filter_metadata": {"sluice": sluice}}}
 

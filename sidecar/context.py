@@ -68,6 +68,8 @@ class RequestContext:
     response_complete: bool = False
     response_body_read: bool = False   # Envoy sends the answer's body (or its end) to the sidecar
     first_byte_overdue: bool = False   # judged a failure while waiting for its first byte
+    retry_cluster: str | None = None   # where Envoy retries it if it fails before its first byte
+    retried: bool = False              # Envoy's retry answered it (on retry_cluster)
     response_read: bool = True         # False: Envoy sends no response headers (feedback sampling)
     why: Why = field(default_factory=Why)  # each stage's reasons (sidecar/decision_record.py)
 

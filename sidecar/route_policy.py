@@ -24,6 +24,7 @@ class RoutePlan:
     engine_fields: tuple[tuple[str, EngineField], ...] = ()  # (cluster, where its engine reads a priority)
     # Mutable: counts the route's requests (one plan per route settings object).
     feedback: FeedbackSampler = field(default_factory=FeedbackSampler, compare=False)
+    retry_other_cluster: bool = False   # Envoy retries once on the runner-up (scheduling/retry.py)
 
     def engine_field(self, cluster: str) -> EngineField | None:
         return dict(self.engine_fields).get(cluster)
@@ -63,7 +64,8 @@ def build_route_plan(route: RouteSettings, route_name: str) -> RoutePlan:
         consecutive_failures=_set(b, "consecutive_failures", d.consecutive_failures))
     t = TimeoutConfig()
     timeout = replace(t, min_ms=_set(s.timeout, "min_ms", t.min_ms),
-                      max_ms=_set(s.timeout, "max_ms", t.max_ms))
+                      max_ms=_set(s.timeout, "max_ms", t.max_ms),
+                      first_byte_ms=_set(s.timeout, "first_byte_ms", 0) or None)
     f, fd = s.feedback, FeedbackSampler()
     feedback = FeedbackSampler(read_all_per_s=_set(f, "read_all_per_s", fd.read_all_per_s),
                                then_one_in=_set(f, "then_one_in", fd.then_one_in))
@@ -76,4 +78,4 @@ def build_route_plan(route: RouteSettings, route_name: str) -> RoutePlan:
                                         if c.metrics_url),
                      gpu_indices=tuple((c.cluster, c.gpu_index) for c in route.candidates
                                        if c.HasField("gpu_index")),
-                     feedback=feedback)
+                     feedback=feedback, retry_other_cluster=s.retry_other_cluster)

@@ -32,13 +32,26 @@ from sidecar.route_policy import RoutePlan, build_route_plan
 from sidecar.route_settings import PerSettings, RouteSettings, RouteSettingsError
 from sidecar.scheduling import BreakerTransition, Decision, Scheduler
 from sidecar.scheduling.overdue import FirstByteWatch
+from sidecar.scheduling.retry import retry_candidate, retry_cluster_name
 from sidecar.scrape import Scraper
 
 log = logging.getLogger("sluice.routing")
 TIMEOUT_HEADER = "x-envoy-upstream-rq-timeout-ms"
+FIRST_BYTE_TIMEOUT_HEADER = "x-envoy-upstream-rq-per-try-timeout-ms"
+ATTEMPT_COUNT_HEADER = "x-envoy-attempt-count"   # include_attempt_count_in_response (envoy.yaml.tmpl)
+# One retry, only while no answer byte has gone to the client (Envoy never retries after): a
+# refused or failed connection, a reset or a 5xx before the answer's headers, the per-try
+# (first-byte) timeout. Set per request, on requests the sidecar steered only.
+RETRY_HEADERS = (("x-envoy-retry-on", "5xx"), ("x-envoy-max-retries", "1"))
 # Streams whose answer is read have one in this many read to the end (a reset mid-answer is a
 # breaker failure); more would put the sidecar on every token's path.
 STREAM_END_CHECK_ONE_IN = 8
+
+
+def _attempts(headers) -> int:
+    """Envoy's attempt count of an answer (1 when absent or unreadable)."""
+    value = headers.get(ATTEMPT_COUNT_HEADER, "1")
+    return int(value) if value.isdigit() and len(value) < 4 else 1
 
 
 def rewrite_model(body: bytes, model: str) -> bytes:
@@ -192,6 +205,15 @@ class RoutingDirector:
             metrics.child(metrics.DEGRADED, ctx.route_name).inc()
             response_headers.append(("x-sluice-degraded", "1"))
         request_headers = ((TIMEOUT_HEADER, str(timeout_ms)),)
+        first_byte_ms = plan.timeout.first_byte_ms
+        if first_byte_ms and first_byte_ms < timeout_ms:   # Envoy ignores one past the whole timeout
+            request_headers += ((FIRST_BYTE_TIMEOUT_HEADER, str(first_byte_ms)),)
+        cluster = decision.cluster
+        retry = self._retry_to(ctx, plan, decision)
+        if retry is not None:
+            ctx.retry_cluster = retry.cluster
+            cluster = retry_cluster_name(decision.cluster, retry.cluster)
+            request_headers += RETRY_HEADERS
         response_body = None
         if ctx.token_estimate is not None or ctx.expected_tokens is not None:   # read the answer's real usage
             ctx.usage_meter = UsageMeter(ctx.chat.stream, ctx.chat.text)
@@ -199,8 +221,23 @@ class RoutingDirector:
             response_body = BodyMode.STREAMED if ctx.chat.stream else BodyMode.BUFFERED
         elif ctx.response_read and self._checks_end(ctx):
             response_body = BodyMode.STREAMED if ctx.chat.stream else BodyMode.BUFFERED
-        return Plan(cluster=decision.cluster, body=body, request_headers=request_headers,
+        return Plan(cluster=cluster, body=body, request_headers=request_headers,
                     response_headers=tuple(response_headers), response_body=response_body)
+
+    def _retry_to(self, ctx: RequestContext, plan: RoutePlan, decision: Decision):
+        """The candidate Envoy retries on, or None: the route does not ask; an admission slot
+        holds the request to its cluster; no other healthy candidate takes the same body."""
+        if not plan.retry_other_cluster or ctx.permit is not None:
+            return None
+        chosen_field = plan.engine_field(decision.cluster)
+
+        def model(cluster_model: str | None) -> str | None:
+            return cluster_model if plan.rewrite_model and cluster_model else ctx.chat.model
+
+        def same_body(spec) -> bool:
+            return model(spec.model) == model(decision.model_rewrite) and plan.engine_field(spec.cluster) == chosen_field
+        return retry_candidate(decision, plan.candidates, lambda spec: self.scheduler.breakers_closed((spec,)),
+                               same_body)
 
     def _checks_end(self, ctx: RequestContext) -> bool:
         """Read this answer to its end, to see a reset mid-answer (processor: response_body_read)?
@@ -286,7 +323,21 @@ class RoutingDirector:
             ctx.usage_meter = None           # compressed after all: the estimate stands
         if ctx.decision is not None:
             self._first_byte.remove(ctx.decision.cluster, ctx)
-            self.scheduler.on_first_byte(ctx.decision, now - ctx.sent_at, now)
+            if ctx.retry_cluster is not None and _attempts(ctx.response_headers) > 1:
+                self._retried(ctx, now)
+            else:
+                self.scheduler.on_first_byte(ctx.decision, now - ctx.sent_at, now)
+
+    def _retried(self, ctx: RequestContext, now: float) -> None:
+        """Envoy's retry answered: the first attempt failed before its first byte on the chosen
+        cluster (a failure now, unless already judged overdue), and the rest of the request is
+        the other cluster's. Its time to first byte includes the failed attempt: not a sample."""
+        first = ctx.decision
+        self.scheduler.on_complete(first, now - ctx.sent_at, False, now, judged=ctx.first_byte_overdue)
+        retry = dataclasses.replace(first, cluster=ctx.retry_cluster, probe=False)
+        self.scheduler.on_send(retry, now)
+        ctx.decision, ctx.cluster, ctx.retry_cluster = retry, retry.cluster, None
+        ctx.first_byte_overdue, ctx.retried = False, True
 
     def on_response_body(self, ctx: RequestContext, chunk: bytes, end_of_stream: bool) -> None:
         """Reads the answer's usage for token limits (any answer: the cache's capture refuses many)."""
@@ -301,7 +352,7 @@ class RoutingDirector:
         decision: Decision | None = ctx.decision
         # Measured from the moment the request left the sidecar: time queued in the gate is not
         # the cluster's latency (counting it would shrink the limits that made it wait).
-        sent = ctx.response_headers_at is not None and ctx.sent_at is not None
+        sent = ctx.response_headers_at is not None and ctx.sent_at is not None and not ctx.retried
         ttfb = ctx.response_headers_at - ctx.sent_at if sent else None
         if ctx.usage is None and ctx.usage_meter is not None:
             ctx.usage = ctx.usage_meter.cut_short()

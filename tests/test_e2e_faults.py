@@ -153,12 +153,22 @@ def test_an_absent_body_and_slow_headers_get_408s(make_stack):
 
 # --- upstream clusters failing -----------------------------------------------------------------
 
+CANDIDATES = [{"cluster": "upstream_a"}, {"cluster": "upstream_b"}]
+FAST = ["--ttft-ms", "20", "--tokens", "4", "--tokens-per-s", "400"]
+
+
+def two_cluster_stack(make_stack, scheduling=None, upstream=FAST):
+    return make_stack(routes=[chat_route("chat", "/", CANDIDATES, scheduling=scheduling)],
+                      upstream_args={name: upstream for name in ("a", "b")})
+
+
 @pytest.fixture
 def two_clusters(make_stack):
-    stack = make_stack(routes=[chat_route("chat", "/", [{"cluster": "upstream_a"}, {"cluster": "upstream_b"}])],
-                       upstream_args={name: ["--ttft-ms", "20", "--tokens", "4", "--tokens-per-s", "400"]
-                                      for name in ("a", "b")})
-    return stack
+    return two_cluster_stack(make_stack)
+
+
+# The reference template's settings: one retry on the other cluster, a first-byte budget.
+RETRYING = {"retry_other_cluster": True, "timeout": {"first_byte_ms": 1000}}
 
 
 def served_by(stack, results):
@@ -188,11 +198,8 @@ def test_a_cluster_failing_after_a_healthy_spell_is_cut_off_within_a_few_request
     assert failures <= 8, Counter(names)     # 5 in a row trip it; then one probe per cool-down
 
 
-@pytest.mark.xfail(strict=False, reason="issue 18, open: a half-open breaker's probe is a client's request, "
-                   "and on a hanging cluster it waits until the client gives up (no first-byte timeout and "
-                   "no retry on another cluster yet); seen in 1 of 3 clean runs")
-def test_a_hanging_cluster_is_avoided_before_its_requests_time_out(two_clusters):
-    stack = two_clusters
+def test_a_hanging_cluster_is_avoided_before_its_requests_time_out(make_stack):
+    stack = two_cluster_stack(make_stack, RETRYING)
     ask_many(stack, 40)                      # the clusters' usual time to first byte
     configure(stack, "b", error_rate=1.0, error_mode="hang")
     fault_at = time.monotonic()
@@ -212,6 +219,9 @@ def test_a_hanging_cluster_is_avoided_before_its_requests_time_out(two_clusters)
     # out within ~3 s of the fault, and every request sent after that is answered by a.
     late = [name for started, name in results if started > 3.0]
     assert late and all(name == "a" for name in late), results
+    # And no client waited out its 3 s: a request on b is cut at the 1 s first-byte budget and
+    # retried on a (the half-open breaker's probes too).
+    assert all(name in ("a", "b") for _, name in results), Counter(name for _, name in results)
 
 
 def test_a_reset_mid_answer_counts_against_the_cluster(two_clusters):
@@ -221,3 +231,51 @@ def test_a_reset_mid_answer_counts_against_the_cluster(two_clusters):
     names = served_by(stack, ask_many(stack, 40, workers=1))
     # The answer arrives with a 200 and is cut: read to its end, it is a failure; b is cut off.
     assert all(name == "a" for name in names[-15:]), Counter(names)
+
+
+@pytest.mark.parametrize("mode", ["reset", "500"])
+def test_a_request_failing_before_its_first_byte_is_retried_on_the_other_cluster(make_stack, mode):
+    stack = two_cluster_stack(make_stack, RETRYING)
+    ask_many(stack, 20)
+    configure(stack, "b", error_rate=1.0, error_mode=mode)
+    results = ask_many(stack, 30, workers=2)
+    assert all(isinstance(r, dict) and r["x-upstream-name"] == "a" for r in results), Counter(served_by(stack, results))
+    # Some went to b first (before its breaker opened) and were answered by Envoy's retry.
+    retried = [r for r in results if r.get("x-envoy-attempt-count") == "2"]
+    assert retried, results
+
+
+def test_an_answer_cut_after_its_headers_is_not_retried(make_stack):
+    stack = two_cluster_stack(make_stack, RETRYING)
+    ask_many(stack, 20)
+    configure(stack, "b", error_rate=1.0, error_mode="midstream")
+    c = client(stack)
+    seen = Counter()
+    for _ in range(12):
+        with c.chat.completions.with_streaming_response.create(
+                model="demo-model", messages=[{"role": "user", "content": "hi"}], stream=True) as raw:
+            try:
+                complete = any(line == "data: [DONE]" for line in raw.iter_lines())
+            except Exception as exc:          # the SDK's HTTP client: a body cut short
+                assert "ProtocolError" in type(exc).__name__, exc
+                complete = False
+            seen[(raw.headers.get("x-upstream-name"), raw.headers.get("x-envoy-attempt-count"), complete)] += 1
+    # b's answers started (headers sent on) and were cut: Envoy never retries past that point,
+    # so no answer came from a second attempt.
+    assert any(name == "b" and not complete for name, _, complete in seen), seen
+    assert all(attempt != "2" for _, attempt, _ in seen), seen
+
+
+def test_the_first_byte_budget_stops_at_the_answers_headers(make_stack):
+    slow = ["--ttft-ms", "1500", "--tokens", "4", "--tokens-per-s", "400"]
+    stack = two_cluster_stack(make_stack, {"timeout": {"first_byte_ms": 500}}, upstream=slow)
+    c = client(stack)
+    # A stream's headers come at once and its first token 1.5 s later: not cut by the 0.5 s budget.
+    started = time.monotonic()
+    chunks = list(c.chat.completions.create(model="demo-model", messages=[{"role": "user", "content": "hi"}],
+                                            stream=True))
+    assert chunks and time.monotonic() - started > 1.4
+    # A JSON answer's headers come only with the whole answer: cut at 0.5 s, an OpenAI-shaped 504.
+    status, headers, payload, took = timed_post(stack)
+    assert status == 504 and took < 1.3, (status, payload, took)
+    assert json.loads(payload)["error"]["code"] == "upstream_timeout"

@@ -24,6 +24,8 @@ class TimeoutConfig:
     # Observed rule: safety_factor * (TTFB P95 + max_tokens / tokens_per_s)
     safety_factor: float = 2.0
     default_max_tokens: int = 1024  # when the request does not set max_tokens
+    # The route's time-to-first-byte budget (Envoy's per-try timeout); None: no such cut.
+    first_byte_ms: int | None = None
 
     def __post_init__(self) -> None:
         count("TimeoutConfig.min_ms", self.min_ms)
@@ -35,6 +37,8 @@ class TimeoutConfig:
         positive("TimeoutConfig.large_model_min_b", self.large_model_min_b)
         require(self.safety_factor >= 1, "TimeoutConfig.safety_factor", "must be >= 1", self.safety_factor)
         count("TimeoutConfig.default_max_tokens", self.default_max_tokens)
+        if self.first_byte_ms is not None:
+            count("TimeoutConfig.first_byte_ms", self.first_byte_ms)
 
 
 @functools.lru_cache(maxsize=256)     # a route's few model names, asked on every request
