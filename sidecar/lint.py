@@ -234,6 +234,13 @@ class _Linter:
             self.add(_join(where, "route.cluster_header"), "warning", "no-default-cluster",
                      f"nothing sets {CLUSTER_HEADER} before the sidecar: with failure_mode_allow, a request "
                      "that skips the sidecar gets 503 no_cluster (set a default in early_header_mutation)")
+        if settings.scheduling.retry_other_cluster and clusters is not None:
+            from sidecar.scheduling.retry import retry_clusters
+            missing = [name for name in retry_clusters(settings.candidates) if name not in clusters]
+            if missing:
+                self.add(_join(settings_path, "scheduling.retry_other_cluster"), "error", "missing-retry-cluster",
+                         f"retry_other_cluster needs a composite cluster (envoy.clusters.composite) per ordered "
+                         f"pair of candidates; missing: {', '.join(missing)} (requests sent there get 503 no_cluster)")
 
     def route_settings(self, raw, where: str, clusters: set | None, stripped):
         """The settings as the sidecar loads them, or None after reporting why they do not load."""
