@@ -70,6 +70,7 @@ class RequestContext:
     first_byte_overdue: bool = False   # judged a failure while waiting for its first byte
     retry_cluster: str | None = None   # where Envoy retries it if it fails before its first byte
     retried: bool = False              # Envoy's retry answered it (on retry_cluster)
+    judged: bool = False               # its cluster's verdict is given (routing: once, at 5xx headers or the end)
     response_read: bool = True         # False: Envoy sends no response headers (feedback sampling)
     why: Why = field(default_factory=Why)  # each stage's reasons (sidecar/decision_record.py)
 

@@ -48,6 +48,15 @@ RETRY_HEADERS = (("x-envoy-retry-on", "5xx"), ("x-envoy-max-retries", "1"))
 STREAM_END_CHECK_ONE_IN = 8
 
 
+def _ttfb(ctx: RequestContext) -> float | None:
+    """Time to first byte, from the moment the request left the sidecar: time queued in the
+    gate is not the cluster's latency (counting it would shrink the limits that made it wait).
+    None after Envoy's retry answered (the failed attempt's time is in it)."""
+    if ctx.response_headers_at is None or ctx.sent_at is None or ctx.retried:
+        return None
+    return ctx.response_headers_at - ctx.sent_at
+
+
 def _attempts(headers) -> int:
     """Envoy's attempt count of an answer (1 when absent or unreadable)."""
     value = headers.get(ATTEMPT_COUNT_HEADER, "1")
@@ -327,6 +336,11 @@ class RoutingDirector:
                 self._retried(ctx, now)
             else:
                 self.scheduler.on_first_byte(ctx.decision, now - ctx.sent_at, now)
+            if ctx.status is not None and ctx.status >= 500:
+                # A failure known now. Judged at the stream's end, it could come after the
+                # client, which has its answer by then, sent its next request: a loaded
+                # sidecar let a cluster answering only 5xx keep one or two more in a row.
+                self._complete(ctx, now)
 
     def _retried(self, ctx: RequestContext, now: float) -> None:
         """Envoy's retry answered: the first attempt failed before its first byte on the chosen
@@ -350,10 +364,7 @@ class RoutingDirector:
 
     def on_finish(self, ctx: RequestContext) -> None:
         decision: Decision | None = ctx.decision
-        # Measured from the moment the request left the sidecar: time queued in the gate is not
-        # the cluster's latency (counting it would shrink the limits that made it wait).
-        sent = ctx.response_headers_at is not None and ctx.sent_at is not None and not ctx.retried
-        ttfb = ctx.response_headers_at - ctx.sent_at if sent else None
+        ttfb = _ttfb(ctx)
         if ctx.usage is None and ctx.usage_meter is not None:
             ctx.usage = ctx.usage_meter.cut_short()
         if self.admission is not None:
@@ -361,9 +372,15 @@ class RoutingDirector:
         if ctx.permit is not None:          # the slot goes back whatever happened
             ok = ctx.status is None or ctx.status < 500
             ctx.permit.release(ttfb if ctx.status is not None else None, ok)
-        if decision is None:
+        if decision is None or ctx.judged:
             return
-        now = self._clock()
+        self._complete(ctx, self._clock())
+
+    def _complete(self, ctx: RequestContext, now: float) -> None:
+        """The request's verdict for its cluster (signals, breaker), given once."""
+        decision: Decision = ctx.decision
+        ctx.judged = True
+        ttfb = _ttfb(ctx)
         # A client that gave up on a hanging cluster ends its request here: judged first.
         self._judge_overdue(now)
         self._first_byte.remove(decision.cluster, ctx)

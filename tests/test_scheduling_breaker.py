@@ -207,3 +207,27 @@ async def test_a_probe_admission_sends_elsewhere_or_refuses_is_no_probe_and_the_
         assert ctx.decision is None or (ctx.decision.cluster, ctx.decision.probe) == ("b", False)
         assert breaker.offer_probe()                                # a's turn was not spent
     held.release()
+
+
+# -- a 5xx is judged at its headers ----------------------------------------------------------
+
+def test_a_5xx_counts_when_its_headers_come_not_when_its_stream_closes():
+    """The client has its answer before the sidecar's stream closes; on a loaded sidecar its
+    next request was decided before the last failure counted (one or two more to a bad cluster)."""
+    route = parse_route_settings({"name": "chat", "candidates": [{"cluster": "b"}]})
+    body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
+    clock = [100.0]
+    d = RoutingDirector(Scheduler(rng=random.Random(0)), clock=lambda: clock[0], scrape_interval_s=None)
+    open_streams = []
+    for _ in range(5):                      # 5 in a row trip the breaker
+        ctx = RequestContext(headers={}, route=route, route_name="chat", body=body, chat=parse_chat_request(body))
+        d.decide_now(ctx)
+        clock[0] += 0.05
+        ctx.status, ctx.response_headers = 500, {":status": "500"}
+        d.on_response_headers(ctx)
+        open_streams.append(ctx)             # their streams have not closed yet
+    assert d.scheduler.breaker_states(clock[0])["b"] is BreakerState.OPEN
+    for ctx in open_streams:                 # closing them judges nothing twice
+        d.on_finish(ctx)
+    assert d.scheduler.signals.in_flight("b") == 0
+    assert d.scheduler._breaker("b")._outcomes.counts(clock[0]) == (5, 5)
