@@ -34,7 +34,7 @@ DEFAULTS: dict[str, Any] = {
     "REQUEST_HEADERS_TIMEOUT": "10s",
     "REQUEST_TIMEOUT": "90s",
     "STREAM_IDLE_TIMEOUT": "300s",
-    "FIRST_BYTE_MS": 15000,
+    "FIRST_BYTE_MS": 60000,
     "MAX_RETRIES": 1024,
 }
 
