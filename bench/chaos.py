@@ -201,10 +201,35 @@ def between(results: list[Result], start: float, end: float) -> list[Result]:
     return [r for r in results if start <= r.t < end]
 
 
+EXT_PROC_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"   # what Envoy health-checks
+
+
+def sidecar_serving(run: Run, name: str, timeout: float = 30.0) -> bool:
+    """Wait until the sidecar's own gRPC health service answers SERVING (it loads its models
+    first; its metrics port answers sooner)."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+    port = run.stack.sidecar_ports(name)[0]
+    deadline = time.monotonic() + timeout
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        while time.monotonic() < deadline:
+            try:
+                answer = stub.Check(health_pb2.HealthCheckRequest(service=EXT_PROC_SERVICE), timeout=0.5)
+                if answer.status == health_pb2.HealthCheckResponse.SERVING:
+                    return True
+            except grpc.RpcError:
+                pass
+            time.sleep(0.01)
+    return False
+
+
 def sidecar_restart(run: Run, name: str = "sidecar") -> Callable[[], Awaitable[None]]:
     async def restart() -> None:
         await asyncio.to_thread(run.stack.start_sidecar, name)
         run.mark("restarted")
+        if await asyncio.to_thread(sidecar_serving, run, name):
+            run.mark("serving")
     return restart
 
 
@@ -218,8 +243,17 @@ async def kill_sidecar(run: Run) -> None:
     await sidecar_restart(run)()
 
 
+def steering_back(run: Run, results: list[Result]) -> float | None:
+    """Seconds from the restart (metrics port up) to the first steered answer; also recorded
+    from the sidecar's gRPC health SERVING, which is Envoy's cue (the rest is the sidecar's boot)."""
+    steered = lambda r: r.ok and r.steered        # noqa: E731
+    if "serving" in run.marks:
+        run.extra["steering_back_after_serving_s"] = first_after(results, run.marks["serving"], steered)
+    return first_after(results, run.marks["restarted"], steered)
+
+
 def judge_kill_open(run: Run, results: list[Result]) -> dict:
-    recover = first_after(results, run.marks["restarted"], lambda r: r.ok and r.steered)
+    recover = steering_back(run, results)
     failures = sum(not r.ok for r in results)
     return {"recover_s": recover, "met": failures == 0 and recover is not None and recover <= 1.0}
 
@@ -233,7 +267,7 @@ def judge_kill_closed(run: Run, results: list[Result]) -> dict:
     logged = [e.duration_ms for e in envoy_log(run) if e.status == 503 and e.t >= fault]
     run.extra["refusals_in_flight_at_kill"] = sum(1 for e in envoy_log(run) if e.status == 503 and e.t < fault)
     slow = [d for d in logged if d > 50]
-    recover = first_after(results, run.marks["restarted"], lambda r: r.ok and r.steered)
+    recover = steering_back(run, results)
     run.extra.update(refusals=len(refusals), refusals_not_shaped=len(unshaped),
                      refusal_envoy_max_ms=max(logged, default=None), refusals_envoy_over_50ms=len(slow),
                      refusal_client_p99_ms=round(percentile([r.latency for r in refusals], 0.99) * 1000, 1)
