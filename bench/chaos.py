@@ -211,16 +211,18 @@ def sidecar_serving(run: Run, name: str, timeout: float = 30.0) -> bool:
     from grpc_health.v1 import health_pb2, health_pb2_grpc
     port = run.stack.sidecar_ports(name)[0]
     deadline = time.monotonic() + timeout
-    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-        stub = health_pb2_grpc.HealthStub(channel)
-        while time.monotonic() < deadline:
+    while time.monotonic() < deadline:
+        # A fresh channel each try: one made before the server listens waits out gRPC's
+        # reconnect backoff (a second or more) and would mark SERVING late.
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
             try:
-                answer = stub.Check(health_pb2.HealthCheckRequest(service=EXT_PROC_SERVICE), timeout=0.5)
+                answer = health_pb2_grpc.HealthStub(channel).Check(
+                    health_pb2.HealthCheckRequest(service=EXT_PROC_SERVICE), timeout=0.5)
                 if answer.status == health_pb2.HealthCheckResponse.SERVING:
                     return True
             except grpc.RpcError:
                 pass
-            time.sleep(0.01)
+        time.sleep(0.01)
     return False
 
 
