@@ -14,7 +14,7 @@ from sidecar.guard.check import checked_texts, header_value, rewrite_body, scan
 from sidecar.guard.director import GUARD_HEADER, GuardingDirector
 from sidecar.guard.embeddings import SharedEmbeddings
 from sidecar.guard.injection import InjectionHead
-from sidecar.guard.normalize import fold
+from sidecar.guard.normalize import _DROP, fold
 from sidecar.guard.policy import build_policy
 from sidecar.guard.words import WordMatcher
 from sidecar.route_settings import parse_route_settings
@@ -349,3 +349,12 @@ def test_large_bodies_are_scanned_in_decide_off_the_loop():
     assert director.decide_now(ctx) is None
     plan = asyncio.run(director.decide(ctx))
     assert inner.seen[0].messages[0]["content"].endswith("mail <EMAIL_1>") and b"a@example.com" not in plan.body
+
+
+def test_the_invisible_characters_are_found_in_every_plane():
+    # normalize.py scans only the planes Unicode assigns; a full scan must find nothing more.
+    import sys
+    import unicodedata
+    every = {cp for cp in range(sys.maxunicode + 1)
+             if unicodedata.category(chr(cp)) in ("Cf", "Cc") and chr(cp) not in "\t\n\r"}
+    assert set(_DROP) == every
