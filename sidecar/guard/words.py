@@ -17,7 +17,7 @@ from typing import Iterable
 
 import ahocorasick_rs
 
-from sidecar.guard.normalize import fold, fold_with_offsets, squeeze, squeeze_offsets
+from sidecar.guard.normalize import fold, fold_with_offsets, prepare_offsets, squeeze, squeeze_offsets
 
 SQUEEZE_MODES = ("cjk", "all", "off")
 
@@ -70,6 +70,8 @@ class WordMatcher:
                     tight = squeeze(key)
                     if tight:
                         squeezed.setdefault(tight, []).append(WordEntry(index, len(tight), False, False))
+        if self.size:
+            prepare_offsets()
         self._plain, self._plain_entries = _automaton(plain)
         self._squeezed, self._squeezed_entries = _automaton(squeezed)
 
