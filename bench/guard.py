@@ -1,11 +1,13 @@
 """`make eval-guard`: the guard's quality and cost, printed and written to reports/guard.json.
 
 - injection: detection and false alarms on the held-out test splits (bench/guard_data.py) at the
-  threshold a route gets for false_alarm_rate 0.01 (set on validation prompts), per source and
-  language, with Wilson 95% intervals; prompts the model does not embed count as passed;
+  thresholds a route gets for false_alarm_rate 0.01, 0.005 and 0.001 and at the goal's operating
+  points (each threshold set on validation prompts), per source and language, with Wilson 95%
+  intervals; prompts the model does not embed count as passed;
 - words: planted denied words (with zero-width characters, full-width letters, case and CJK
   spacing tricks) in paraphrase prompts, and false matches on clean ones, per squeeze mode;
-- personal data: per detector, precision and recall on data/guard/pii.jsonl (dev and test);
+- personal data: per detector, precision and recall on data/guard/pii.jsonl (generated) and
+  data/guard/pii_handwritten.txt (hand-written), dev and test each;
 - cost: guard time for a 2 KB prompt with 10,000 denied words loaded, every detector on.
 """
 from __future__ import annotations
@@ -231,8 +233,8 @@ def main() -> int:
                      "fa paraphrase": _cell(p["false_alarms_paraphrase"]),
                      "deepset / sluice attacks": f'{p["by_source"]["deepset"]["detection"]["rate"]} / {p["by_source"]["sluice"]["detection"]["rate"]}'})
     print(report.table(rows, list(rows[0])))
-    inj = data["injection"]["false_alarm_rate_0.01"]
-    print(f"\nroute default (false_alarm_rate 0.01, threshold {inj['threshold']}), Sluice attacks by language:")
+    inj = data["injection"]["false_alarm_rate_0.001"]
+    print(f"\nroute default (false_alarm_rate 0.001, threshold {inj['threshold']}), Sluice prompts by language:")
     print(report.table([{"language": k, "detection": _cell(v["detection"]), "false alarms": _cell(v["false_alarms"])}
                         for k, v in inj["by_language"].items()], ["language", "detection", "false alarms"]))
     for name, sets in data["personal_data"].items():
