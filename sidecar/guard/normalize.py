@@ -57,7 +57,8 @@ def fold_with_offsets(text: str) -> tuple[str, np.ndarray]:
     text from offsets[i] to offsets[j - 1] + 1)."""
     if text.isascii() and text.isprintable():
         return text.lower(), np.arange(len(text))
-    if not _INVISIBLE.search(text) and unicodedata.is_normalized("NFKC", text):
+    # A printable text has no format or control character: the costly search is skipped.
+    if (text.isprintable() or not _INVISIBLE.search(text)) and unicodedata.is_normalized("NFKC", text):
         folded = text.casefold()
         if len(folded) == len(text):     # casefold never shortens: every character maps to one
             return folded, np.arange(len(text))
