@@ -61,6 +61,14 @@ def test_mask_spans_cover_the_original_characters():
     assert text[start:end] == "ＳＥＣＲＥＴ pl\u200ban"
 
 
+@pytest.mark.parametrize("text", ["the SECRET PLAN and the secret plan", "the ＳＥＣＲＥＴ pl\u200ban", "请 加 微 信，好吗",
+                                  "Ｓecret plan 😀 加.微.信"])
+def test_mask_spans_reuse_the_scan_and_agree_with_a_fresh_pass(text):
+    matcher = WordMatcher([(["secret plan"], "cjk"), (["加微信"], "cjk")])
+    found = matcher.find(text)
+    assert found.lists and matcher.spans(text, found.lists, found) == matcher.spans(text, found.lists)
+
+
 @pytest.mark.parametrize("text", ["Ｈｅｌｌｏ\u200b WORLD ß 加 微，信 😀 Émile", "Straße ﬁne ＡＢＣ，x\u00ad", "plain", "",
                                   "İstanbul ǅ ﬃ 𝐀𝐁"])
 def test_fold_with_offsets_maps_each_folded_character_to_its_source(text):
