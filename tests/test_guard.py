@@ -54,6 +54,17 @@ def test_squeeze_all_matches_spelled_out_latin_words_and_off_matches_no_cjk_spac
     assert WordMatcher([(["加微信"], "off")]).scan("加 微 信") == set()
 
 
+def test_a_lone_surrogate_is_read_not_raised():
+    # JSON may escape half a surrogate pair ("\ud800"); the parsed text then holds it.
+    matcher = WordMatcher([(["secret plan"], "cjk"), (["加微信"], "cjk")])
+    text = "the \ud800 secret plan 加 微 信"
+    assert matcher.scan(text) == {0, 1}
+    assert [text[a:b] for a, b in matcher.spans(text, {0, 1})] == ["secret plan", "加 微 信"]
+    assert scan(policy(words=[{"words": ["secret plan"], "action": "mask"}],
+                       personal_data={"detectors": {"card": "redact"}}),
+                [{"role": "user", "content": text}]).rewrites[(0, None)] == "the \ud800 *** 加 微 信"
+
+
 def test_mask_spans_cover_the_original_characters():
     matcher = WordMatcher([(["secret plan"], "cjk")])
     text = "the ＳＥＣＲＥＴ pl\u200ban is here"
@@ -239,6 +250,7 @@ def test_head_reads_the_text_as_well_as_the_embedding(tmp_path):
 def test_lexical_features_fold_text_and_cost_little_on_long_prompts():
     assert sorted(lexical.buckets("Ｉｇｎｏｒｅ\u200b ALL")) == sorted(lexical.buckets("ignore all"))
     assert len(lexical.buckets("")) == 0 and lexical.score(np.ones(lexical.DIM, np.float32), "") == 0.0
+    assert len(lexical.buckets("a lone \ud800 surrogate from a JSON escape")) > 0
     long = lexical.buckets("x" * 100_000)
     assert len(long) <= sum(lexical.MAX_CHARS + 4 - n for n in lexical.ORDERS)     # start, gap, end, padding
 

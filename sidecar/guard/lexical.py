@@ -29,7 +29,7 @@ def buckets(text: str) -> np.ndarray:
     folded = " ".join(fold(text).split())
     if len(folded) > MAX_CHARS:
         folded = folded[:MAX_CHARS // 2] + " " + folded[-MAX_CHARS // 2:]
-    points = np.frombuffer((" " + folded + " ").encode("utf-32-le"), np.uint32).astype(np.uint64)
+    points = np.frombuffer((" " + folded + " ").encode("utf-32-le", "surrogatepass"), np.uint32).astype(np.uint64)
     out = []
     with np.errstate(over="ignore"):        # the hashes wrap around 2**64 by design
         rolling = np.zeros(len(points), np.uint64)

@@ -25,6 +25,9 @@ SQUEEZE_MODES = ("cjk", "all", "off")
 _CJK = re.compile("[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff\U00020000-\U0002fa1f]")
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def is_cjk(ch: str) -> bool:
     cp = ord(ch)
     return (0x3040 <= cp <= 0x30FF or 0x3400 <= cp <= 0x4DBF or 0x4E00 <= cp <= 0x9FFF
@@ -99,6 +102,14 @@ class WordMatcher:
 
     def _hits(self, folded: str) -> list[tuple[int, int, int]]:
         """(list index, start, end) of every match, as offsets in `folded`."""
+        try:
+            return self._matches(folded)
+        except UnicodeEncodeError:
+            # A lone surrogate (a JSON "\ud800" escape) is no character the automaton can
+            # read: U+FFFD stands in for it, one for one, so offsets hold.
+            return self._matches(_SURROGATE.sub("\ufffd", folded))
+
+    def _matches(self, folded: str) -> list[tuple[int, int, int]]:
         found = []
         if self._plain is not None:
             for key, start, end in self._plain.find_matches_as_indexes(folded, overlapping=True):
