@@ -6,9 +6,13 @@ Injection data (label 1 = attack):
     split is held out; its `train` split is cut 80/20 into train and val by a hash of the id;
   - data/guard/injections.jsonl (written for Sluice, many languages): train / val / test as
     the file says;
-  - ../shared/data/paraphrase/dev.jsonl (every prompt benign): by a hash of the text, 15%
-    train, 15% val, 70% test.
+  - ../shared/data/paraphrase/dev.jsonl (every prompt benign): by a hash of the prompt's
+    paraphrase group (a prompt and its rewordings, joined through the pairs), 25% train, 7%
+    val, 12% test, the rest unused.
 The test splits are never trained on and never used to choose a threshold.
+
+Personal-data data: data/guard/pii.jsonl (generated, its own dev / test) and
+data/guard/pii_handwritten.txt (written prompt by prompt; lines alternate dev / test).
 """
 from __future__ import annotations
 
