@@ -120,6 +120,7 @@ def test_fold_drops_invisible_characters_and_folds_case():
     ("secret", "token Zq8xK2pL9mN4vB7cR1tY6wE3uI0oA5sD", "Zq8xK2pL9mN4vB7cR1tY6wE3uI0oA5sD"),
     ("phone", "Telefon 0049 30 12345678 bitte", "0049 30 12345678"),            # 00 as +
     ("phone", "電話は０９０－１２３４－５６７８です", "０９０－１２３４－５６７８"),          # full-width
+    ("phone", "電話は090－1234－5678です。", "090－1234－5678"),                       # full-width dashes
     ("card", "カード番号は４１１１ １１１１ １１１１ １１１１です", "４１１１ １１１１ １１１１ １１１１"),
     ("email", "WHERE email = 'o'connor@example.ie';", "o'connor@example.ie"),
     ("email", "write to Zoë.Ng@example.com", "Zoë.Ng@example.com"),

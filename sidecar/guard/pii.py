@@ -231,6 +231,7 @@ _NEEDS = {"email": lambda t, digits: "@" in t, "ip": lambda t, digits: digits or
 
 
 _FULL_WIDTH = {cp: cp - 0xFEE0 for cp in range(0xFF01, 0xFF5F)} | {0x3000: 0x20}
+_FULL_WIDTH_ALNUM = re.compile("[\uff08\uff09\uff0b\uff0d\uff0e\uff10-\uff19\uff20-\uff3a\uff41-\uff5a]")
 
 
 # Where spans overlap, the stricter check wins: a phone-number candidate also covers many IP
@@ -242,9 +243,11 @@ def find(text: str, detectors: Iterable[str], settings: PiiSettings = PiiSetting
     """Spans of the given detectors in `text`, in text order; of overlapping spans, the one of
     the stricter detector (_PRIORITY), then the longer, is kept."""
     functions = detector_functions(settings)
-    if not text.isascii():
+    if not text.isascii() and _FULL_WIDTH_ALNUM.search(text):
         # Full-width digits, letters and signs (typed by Japanese and Chinese input methods)
         # become ASCII one character for one, so every offset stays valid for redaction.
+        # Without a full-width digit, letter or number sign (most CJK text has only its
+        # punctuation, ，。！) the text is left as it is.
         text = text.translate(_FULL_WIDTH)
     spans: list[Span] = []
     digits = _DIGIT.search(text) is not None
