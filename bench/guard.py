@@ -51,6 +51,36 @@ def _threshold_for(benign_scores: np.ndarray, rate: float) -> float:
     return float(ordered[allowed]) + 1e-9 if allowed < len(ordered) else 0.0
 
 
+def _appended(head) -> dict:
+    """Attacks appended to an ordinary document (test attacks after test paraphrase prompts run
+    together to 500 and 2,000 characters), and such documents without an attack, at the route
+    thresholds for false_alarm_rate 0.01 and 0.001: an order pasted after a document is
+    indirect injection's common shape."""
+    examples = injection_examples()
+    ordinary = [e.text for e in examples if e.source == "paraphrase" and e.split == "test"]
+    attacks = [e.text for e in examples if e.split == "test" and e.label == 1]
+    rng = random.Random(22)
+
+    def document(size: int) -> str:
+        parts, length = [], 0
+        while length < size:
+            parts.append(rng.choice(ordinary))
+            length += len(parts[-1]) + 1
+        return " ".join(parts)[:size]
+
+    out = {}
+    for size in (500, 2000):
+        texts = [document(size) + "\n\n" + a for a in attacks] + [document(size) for _ in range(200)]
+        vectors = embed_all(texts)
+        scores = np.array([head.score(v, t) if not np.isnan(v).any() else -1.0 for v, t in zip(vectors, texts)])
+        for rate in (0.01, 0.001):
+            flagged = scores >= head.threshold(rate)
+            out[f"{size}_chars_false_alarm_rate_{rate}"] = {
+                "detection": wilson(int(flagged[:len(attacks)].sum()), len(attacks)),
+                "false_alarms": wilson(int(flagged[len(attacks):].sum()), len(texts) - len(attacks))}
+    return out
+
+
 def injection() -> dict:
     from sidecar.guard.injection import InjectionHead
     head = InjectionHead.load()
@@ -88,6 +118,7 @@ def injection() -> dict:
     # the hard look-alikes (written to resemble attacks) and the ordinary paraphrase prompts.
     hard = np.array([e.label == 0 and e.source != "paraphrase" for e in val])
     ordinary = np.array([e.source == "paraphrase" for e in val])
+    out["appended"] = _appended(head)
     out["operating_points"] = {
         "hard_lookalikes_0.01": section(_threshold_for(val_scores[hard], 0.01)),
         "paraphrase_0.01": section(_threshold_for(val_scores[ordinary], 0.01)),
@@ -233,6 +264,9 @@ def main() -> int:
                      "fa paraphrase": _cell(p["false_alarms_paraphrase"]),
                      "deepset / sluice attacks": f'{p["by_source"]["deepset"]["detection"]["rate"]} / {p["by_source"]["sluice"]["detection"]["rate"]}'})
     print(report.table(rows, list(rows[0])))
+    print("\nattacks appended to an ordinary document, and such documents alone:")
+    print(report.table([{"document, route rate": k, "detection": _cell(v["detection"]), "false alarms": _cell(v["false_alarms"])}
+                        for k, v in data["injection"]["appended"].items()], ["document, route rate", "detection", "false alarms"]))
     inj = data["injection"]["false_alarm_rate_0.001"]
     print(f"\nroute default (false_alarm_rate 0.001, threshold {inj['threshold']}), Sluice prompts by language:")
     print(report.table([{"language": k, "detection": _cell(v["detection"]), "false alarms": _cell(v["false_alarms"])}
