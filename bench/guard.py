@@ -1,11 +1,13 @@
 """`make eval-guard`: the guard's quality and cost, printed and written to reports/guard.json.
 
 - injection: detection and false alarms on the held-out test splits (bench/guard_data.py) at the
-  threshold a route gets for false_alarm_rate 0.01 (set on validation prompts), per source and
-  language, with Wilson 95% intervals; prompts the model does not embed count as passed;
+  thresholds a route gets for false_alarm_rate 0.01, 0.005 and 0.001 and at the goal's operating
+  points (each threshold set on validation prompts), per source and language, with Wilson 95%
+  intervals; prompts the model does not embed count as passed;
 - words: planted denied words (with zero-width characters, full-width letters, case and CJK
   spacing tricks) in paraphrase prompts, and false matches on clean ones, per squeeze mode;
-- personal data: per detector, precision and recall on data/guard/pii.jsonl (dev and test);
+- personal data: per detector, precision and recall on data/guard/pii.jsonl (generated) and
+  data/guard/pii_handwritten.txt (hand-written), dev and test each;
 - cost: guard time for a 2 KB prompt with 10,000 denied words loaded, every detector on.
 """
 from __future__ import annotations
@@ -21,7 +23,7 @@ import time
 import numpy as np
 
 from bench import report
-from bench.guard_data import ROOT, embed_all, injection_examples, pii_examples
+from bench.guard_data import ROOT, embed_all, injection_examples, pii_examples, pii_handwritten
 
 
 def wilson(hits: int, n: int) -> dict:
@@ -35,20 +37,63 @@ def wilson(hits: int, n: int) -> dict:
 
 # --- injection -------------------------------------------------------------------------------
 
+def _scores(head, examples) -> np.ndarray:
+    """The head's score of each example as the sidecar computes it; -1 where the model does not
+    embed the text (the sidecar lets such a prompt pass unchecked)."""
+    vectors = embed_all([e.text for e in examples])
+    return np.array([head.score(v, e.text) if not np.isnan(v).any() else -1.0 for v, e in zip(vectors, examples)])
+
+
+def _threshold_for(benign_scores: np.ndarray, rate: float) -> float:
+    """The lowest threshold flagging at most `rate` of these benign prompts (flagged: score >= it)."""
+    ordered = np.sort(benign_scores)[::-1]
+    allowed = int(np.floor(rate * len(ordered)))
+    return float(ordered[allowed]) + 1e-9 if allowed < len(ordered) else 0.0
+
+
+def _appended(head) -> dict:
+    """Attacks appended to an ordinary document (test attacks after test paraphrase prompts run
+    together to 500 and 2,000 characters), and such documents without an attack, at the route
+    thresholds for false_alarm_rate 0.01 and 0.001: an order pasted after a document is
+    indirect injection's common shape."""
+    examples = injection_examples()
+    ordinary = [e.text for e in examples if e.source == "paraphrase" and e.split == "test"]
+    attacks = [e.text for e in examples if e.split == "test" and e.label == 1]
+    rng = random.Random(22)
+
+    def document(size: int) -> str:
+        parts, length = [], 0
+        while length < size:
+            parts.append(rng.choice(ordinary))
+            length += len(parts[-1]) + 1
+        return " ".join(parts)[:size]
+
+    out = {}
+    for size in (500, 2000):
+        texts = [document(size) + "\n\n" + a for a in attacks] + [document(size) for _ in range(200)]
+        vectors = embed_all(texts)
+        scores = np.array([head.score(v, t) if not np.isnan(v).any() else -1.0 for v, t in zip(vectors, texts)])
+        for rate in (0.01, 0.001):
+            flagged = scores >= head.threshold(rate)
+            out[f"{size}_chars_false_alarm_rate_{rate}"] = {
+                "detection": wilson(int(flagged[:len(attacks)].sum()), len(attacks)),
+                "false_alarms": wilson(int(flagged[len(attacks):].sum()), len(texts) - len(attacks))}
+    return out
+
+
 def injection() -> dict:
     from sidecar.guard.injection import InjectionHead
     head = InjectionHead.load()
-    test = [e for e in injection_examples() if e.split == "test"]
-    vectors = embed_all([e.text for e in test])
-    embedded = ~np.isnan(vectors).any(axis=1)
-    scores = np.full(len(test), -1.0)
-    scores[embedded] = head.scores(vectors[embedded])
-    out: dict = {"not_embedded": int((~embedded).sum())}
-    for rate in (0.01, 0.005, 0.001):
-        threshold = head.threshold(rate)
+    examples = injection_examples()
+    test = [e for e in examples if e.split == "test"]
+    val = [e for e in examples if e.split == "val"]
+    scores, val_scores = _scores(head, test), _scores(head, val)
+    out: dict = {"not_embedded": int((scores < 0).sum())}
+
+    def section(threshold: float) -> dict:
         flagged = scores >= threshold
 
-        def group(pred, flagged=flagged) -> tuple[dict, dict]:
+        def group(pred) -> tuple[dict, dict]:
             idx = [i for i, e in enumerate(test) if pred(e)]
             attacks = [i for i in idx if test[i].label == 1]
             benign = [i for i in idx if test[i].label == 0]
@@ -56,15 +101,28 @@ def injection() -> dict:
                     wilson(int(flagged[benign].sum()), len(benign)))
 
         detect, fa = group(lambda e: e.source != "paraphrase")
-        section = {"threshold": round(threshold, 4), "detection": detect, "false_alarms": fa,
-                   "false_alarms_paraphrase": group(lambda e: e.source == "paraphrase")[1], "by_source": {}, "by_language": {}}
+        result = {"threshold": round(threshold, 4), "detection": detect, "false_alarms": fa,
+                  "false_alarms_paraphrase": group(lambda e: e.source == "paraphrase")[1], "by_source": {}, "by_language": {}}
         for source in ("deepset", "sluice"):
             d, f = group(lambda e, s=source: e.source == s)
-            section["by_source"][source] = {"detection": d, "false_alarms": f}
+            result["by_source"][source] = {"detection": d, "false_alarms": f}
         for lang in sorted({e.lang for e in test if e.source == "sluice"}):
             d, f = group(lambda e, lang=lang: e.source == "sluice" and e.lang == lang)
-            section["by_language"][lang] = {"detection": d, "false_alarms": f}
-        out[f"false_alarm_rate_{rate}"] = section
+            result["by_language"][lang] = {"detection": d, "false_alarms": f}
+        return result
+
+    # What a route gets: the threshold for a share of all benign validation prompts.
+    for rate in (0.01, 0.005, 0.001):
+        out[f"false_alarm_rate_{rate}"] = section(head.threshold(rate))
+    # The goal's operating points, each threshold set on one kind of benign validation prompt:
+    # the hard look-alikes (written to resemble attacks) and the ordinary paraphrase prompts.
+    hard = np.array([e.label == 0 and e.source != "paraphrase" for e in val])
+    ordinary = np.array([e.source == "paraphrase" for e in val])
+    out["appended"] = _appended(head)
+    out["operating_points"] = {
+        "hard_lookalikes_0.01": section(_threshold_for(val_scores[hard], 0.01)),
+        "paraphrase_0.01": section(_threshold_for(val_scores[ordinary], 0.01)),
+        "paraphrase_0.001": section(_threshold_for(val_scores[ordinary], 0.001))}
     return out
 
 
@@ -119,30 +177,34 @@ def words() -> dict:
 
 # --- personal data ---------------------------------------------------------------------------
 
-def personal_data() -> dict:
+def _pii_counts(rows: list[dict]) -> dict:
+    """Per detector, precision and recall on `rows`: a found span counts as a hit only when it
+    covers a whole planted item of its detector (a partial redaction leaks the rest)."""
     from sidecar.guard.pii import DETECTORS, find
-    out = {}
-    for split in ("dev", "test"):
-        counts = {d: {"tp": 0, "fp": 0, "fn": 0} for d in DETECTORS}
-        rows = [r for r in pii_examples() if r["split"] == split]
-        for row in rows:
-            text = row["text"]
-            items = []
-            for item in row["items"]:
-                start = text.index(item["value"])
-                items.append((item["detector"], start, start + len(item["value"])))
-            matched = set()
-            for span in find(text, DETECTORS):
-                hit = [k for k, (d, a, b) in enumerate(items) if d == span.detector and a < span.end and span.start < b]
-                counts[span.detector]["tp" if hit else "fp"] += 1
-                matched.update(hit)
-            for k, (d, _, _) in enumerate(items):
-                if k not in matched:
-                    counts[d]["fn"] += 1
-        out[split] = {"prompts": len(rows), "detectors": {
-            d: {"precision": wilson(c["tp"], c["tp"] + c["fp"]), "recall": wilson(c["tp"], c["tp"] + c["fn"])}
-            for d, c in counts.items()}}
-    return out
+    counts = {d: {"tp": 0, "fp": 0, "fn": 0} for d in DETECTORS}
+    for row in rows:
+        text = row["text"]
+        items = []
+        for item in row["items"]:
+            start = text.index(item["value"])
+            items.append((item["detector"], start, start + len(item["value"])))
+        matched = set()
+        for span in find(text, DETECTORS):
+            hit = [k for k, (d, a, b) in enumerate(items) if d == span.detector and span.start <= a and b <= span.end]
+            counts[span.detector]["tp" if hit else "fp"] += 1
+            matched.update(hit)
+        for k, (d, _, _) in enumerate(items):
+            if k not in matched:
+                counts[d]["fn"] += 1
+    return {"prompts": len(rows), "detectors": {
+        d: {"precision": wilson(c["tp"], c["tp"] + c["fp"]), "recall": wilson(c["tp"], c["tp"] + c["fn"])}
+        for d, c in counts.items()}}
+
+
+def personal_data() -> dict:
+    generated, handwritten = pii_examples(), pii_handwritten()
+    return {"generated": {split: _pii_counts([r for r in generated if r["split"] == split]) for split in ("dev", "test")},
+            "handwritten": {split: _pii_counts([r for r in handwritten if r["split"] == split]) for split in ("dev", "test")}}
 
 
 # --- cost ------------------------------------------------------------------------------------
@@ -192,18 +254,27 @@ def cost() -> dict:
 
 def main() -> int:
     data = {"words": words(), "personal_data": personal_data(), "cost": cost(), "injection": injection()}
-    inj = data["injection"]["false_alarm_rate_0.01"]
-    print("injection (test splits, threshold set on val for 1% false alarms):")
-    print(report.table([{"set": "all attacks", **_cells(inj["detection"])}, {"set": "benign (deepset+sluice)", **_cells(inj["false_alarms"])},
-                        {"set": "paraphrase (benign)", **_cells(inj["false_alarms_paraphrase"])}]
-                       + [{"set": f"{k} attacks", **_cells(v["detection"])} for k, v in inj["by_source"].items()]
-                       + [{"set": f"sluice {k} attacks", **_cells(v["detection"])} for k, v in inj["by_language"].items()],
-                       ["set", "rate", "n", "ci95"]))
-    print("\npersonal data (test split):")
-    print(report.table([{"detector": d, "precision": v["precision"]["rate"], "p_ci95": str(v["precision"]["ci95"]),
-                         "recall": v["recall"]["rate"], "r_ci95": str(v["recall"]["ci95"])}
-                        for d, v in data["personal_data"]["test"]["detectors"].items()],
-                       ["detector", "precision", "p_ci95", "recall", "r_ci95"]))
+    points = data["injection"]["operating_points"]
+    print("injection (test splits; each threshold set on validation prompts):")
+    rows = []
+    for name, label in (("hard_lookalikes_0.01", "1% of hard look-alikes"), ("paraphrase_0.01", "1% of paraphrase"),
+                        ("paraphrase_0.001", "0.1% of paraphrase")):
+        p = points[name]
+        rows.append({"threshold set for": label, "detection": _cell(p["detection"]), "fa hard look-alikes": _cell(p["false_alarms"]),
+                     "fa paraphrase": _cell(p["false_alarms_paraphrase"]),
+                     "deepset / sluice attacks": f'{p["by_source"]["deepset"]["detection"]["rate"]} / {p["by_source"]["sluice"]["detection"]["rate"]}'})
+    print(report.table(rows, list(rows[0])))
+    print("\nattacks appended to an ordinary document, and such documents alone:")
+    print(report.table([{"document, route rate": k, "detection": _cell(v["detection"]), "false alarms": _cell(v["false_alarms"])}
+                        for k, v in data["injection"]["appended"].items()], ["document, route rate", "detection", "false alarms"]))
+    inj = data["injection"]["false_alarm_rate_0.001"]
+    print(f"\nroute default (false_alarm_rate 0.001, threshold {inj['threshold']}), Sluice prompts by language:")
+    print(report.table([{"language": k, "detection": _cell(v["detection"]), "false alarms": _cell(v["false_alarms"])}
+                        for k, v in inj["by_language"].items()], ["language", "detection", "false alarms"]))
+    for name, sets in data["personal_data"].items():
+        print(f"\npersonal data, {name} set (test split):")
+        print(report.table([{"detector": d, "precision": _cell(v["precision"]), "recall": _cell(v["recall"])}
+                            for d, v in sets["test"]["detectors"].items()], ["detector", "precision", "recall"]))
     print("\nwords (planted with tricks; false matches on clean paraphrase prompts):")
     print(report.table([{"squeeze": m, "recall": v["recall"]["rate"], "precision": v["precision"]["rate"],
                          "false_match_rate": v["false_matches_on_clean"]["rate"]} for m, v in data["words"]["modes"].items()],
@@ -214,8 +285,8 @@ def main() -> int:
     return 0
 
 
-def _cells(w: dict) -> dict:
-    return {"rate": w["rate"], "n": w["n"], "ci95": str(w["ci95"])}
+def _cell(w: dict) -> str:
+    return "n=0" if w["n"] == 0 else f'{w["rate"]:.3f} [{w["ci95"][0]:.3f}, {w["ci95"][1]:.3f}] n={w["n"]}'
 
 
 if __name__ == "__main__":

@@ -6,15 +6,20 @@ Injection data (label 1 = attack):
     split is held out; its `train` split is cut 80/20 into train and val by a hash of the id;
   - data/guard/injections.jsonl (written for Sluice, many languages): train / val / test as
     the file says;
-  - ../shared/data/paraphrase/dev.jsonl (every prompt benign): by a hash of the text, 15%
-    train, 15% val, 70% test.
+  - ../shared/data/paraphrase/dev.jsonl (every prompt benign): by a hash of the prompt's
+    paraphrase group (a prompt and its rewordings, joined through the pairs), 25% train, 7%
+    val, 12% test, the rest unused.
 The test splits are never trained on and never used to choose a threshold.
+
+Personal-data data: data/guard/pii.jsonl (generated, its own dev / test) and
+data/guard/pii_handwritten.txt (written prompt by prompt; lines alternate dev / test).
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SHARED = Path(os.environ.get("SLUICE_SHARED_DATA", ROOT.parent / "shared" / "data"))
 OURS = ROOT / "data" / "guard" / "injections.jsonl"
 PII = ROOT / "data" / "guard" / "pii.jsonl"
+PII_HANDWRITTEN = ROOT / "data" / "guard" / "pii_handwritten.txt"
 CACHE = ROOT / "build" / "guard" / "embeddings.npz"
 
 
@@ -53,25 +59,69 @@ def injection_examples(paraphrase_limit: int | None = None) -> list[Example]:
         out.append(Example(row["text"], int(row["label"]), split, "deepset", "en+de"))
     for row in _read(OURS):
         out.append(Example(row["text"], int(row["label"]), row["split"], "sluice", row["lang"]))
-    seen: set[str] = set()
-    texts = []
-    for row in _read(SHARED / "paraphrase" / "dev.jsonl"):
-        for text in (row["a"], row["b"]):
-            if text and text not in seen:
-                seen.add(text)
-                texts.append(text)
+    texts = _paraphrase_texts()
     if paraphrase_limit is not None:
         texts = texts[:paraphrase_limit]
-    for text in texts:
-        b = _bucket(text)
-        split = "train" if b < 0.05 else "val" if b < 0.12 else "test" if b < 0.24 else None
+    for text, group in texts:
+        b = _bucket(group)
+        split = "train" if b < 0.05 or 0.24 <= b < 0.44 else "val" if b < 0.12 else "test" if b < 0.24 else None
         if split is not None:
             out.append(Example(text, 0, split, "paraphrase", "en"))
     return out
 
 
+def _paraphrase_texts() -> list[tuple[str, str]]:
+    """Each distinct paraphrase prompt with its group: the prompts joined by pairs (a question
+    and its rewordings) form one group, split together, so no test prompt has a near-copy in
+    the training data."""
+    parent: dict[str, str] = {}
+
+    def root(text: str) -> str:
+        while parent[text] != text:
+            parent[text] = parent[parent[text]]
+            text = parent[text]
+        return text
+
+    for row in _read(SHARED / "paraphrase" / "dev.jsonl"):
+        pair = [t for t in (row["a"], row["b"]) if t]
+        for text in pair:
+            parent.setdefault(text, text)
+        if len(pair) == 2:
+            a, b = root(pair[0]), root(pair[1])
+            if a != b:
+                parent[max(a, b)] = min(a, b)
+    return [(text, root(text)) for text in parent]
+
+
 def pii_examples() -> list[dict]:
     return _read(PII)
+
+
+_MARK = re.compile(r"\[\[(\w+)\|(.*?)\]\]|\{\{([\w-]+)\|(.*?)\}\}", re.DOTALL)
+
+
+def pii_handwritten() -> list[dict]:
+    """data/guard/pii_handwritten.txt as rows shaped like pii.jsonl's: `[[detector|value]]`
+    marks planted data, `{{kind|value}}` a look-alike; lines alternate dev / test."""
+    rows = []
+    lines = [line for line in PII_HANDWRITTEN.read_text(encoding="utf-8").splitlines()
+             if line.strip() and not line.startswith("#")]
+    for number, line in enumerate(lines):
+        lang, marked = line.split("\t", 1)
+        marked = marked.replace("\\n", "\n")
+        text, items, lookalikes, at = [], [], [], 0
+        for m in _MARK.finditer(marked):
+            text.append(marked[at:m.start()])
+            if m.group(1):
+                items.append({"detector": m.group(1), "value": m.group(2)})
+            else:
+                lookalikes.append({"kind": m.group(3), "value": m.group(4)})
+            text.append(m.group(2) or m.group(4))
+            at = m.end()
+        text.append(marked[at:])
+        rows.append({"id": f"hand-{number:03d}", "lang": lang, "text": "".join(text), "items": items,
+                     "lookalikes": lookalikes, "split": "dev" if number % 2 == 0 else "test"})
+    return rows
 
 
 def embed_all(texts: list[str]) -> np.ndarray:

@@ -1,12 +1,14 @@
-"""Trains the prompt-injection head (sidecar/guard/injection_head.npz) over MiniLM embeddings.
+"""Trains the prompt-injection classifier (sidecar/guard/injection_head.npz).
 
     .venv/bin/python scripts/train_guard.py
 
-Data and splits: bench/guard_data.py. A one-hidden-layer MLP (32 ReLU units, logistic output),
-full-batch Adam with L2 and class weights (attacks are few), the epoch count chosen on the val
-split by average precision at low false-alarm rates. Benign val scores are saved with the
-weights: they turn a route's false-alarm rate into a threshold. The test splits are not read.
-Seeded: the same data gives the same weights.
+Data and splits: bench/guard_data.py. One logistic model over the prompt's MiniLM embedding and
+its hashed character n-grams (sidecar/guard/lexical.py), trained jointly by full-batch Adam with
+L2 (stronger on the embedding's 384 dense weights than on the sparse n-gram ones) and class
+weights (attacks are few); the epoch count is chosen on the val split by recall at low
+false-alarm rates. The scores of the ordinary (paraphrase) val prompts are saved with the
+weights: they turn a route's false-alarm rate into a threshold. The test splits are not read. Deterministic: the same data
+gives the same weights.
 """
 from __future__ import annotations
 
@@ -19,9 +21,30 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.guard_data import embed_all, injection_examples  # noqa: E402
+from sidecar.guard import lexical  # noqa: E402
+from sidecar.guard.injection import WEIGHTS, InjectionHead  # noqa: E402
 
-OUT = ROOT / "sidecar" / "guard" / "injection_head.npz"
-HIDDEN, EPOCHS, LR, L2 = 32, 600, 0.003, 1e-4
+EPOCHS, LR, L2_LEXICAL, L2_EMBEDDING = 600, 0.02, 1e-5, 1e-4
+
+
+class Ngrams:
+    """The n-gram features of many texts as a sparse matrix (rows, buckets, values)."""
+
+    def __init__(self, texts: list[str]):
+        rows, cols, values = [], [], []
+        for i, text in enumerate(texts):
+            index = lexical.buckets(text)
+            rows.append(np.full(len(index), i))
+            cols.append(index)
+            values.append(np.full(len(index), 1 / np.sqrt(max(1, len(index)))))
+        self.rows, self.cols, self.values = (np.concatenate(a) for a in (rows, cols, values))
+        self.n = len(texts)
+
+    def dot(self, weights: np.ndarray) -> np.ndarray:       # X @ w
+        return np.bincount(self.rows, weights=self.values * weights[self.cols], minlength=self.n)
+
+    def grad(self, g: np.ndarray) -> np.ndarray:            # X.T @ g
+        return np.bincount(self.cols, weights=self.values * g[self.rows], minlength=lexical.DIM)
 
 
 def recall_at(scores: np.ndarray, labels: np.ndarray, rate: float) -> float:
@@ -30,40 +53,34 @@ def recall_at(scores: np.ndarray, labels: np.ndarray, rate: float) -> float:
     return float((scores[labels == 1] > threshold).mean())
 
 
-def train(x: np.ndarray, y: np.ndarray, xv: np.ndarray, yv: np.ndarray, seed: int = 22):
-    rng = np.random.default_rng(seed)
-    dim = x.shape[1]
-    params = {"w1": rng.normal(0, 1 / np.sqrt(dim), (dim, HIDDEN)).astype(np.float32),
-              "b1": np.zeros(HIDDEN, np.float32),
-              "w2": rng.normal(0, 1 / np.sqrt(HIDDEN), HIDDEN).astype(np.float32),
-              "b2": np.zeros((), np.float32)}
+def logits(params: dict, vectors: np.ndarray, ngrams: Ngrams) -> np.ndarray:
+    return vectors @ params["embedding"] + ngrams.dot(params["lexical"]) + params["bias"]
+
+
+def train(vectors, ngrams, y, train_rows, val_rows):
+    params = {"embedding": np.zeros(vectors.shape[1]), "lexical": np.zeros(lexical.DIM), "bias": np.zeros(())}
+    l2 = {"embedding": L2_EMBEDDING, "lexical": L2_LEXICAL, "bias": 0.0}
     moments = {k: (np.zeros_like(v), np.zeros_like(v)) for k, v in params.items()}
-    weight = np.where(y == 1, 0.5 / y.mean(), 0.5 / (1 - y.mean())).astype(np.float32)
+    yt = y[train_rows]
+    # Class weights, and only training rows count: the val rows get weight 0.
+    weight = np.where(y == 1, 0.5 / yt.mean(), 0.5 / (1 - yt.mean())) * train_rows / train_rows.sum()
     best, best_params, best_epoch = -1.0, None, 0
     for epoch in range(1, EPOCHS + 1):
-        h = np.maximum(x @ params["w1"] + params["b1"], 0)
-        p = 1 / (1 + np.exp(-(h @ params["w2"] + params["b2"])))
-        g = (p - y) * weight / len(y)                      # d loss / d logit
-        grads = {"w2": h.T @ g + L2 * params["w2"], "b2": g.sum()}
-        gh = np.outer(g, params["w2"]) * (h > 0)
-        grads["w1"] = x.T @ gh + L2 * params["w1"]
-        grads["b1"] = gh.sum(0)
+        z = logits(params, vectors, ngrams)
+        g = (1 / (1 + np.exp(-z)) - y) * weight                # d loss / d logit
+        grads = {"embedding": vectors.T @ g, "lexical": ngrams.grad(g), "bias": g.sum()}
         for k in params:
+            grad = grads[k] + l2[k] * params[k]
             m, v = moments[k]
-            m[...] = 0.9 * m + 0.1 * grads[k]
-            v[...] = 0.999 * v + 0.001 * grads[k] ** 2
+            m[...] = 0.9 * m + 0.1 * grad
+            v[...] = 0.999 * v + 0.001 * grad ** 2
             params[k] = params[k] - LR * (m / (1 - 0.9 ** epoch)) / (np.sqrt(v / (1 - 0.999 ** epoch)) + 1e-8)
         if epoch % 20 == 0:
-            sv = scores(params, xv)
-            quality = np.mean([recall_at(sv, yv, r) for r in (0.005, 0.01, 0.02)])
+            sv = z[val_rows]
+            quality = np.mean([recall_at(sv, y[val_rows], r) for r in (0.001, 0.005, 0.01, 0.02)])
             if quality > best:
                 best, best_params, best_epoch = quality, {k: v.copy() for k, v in params.items()}, epoch
     return best_params, best_epoch, best
-
-
-def scores(params, x):
-    h = np.maximum(x @ params["w1"] + params["b1"], 0)
-    return 1 / (1 + np.exp(-(h @ params["w2"] + params["b2"])))
 
 
 def main() -> int:
@@ -73,18 +90,29 @@ def main() -> int:
     usable = ~np.isnan(vectors).any(axis=1)
     print(f"{int((~usable).sum())} prompts the model does not embed (too many unknown tokens): left out")
     examples = [e for e, ok in zip(examples, usable) if ok]
-    vectors = vectors[usable]
-    labels = np.array([e.label for e in examples], np.float32)
+    vectors = vectors[usable].astype(np.float64)
+    ngrams = Ngrams([e.text for e in examples])
+    y = np.array([e.label for e in examples], np.float64)
     is_train = np.array([e.split == "train" for e in examples])
-    x, y, xv, yv = vectors[is_train], labels[is_train], vectors[~is_train], labels[~is_train]
-    print(f"train: {int(y.sum())} attacks, {int((1 - y).sum())} benign; val: {int(yv.sum())} attacks, {int((1 - yv).sum())} benign")
-    params, epoch, quality = train(x, y, xv, yv)
-    sv = scores(params, xv)
-    print(f"best epoch {epoch}; val recall at 0.5/1/2% false alarms (mean) {quality:.3f}; "
+    print(f"train: {int(y[is_train].sum())} attacks, {int((1 - y[is_train]).sum())} benign; "
+          f"val: {int(y[~is_train].sum())} attacks, {int((1 - y[~is_train]).sum())} benign")
+    params, epoch, quality = train(vectors, ngrams, y, is_train, ~is_train)
+    head = InjectionHead(params["embedding"].astype(np.float32), params["lexical"].astype(np.float32),
+                         float(params["bias"]), np.zeros(0, np.float32))
+    # Scores as the sidecar computes them (float16 weights, one prompt at a time).
+    head.save(WEIGHTS)
+    head = InjectionHead.load(WEIGHTS)
+    val = [(v, e) for v, e, t in zip(vectors, examples, is_train) if not t]
+    sv = np.array([head.score(v.astype(np.float32), e.text) for v, e in val])
+    yv = y[~is_train]
+    # A route's false_alarm_rate is a share of ordinary prompts: the threshold comes from the
+    # ordinary (paraphrase) validation prompts only, not the look-alikes written to be hard.
+    ordinary = np.array([e.source == "paraphrase" for _, e in val])
+    head = InjectionHead(head.embedding, head.lexical, head.bias, np.sort(sv[ordinary]).astype(np.float32))
+    head.save(WEIGHTS)
+    print(f"best epoch {epoch}; val recall at 0.1/0.5/1/2% false alarms (mean) {quality:.3f}; "
           f"at 1%: {recall_at(sv, yv, 0.01):.3f}")
-    np.savez_compressed(OUT, **{k: v.astype(np.float16) if v.ndim else v for k, v in params.items()},
-                        benign_scores=np.sort(sv[yv == 0]).astype(np.float32))
-    print(f"wrote {OUT.relative_to(ROOT)} ({OUT.stat().st_size // 1024} KiB)")
+    print(f"wrote {WEIGHTS.relative_to(ROOT)} ({WEIGHTS.stat().st_size // 1024} KiB)")
     return 0
 
 

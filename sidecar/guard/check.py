@@ -63,12 +63,12 @@ def scan(policy: GuardPolicy, messages) -> Scan:
     for where, text in texts:
         edits: list[tuple[int, int, str]] = []
         if policy.words is not None:
-            lists = policy.words.scan(text)
-            for index in lists:
+            found = policy.words.find(text)
+            for index in found.lists:
                 word_hits[index] = word_hits.get(index, 0) + 1
-            masked = {i for i in lists if policy.word_rules[i].action == "mask"}
+            masked = {i for i in found.lists if policy.word_rules[i].action == "mask"}
             if masked:
-                edits += [(s, e, MASK) for s, e in policy.words.spans(text, masked)]
+                edits += [(s, e, MASK) for s, e in policy.words.spans(text, masked, found)]
         if policy.pii:
             for span in pii_detectors.find(text, policy.pii, policy.pii_settings):
                 pii_hits[span.detector] = pii_hits.get(span.detector, 0) + 1

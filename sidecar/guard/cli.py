@@ -11,6 +11,7 @@ import argparse
 import json
 import sys
 
+from sidecar.guard.injection import DEFAULT_FALSE_ALARM_RATE
 from sidecar.guard.pii import DETECTORS
 
 
@@ -20,8 +21,8 @@ def add_subcommands(commands) -> None:
                         help="a denied-word file (one per line), checked as a list named after it; repeatable")
     parser.add_argument("--no-injection", action="store_true",
                         help="skip the injection classifier (it loads the embedding model)")
-    parser.add_argument("--false-alarm-rate", type=float, default=0.01,
-                        help="the injection classifier's share of ordinary prompts flagged (default 0.01)")
+    parser.add_argument("--false-alarm-rate", type=float, default=DEFAULT_FALSE_ALARM_RATE,
+                        help=f"the injection classifier's share of ordinary prompts flagged (default {DEFAULT_FALSE_ALARM_RATE})")
     parser.set_defaults(func=_run)
 
 
@@ -67,7 +68,7 @@ def _run(args: argparse.Namespace) -> int:
         if encoder is not None:
             from sidecar.embedding.errors import NothingToEmbed
             try:
-                finding = judge_injection(policy, head.score(encoder.embed([text])[0]))
+                finding = judge_injection(policy, head.score(encoder.embed([text])[0], text))
             except NothingToEmbed:
                 finding = None
             if finding is not None:

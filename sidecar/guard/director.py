@@ -186,7 +186,7 @@ class GuardingDirector:
         if head is None:
             from sidecar.guard.injection import default_head
             head = self._head = default_head()
-        return judge_injection(policy, head.score(vector))
+        return judge_injection(policy, head.score(vector, parts.text))
 
     @staticmethod
     def _count(ctx: RequestContext, finding: Finding) -> None:

@@ -1,44 +1,55 @@
-"""Prompt-injection classifier: a small head over the prompt's MiniLM embedding.
+"""Prompt-injection classifier: one logistic model over the prompt's MiniLM embedding and its
+hashed character n-grams.
 
-The sidecar already embeds the last user turn for the semantic cache; this head reads that
-vector (no second model run): a one-hidden-layer MLP in numpy, trained by
-scripts/train_guard.py on data/guard/ and ../shared/data (its README). The weights file also
-holds the scores the head gave benign validation prompts, so a route's threshold is set as the
-share of ordinary prompts it may flag (`false_alarm_rate`), the unit an operator reasons in.
+The sidecar already embeds the last user turn for the semantic cache; the classifier reads that
+vector (no second model run) and the text itself (sidecar/guard/lexical.py: the words that make
+an order out of a question, which the embedding blurs). Trained by scripts/train_guard.py on
+data/guard/ and ../shared/data (its README). The weights file also holds the scores the
+classifier gave benign validation prompts, so a route's threshold is set as the share of
+ordinary prompts it may flag (`false_alarm_rate`), the unit an operator reasons in.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from sidecar.guard import lexical
+
 WEIGHTS = Path(__file__).with_name("injection_head.npz")
-DEFAULT_FALSE_ALARM_RATE = 0.01
+DEFAULT_FALSE_ALARM_RATE = 0.001
 
 
 @dataclass(frozen=True)
 class InjectionHead:
-    w1: np.ndarray          # [dim, hidden]
-    b1: np.ndarray          # [hidden]
-    w2: np.ndarray          # [hidden]
-    b2: float
+    embedding: np.ndarray       # [dim] weights of the unit embedding
+    lexical: np.ndarray         # [lexical.DIM] weights of the n-gram buckets
+    bias: float
     benign_scores: np.ndarray   # sorted scores of benign validation prompts (calibration)
 
     @classmethod
     def load(cls, path: Path = WEIGHTS) -> "InjectionHead":
         with np.load(path) as data:
-            return cls(data["w1"].astype(np.float32), data["b1"].astype(np.float32),
-                       data["w2"].astype(np.float32), float(data["b2"]),
+            if int(data["lexical_dim_bits"]) != lexical.DIM_BITS or tuple(data["lexical_orders"]) != lexical.ORDERS:
+                raise ValueError(f"{path} was trained with other lexical features: run `make guard-model`")
+            weights = np.zeros(lexical.DIM, np.float32)
+            weights[data["lexical_index"]] = data["lexical_weight"].astype(np.float32)
+            return cls(data["embedding"].astype(np.float32), weights, float(data["bias"]),
                        np.sort(data["benign_scores"].astype(np.float32)))
 
-    def scores(self, vectors: np.ndarray) -> np.ndarray:
-        """Probability-like scores in [0, 1] for unit vectors [n, dim]."""
-        hidden = np.maximum(vectors @ self.w1 + self.b1, 0.0)
-        return 1.0 / (1.0 + np.exp(-(hidden @ self.w2 + self.b2)))
+    def save(self, path: Path) -> None:
+        used = np.flatnonzero(self.lexical)     # most buckets never occur in training: stored sparse
+        np.savez_compressed(path, embedding=self.embedding.astype(np.float16), bias=np.float32(self.bias),
+                            lexical_index=used.astype(np.int32), lexical_weight=self.lexical[used].astype(np.float16),
+                            lexical_dim_bits=lexical.DIM_BITS, lexical_orders=np.array(lexical.ORDERS),
+                            benign_scores=self.benign_scores.astype(np.float32))
 
-    def score(self, vector: np.ndarray) -> float:
-        return float(self.scores(vector[None, :])[0])
+    def score(self, vector: np.ndarray, text: str) -> float:
+        """A probability-like score in [0, 1] for a prompt's unit embedding and its text."""
+        logit = float(vector @ self.embedding) + lexical.score(self.lexical, text) + self.bias
+        return 0.5 * (1.0 + math.tanh(logit / 2))     # the logistic function, without overflow
 
     def threshold(self, false_alarm_rate: float) -> float:
         """The score above which a share `false_alarm_rate` of benign validation prompts lie."""

@@ -4,12 +4,16 @@ Full-width letters (ｓｅｃｒｅｔ), ligatures and compatibility forms fold 
 letters under NFKC; zero-width spaces, joiners, soft hyphens, bidi controls and other format
 (Cf) and control (Cc) characters are dropped, so a word split by one still matches. The whole
 string is folded at once (C code, fast); the offsets of a match in the original text are
-worked out only when a match must be masked (`fold_with_offsets`, a slower per-character walk).
+worked out only when a match must be masked (`fold_with_offsets`, which folds each distinct
+character once).
 """
 from __future__ import annotations
 
+import functools
 import re
 import unicodedata
+
+import numpy as np
 
 # Every format and control character, except the line breaks and tabs that separate words.
 _KEEP = {"\t", "\n", "\r"}
@@ -50,25 +54,66 @@ def fold(text: str) -> str:
     return text.casefold()
 
 
-def fold_with_offsets(text: str) -> tuple[str, list[int]]:
+def fold_with_offsets(text: str) -> tuple[str, np.ndarray]:
     """fold(text) character by character, and for each folded character the index of the
     original character it came from (a match [i, j) in the folded text covers the original
     text from offsets[i] to offsets[j - 1] + 1)."""
     if text.isascii() and text.isprintable():
-        return text.lower(), list(range(len(text)))
-    if not _INVISIBLE.search(text) and unicodedata.is_normalized("NFKC", text):
+        return text.lower(), np.arange(len(text))
+    # A printable text has no format or control character: the costly search is skipped.
+    if (text.isprintable() or not _INVISIBLE.search(text)) and unicodedata.is_normalized("NFKC", text):
         folded = text.casefold()
         if len(folded) == len(text):     # casefold never shortens: every character maps to one
-            return folded, list(range(len(text)))
-    out: list[str] = []
-    offsets: list[int] = []
-    for index, ch in enumerate(text):
-        if ord(ch) in _DROP:
-            continue
-        folded = unicodedata.normalize("NFKC", ch).casefold()
-        out.append(folded)
-        offsets.extend([index] * len(folded))
-    return "".join(out), offsets
+            return folded, np.arange(len(text))
+    points = _code_points(text)
+    if len(points) and points.max() >= _BMP:
+        # Rare (emoji, historic scripts): each distinct character folded once.
+        distinct, inverse = np.unique(points, return_inverse=True)
+        table = {int(cp): _fold_char(chr(cp)) for cp in distinct}
+        lengths = np.array([len(table[int(cp)]) for cp in distinct])[inverse]
+        return text.translate(table), np.repeat(np.arange(len(text)), lengths)
+    # Most characters fold to themselves: only the others (capitals, full-width forms,
+    # invisibles) are looked up, and the text between them is copied in slices.
+    changes, lengths, folds = _bmp_tables()
+    pieces, at = [], 0
+    for index in np.flatnonzero(changes[points]).tolist():
+        pieces.append(text[at:index])
+        pieces.append(folds[ord(text[index])])
+        at = index + 1
+    pieces.append(text[at:])
+    return "".join(pieces), np.repeat(np.arange(len(text)), lengths[points])
+
+
+_BMP = 0x10000
+
+
+def _fold_char(ch: str) -> str:
+    return "" if ord(ch) in _DROP else unicodedata.normalize("NFKC", ch).casefold()
+
+
+@functools.cache
+def _bmp_tables() -> tuple[np.ndarray, np.ndarray, dict[int, str]]:
+    """For every character of the Basic Multilingual Plane: whether folding changes it, the
+    length of its fold, and the folds that differ (built once per process, ~50 ms: see
+    prepare_offsets)."""
+    changes, lengths, folds = np.zeros(_BMP, bool), np.ones(_BMP, np.int64), {}
+    for cp in range(_BMP):
+        ch = chr(cp)
+        folded = _fold_char(ch)
+        if folded != ch:
+            changes[cp], lengths[cp], folds[cp] = True, len(folded), folded
+    return changes, lengths, folds
+
+
+def prepare_offsets() -> None:
+    """Builds the tables fold_with_offsets and squeeze_offsets use, so the first request that
+    masks a word does not wait for them (WordMatcher calls it when it is compiled)."""
+    _bmp_tables()
+    _bmp_kept()
+
+
+def _code_points(text: str) -> np.ndarray:
+    return np.frombuffer(text.encode("utf-32-le", "surrogatepass"), np.uint32)
 
 
 # Spaces, punctuation and symbols a writer puts between the characters of a word to dodge a
@@ -82,6 +127,17 @@ def squeeze(folded: str) -> str:
     return _GAPS.sub("", folded)
 
 
-def squeeze_offsets(folded: str) -> list[int]:
+def squeeze_offsets(folded: str) -> np.ndarray:
     """For each character squeeze(folded) keeps, its offset in `folded`."""
-    return [m.start() for m in _KEPT.finditer(folded)]
+    points = _code_points(folded)
+    if len(points) and points.max() >= _BMP:
+        return np.array([m.start() for m in _KEPT.finditer(folded)], np.int64)
+    return np.flatnonzero(_bmp_kept()[points])
+
+
+@functools.cache
+def _bmp_kept() -> np.ndarray:
+    """Whether squeeze keeps each character of the Basic Multilingual Plane."""
+    kept = np.zeros(_BMP, bool)
+    kept[[m.start() for m in _KEPT.finditer("".join(map(chr, range(_BMP))))]] = True
+    return kept

@@ -31,10 +31,11 @@ class Span:
     score: float = 1.0
 
 
-# ASCII addresses: a CJK sentence runs into them without a space, and \w would take it along.
+# Local parts of ASCII and Latin letters (Zoë.Ng@, o'connor@), not \w: a CJK sentence runs
+# into an address without a space, and \w would take it along.
 # A leading lookbehind is tried at every position of the text; after the first character it is
 # tried only where that character matched (the patterns below put it there: ~5x faster).
-_EMAIL = re.compile(r"[A-Za-z0-9._%+-](?<![A-Za-z0-9._%+-].)[A-Za-z0-9._%+-]{0,63}@(?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.)+"
+_EMAIL = re.compile(r"[A-Za-z0-9._%+\u00c0-\u024f-](?<![A-Za-z0-9._%+\u00c0-\u024f-].)[A-Za-z0-9._%+'\u00c0-\u024f-]{0,63}@(?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.)+"
                     r"[A-Za-z]{2,24}(?![A-Za-z0-9@-])")
 
 # 13 to 19 digits, in groups split by single spaces or dashes.
@@ -85,6 +86,7 @@ def _ibans(text: str) -> Iterable[Span]:
 # A phone-number candidate: a + or a digit, then digits with spaces, dots, dashes, brackets.
 _PHONE = re.compile(r"[+(\d](?<![A-Za-z0-9+./_-].)[\d ().\-–]{5,22}\d(?![A-Za-z0-9_]|[.-]?[A-Za-z0-9])")
 # Dates and times: libphonenumber accepts some as numbers of some region.
+_NOT_DIGIT = re.compile(r"\D")
 _DATE = re.compile(r"\d{4}[-./]\d{1,2}[-./]\d{1,2}|\d{1,2}[-./]\d{1,2}[-./]\d{2,4}|\d{4}-\d{1,2}")
 
 
@@ -113,14 +115,26 @@ def _is_phone(candidate: str, regions: tuple[str, ...]) -> bool:
     digits = sum(ch.isdigit() for ch in candidate)
     if digits < 7 or digits > 15:
         return False
-    for region in (None,) if candidate.startswith("+") else regions:
+    if candidate.startswith("00"):
+        candidate = "+" + candidate[2:]      # 00 dials abroad from most countries, as + does
+    international = candidate.startswith("+")
+    for region in (None,) if international else regions:
         try:
             number = phonenumbers.parse(candidate, region)
         except phonenumbers.NumberParseException:
             continue
-        if phonenumbers.is_valid_number(number):
+        if phonenumbers.is_valid_number(number) and (international or _written_nationally(candidate, number)):
             return True
     return False
+
+
+def _written_nationally(candidate: str, number) -> bool:
+    """Whether a number without a country code is written as the region writes it at home:
+    with its trunk prefix (the 0 of 030 901820) where the region dials one. libphonenumber
+    accepts a national number without it, and then many order numbers, ids and counts of
+    seven to twelve digits are valid numbers of some region."""
+    national = phonenumbers.format_number(number, phonenumbers.PhoneNumberFormat.NATIONAL)
+    return _NOT_DIGIT.sub("", national) == _NOT_DIGIT.sub("", candidate)
 
 
 _IPV4 = re.compile(r"\d(?<![A-Za-z0-9_.].)\d{0,2}\.(?:\d{1,3}\.){2}\d{1,3}(?![A-Za-z0-9_]|\.\d)")
@@ -216,6 +230,10 @@ _NEEDS = {"email": lambda t, digits: "@" in t, "ip": lambda t, digits: digits or
           "card": lambda t, digits: digits, "private_key": lambda t, digits: "PRIVATE KEY" in t}
 
 
+_FULL_WIDTH = {cp: cp - 0xFEE0 for cp in range(0xFF01, 0xFF5F)} | {0x3000: 0x20}
+_FULL_WIDTH_ALNUM = re.compile("[\uff08\uff09\uff0b\uff0d\uff0e\uff10-\uff19\uff20-\uff3a\uff41-\uff5a]")
+
+
 # Where spans overlap, the stricter check wins: a phone-number candidate also covers many IP
 # addresses, cards and IBAN digits, which their own checks confirm more narrowly.
 _PRIORITY = {name: rank for rank, name in enumerate(("private_key", "secret", "email", "iban", "card", "ip", "phone"))}
@@ -225,6 +243,12 @@ def find(text: str, detectors: Iterable[str], settings: PiiSettings = PiiSetting
     """Spans of the given detectors in `text`, in text order; of overlapping spans, the one of
     the stricter detector (_PRIORITY), then the longer, is kept."""
     functions = detector_functions(settings)
+    if not text.isascii() and _FULL_WIDTH_ALNUM.search(text):
+        # Full-width digits, letters and signs (typed by Japanese and Chinese input methods)
+        # become ASCII one character for one, so every offset stays valid for redaction.
+        # Without a full-width digit, letter or number sign (most CJK text has only its
+        # punctuation, ，。！) the text is left as it is.
+        text = text.translate(_FULL_WIDTH)
     spans: list[Span] = []
     digits = _DIGIT.search(text) is not None
     for name in detectors:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sidecar.guard.injection import DEFAULT_FALSE_ALARM_RATE
 from sidecar.guard.pii import DETECTORS, DEFAULT_MIN_ENTROPY, DEFAULT_PHONE_REGIONS, PiiSettings
 from sidecar.guard.words import WordMatcher
 
@@ -84,7 +85,7 @@ def build_policy(guard, injection_head=None) -> GuardPolicy | None:
     injection = None
     if guard.injection.enabled:
         spec = guard.injection
-        rate = spec.false_alarm_rate if spec.HasField("false_alarm_rate") else 0.01
+        rate = spec.false_alarm_rate if spec.HasField("false_alarm_rate") else DEFAULT_FALSE_ALARM_RATE
         if injection_head is None:
             from sidecar.guard.injection import default_head
             injection_head = default_head()

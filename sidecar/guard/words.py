@@ -17,12 +17,15 @@ from typing import Iterable
 
 import ahocorasick_rs
 
-from sidecar.guard.normalize import fold, fold_with_offsets, squeeze, squeeze_offsets
+from sidecar.guard.normalize import fold, fold_with_offsets, prepare_offsets, squeeze, squeeze_offsets
 
 SQUEEZE_MODES = ("cjk", "all", "off")
 
 
 _CJK = re.compile("[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff\U00020000-\U0002fa1f]")
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def is_cjk(ch: str) -> bool:
@@ -70,25 +73,43 @@ class WordMatcher:
                     tight = squeeze(key)
                     if tight:
                         squeezed.setdefault(tight, []).append(WordEntry(index, len(tight), False, False))
+        if self.size:
+            prepare_offsets()
         self._plain, self._plain_entries = _automaton(plain)
         self._squeezed, self._squeezed_entries = _automaton(squeezed)
 
     def scan(self, text: str) -> set[int]:
         """Indexes of the lists with a word in `text`."""
-        folded = fold(text)
-        return {index for index, _, _ in self._hits(folded)}
+        return self.find(text).lists
 
-    def spans(self, text: str, lists: set[int]) -> list[tuple[int, int]]:
-        """Ranges of the original `text` covered by words of `lists`, merged and sorted."""
+    def find(self, text: str) -> "Found":
+        """The lists with a word in `text`, and the matches, which `spans` can reuse."""
+        folded = fold(text)
+        hits = self._hits(folded)
+        return Found({index for index, _, _ in hits}, folded, hits)
+
+    def spans(self, text: str, lists: set[int], found: "Found | None" = None) -> list[tuple[int, int]]:
+        """Ranges of the original `text` covered by words of `lists`, merged and sorted.
+        `found` (this text's `find`) saves a second pass of the automaton when the text folds
+        the same character by character as at once (nearly always)."""
         folded, offsets = fold_with_offsets(text)
+        hits = found.hits if found is not None and found.folded == folded else self._hits(folded)
         ranges = []
-        for index, start, end in self._hits(folded, with_squeezed_offsets=True):
+        for index, start, end in hits:
             if index in lists:
-                ranges.append((offsets[start], offsets[end - 1] + 1))
+                ranges.append((int(offsets[start]), int(offsets[end - 1]) + 1))
         return _merge(ranges)
 
-    def _hits(self, folded: str, with_squeezed_offsets: bool = False):
+    def _hits(self, folded: str) -> list[tuple[int, int, int]]:
         """(list index, start, end) of every match, as offsets in `folded`."""
+        try:
+            return self._matches(folded)
+        except UnicodeEncodeError:
+            # A lone surrogate (a JSON "\ud800" escape) is no character the automaton can
+            # read: U+FFFD stands in for it, one for one, so offsets hold.
+            return self._matches(_SURROGATE.sub("\ufffd", folded))
+
+    def _matches(self, folded: str) -> list[tuple[int, int, int]]:
         found = []
         if self._plain is not None:
             for key, start, end in self._plain.find_matches_as_indexes(folded, overlapping=True):
@@ -100,14 +121,19 @@ class WordMatcher:
                     found.append((e.list_index, start, end))
         if self._squeezed is not None and (self._squeeze_ascii or _CJK.search(folded)):
             tight = squeeze(folded)
-            where = squeeze_offsets(folded) if with_squeezed_offsets else None
-            for key, start, end in self._squeezed.find_matches_as_indexes(tight, overlapping=True):
+            matches = self._squeezed.find_matches_as_indexes(tight, overlapping=True)
+            where = squeeze_offsets(folded) if matches else None    # only when a word matched
+            for key, start, end in matches:
                 for e in self._squeezed_entries[key]:
-                    if where is None:
-                        found.append((e.list_index, 0, 0))
-                    else:
-                        found.append((e.list_index, where[start], where[end - 1] + 1))
+                    found.append((e.list_index, int(where[start]), int(where[end - 1]) + 1))
         return found
+
+
+@dataclass(frozen=True)
+class Found:
+    lists: set[int]                         # indexes of the lists that hit
+    folded: str                             # the text as matched
+    hits: list[tuple[int, int, int]]        # (list index, start, end) in `folded`
 
 
 def _automaton(entries: dict[str, list[WordEntry]]):
