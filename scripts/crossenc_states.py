@@ -67,10 +67,41 @@ def _cache_file(split: int) -> Path:
     return CACHE / f"token-states-L{split}-{key}.npz"
 
 
-def token_states(texts: list[str], split: int) -> dict[str, np.ndarray]:
-    """text -> [tokens, 384] float16 states after `split` layers (None: nothing to embed)."""
+def run_states(texts: list[str], split: int) -> dict[str, np.ndarray | None]:
+    """text -> [tokens, 384] float16 states after `split` layers (None: nothing to embed); no cache."""
     from sidecar.embedding.errors import NothingToEmbed
     from sidecar.embedding.tokens import encode_tail
+    tokenizer, max_tokens = _tokenizer()
+    session, name = _session(split)
+    out: dict[str, np.ndarray | None] = {}
+    ids = {}
+    for text in texts:
+        try:
+            ids[text] = encode_tail(tokenizer, text, max_tokens)
+        except NothingToEmbed:
+            out[text] = None
+    order = sorted(ids, key=lambda t: len(ids[t]))
+    start = time.perf_counter()
+    for first in range(0, len(order), 64):
+        chunk = order[first:first + 64]
+        longest = max(len(ids[t]) for t in chunk)
+        input_ids = np.zeros((len(chunk), longest), np.int64)
+        mask = np.zeros_like(input_ids)
+        for row, text in enumerate(chunk):
+            input_ids[row, :len(ids[text])] = ids[text]
+            mask[row, :len(ids[text])] = 1
+        states = session.run([name], {"input_ids": input_ids, "attention_mask": mask,
+                                      "token_type_ids": np.zeros_like(input_ids)})[0]
+        for row, text in enumerate(chunk):
+            out[text] = states[row, :len(ids[text])].astype(np.float16)
+        if first // 64 % 50 == 49:
+            print(f"states {first + len(chunk)}/{len(order)} ({time.perf_counter() - start:.0f}s)",
+                  file=sys.stderr, flush=True)
+    return out
+
+
+def token_states(texts: list[str], split: int) -> dict[str, np.ndarray]:
+    """run_states, cached per text under build/semantic/."""
     path = _cache_file(split)
     known: dict[str, np.ndarray | None] = {}
     if path.exists():
@@ -80,37 +111,29 @@ def token_states(texts: list[str], split: int) -> dict[str, np.ndarray]:
             known[key] = stored[lo:hi] if hi > lo else None
     missing = sorted({t for t in texts if _digest(t) not in known})
     if missing:
-        tokenizer, max_tokens = _tokenizer()
-        session, name = _session(split)
-        ids = {}
-        for text in missing:
-            try:
-                ids[text] = encode_tail(tokenizer, text, max_tokens)
-            except NothingToEmbed:
-                known[_digest(text)] = None
-        order = sorted(ids, key=lambda t: len(ids[t]))
-        start = time.perf_counter()
-        for first in range(0, len(order), 64):
-            chunk = order[first:first + 64]
-            longest = max(len(ids[t]) for t in chunk)
-            input_ids = np.zeros((len(chunk), longest), np.int64)
-            mask = np.zeros_like(input_ids)
-            for row, text in enumerate(chunk):
-                input_ids[row, :len(ids[text])] = ids[text]
-                mask[row, :len(ids[text])] = 1
-            out = session.run([name], {"input_ids": input_ids, "attention_mask": mask,
-                                       "token_type_ids": np.zeros_like(input_ids)})[0]
-            for row, text in enumerate(chunk):
-                known[_digest(text)] = out[row, :len(ids[text])].astype(np.float16)
-            if first // 64 % 50 == 49:
-                print(f"states {first + len(chunk)}/{len(order)} ({time.perf_counter() - start:.0f}s)",
-                      file=sys.stderr, flush=True)
+        known.update((_digest(t), v) for t, v in run_states(missing, split).items())
         keys = sorted(known)
         arrays = [known[k] if known[k] is not None else np.zeros((0, DIM), np.float16) for k in keys]
         offsets = np.concatenate([[0], np.cumsum([len(a) for a in arrays])])
         CACHE.mkdir(parents=True, exist_ok=True)
         np.savez(path, keys=np.array(keys), offsets=offsets, states=np.concatenate(arrays))
     return {t: known[_digest(t)] for t in set(texts)}
+
+
+def experiment_sets(split: int):
+    """(training pairs, calibration {name: pairs}, held-out {name: pairs}, text -> states): the
+    verifier's own sets (scripts/train_verifier.py, scripts/eval_semantic.py) and their texts' states."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from eval_semantic import load_sets
+    from train_verifier import datasets
+    from tune_semantic import DEFAULT_PAIRS
+
+    from sidecar.cache.equivalence import forget_profiles
+    forget_profiles(max_bytes=None)
+    train, calibration = datasets()
+    held = load_sets(DEFAULT_PAIRS)
+    every = train + [p for ps in calibration.values() for p in ps] + [p for ps in held.values() for p in ps]
+    return train, calibration, held, token_states(sorted({t for p in every for t in (p["a"], p["b"])}), split)
 
 
 def top_weights(split: int) -> list[dict[str, np.ndarray]]:
@@ -173,7 +196,7 @@ def layer_np(x: np.ndarray, w: dict, bias: np.ndarray | None = None) -> np.ndarr
 def check(split: int = 4) -> float:
     import onnxruntime as ort
     text = "How do I reset my password on the admin console?"
-    states = token_states([text], split)[text].astype(np.float32)
+    states = run_states([text], split)[text].astype(np.float32)
     x = states
     for w in top_weights(split):
         x = layer_np(x, w)

@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from crossenc_states import DIM, HEADS, token_states, top_weights  # noqa: E402
+from crossenc_states import DIM, HEADS, experiment_sets, top_weights  # noqa: E402
 
 REPORT = ROOT / "reports" / "crossenc.json"
 MAX_TOKENS = 64          # per text in the joint layers: [CLS] and the last 63 states (the end says most)
@@ -112,8 +112,9 @@ def make_fns(jax, jnp):
         mb = mask * (seg == 1)
         u = (x * ma[..., None]).sum(1) / jnp.maximum(ma.sum(1, keepdims=True), 1)
         v = (x * mb[..., None]).sum(1) / jnp.maximum(mb.sum(1, keepdims=True), 1)
-        un = u / jnp.linalg.norm(u, axis=-1, keepdims=True)
-        vn = v / jnp.linalg.norm(v, axis=-1, keepdims=True)
+        # Padding rows of a batch pool nothing: a safe norm keeps their (unweighted) loss finite.
+        un = u / jnp.sqrt((u * u).sum(-1, keepdims=True) + 1e-12)
+        vn = v / jnp.sqrt((v * v).sum(-1, keepdims=True) + 1e-12)
         c = (un * vn).sum(-1)
         return ((un * vn) @ params["w_prod"] + jnp.abs(un - vn) @ params["w_diff"]
                 + params["a_cos"] * c + params["a_emb"] * cos + params["b"])
@@ -156,18 +157,25 @@ def train(split: int, epochs: int, lr: float, train_pairs, states, cos, seed: in
             rate = lr * warm * max(0.0, (steps - step) / steps) ** 0.5
             m = jax.tree_util.tree_map(lambda a, g: 0.9 * a + 0.1 * g, m, grads)
             v = jax.tree_util.tree_map(lambda a, g: 0.999 * a + 0.001 * g * g, v, grads)
+            c1, c2 = 1 - 0.9 ** step, 1 - 0.999 ** step
             params = jax.tree_util.tree_map(
-                lambda p, a, s2, k: p - rate * k * (a / (1 - 0.9 ** step)) / (jnp.sqrt(s2 / (1 - 0.999 ** step)) + 1e-8),
+                lambda p, a, s2, k, c1=c1, c2=c2, r=rate: p - r * k * (a / c1) / (jnp.sqrt(s2 / c2) + 1e-8),
                 params, m, v, scale)
             total += float(value)
+            if step % 50 == 0:
+                print(f"step {step}/{steps}: loss {float(value):.4f} ({time.perf_counter() - start:.0f}s)",
+                      file=sys.stderr, flush=True)
         print(f"epoch {epoch + 1}: loss {total / len(batches):.4f} ({time.perf_counter() - start:.0f}s)",
               file=sys.stderr, flush=True)
     return params, logits_fn, time.perf_counter() - start
 
 
-def scores(params, logits_fn, pairs, states, cos) -> np.ndarray:
-    out = np.zeros(len(pairs))           # no states: probability 0 (never a hit)
-    for x, seg, mask, c, idx in pack(pairs, states, cos):
+def scores(params, logits_fn, pairs, states, cos, floor: float = 0.0) -> np.ndarray:
+    """P(same question) of each pair; 0 below the cosine floor (never asked) or without states."""
+    out = np.zeros(len(pairs))
+    asked = [i for i, c in enumerate(cos) if c >= floor]
+    for x, seg, mask, c, idx in pack([pairs[i] for i in asked], states, cos[asked]):
+        idx = np.array([asked[i] if i >= 0 else -1 for i in idx])
         z = np.asarray(logits_fn(params, x, seg, mask, c))
         ok = idx >= 0
         out[idx[ok]] = 1 / (1 + np.exp(-z[ok]))
@@ -180,34 +188,29 @@ def main(argv=None) -> int:
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--lr", type=float, default=1e-3)
     args = parser.parse_args(argv)
-    from eval_semantic import TODAY, decide, load_sets, score
+    from eval_semantic import TODAY, decide, score
     from semantic_vectors import cosines as cosines_of
-    from train_verifier import TRAIN_COSINE, calibrate, choose_floor, datasets
-    from tune_semantic import DEFAULT_PAIRS
+    from train_verifier import TRAIN_COSINE, calibrate, choose_floor
 
-    from sidecar.cache.equivalence import EquivalenceSettings, disagreements, forget_profiles
-    forget_profiles(max_bytes=None)
-    train_pairs, calibration = datasets()
-    held = load_sets(DEFAULT_PAIRS)
-    every = train_pairs + [p for ps in calibration.values() for p in ps] + [p for ps in held.values() for p in ps]
-    states = token_states(sorted({t for p in every for t in (p["a"], p["b"])}), args.split)
+    from sidecar.cache.equivalence import EquivalenceSettings, disagreements
+    train_pairs, calibration, held, states = experiment_sets(args.split)
     cos_of = lambda ps: cosines_of([(p["a"], p["b"]) for p in ps])  # noqa: E731
     c_train = cos_of(train_pairs)
     keep = [p for p, c in zip(train_pairs, c_train) if c >= TRAIN_COSINE]
     params, logits_fn, seconds = train(args.split, args.epochs, args.lr, keep, states,
                                        c_train[c_train >= TRAIN_COSINE])
-    cal = {}
-    for name, ps in calibration.items():
-        c = cos_of(ps)
-        cal[name] = (scores(params, logits_fn, ps, states, c), c, np.array([p["label"] for p in ps]))
-    floor = choose_floor(np.concatenate([c[y == 1] for _, c, y in cal.values()]))
+    cal_cos = {name: cos_of(ps) for name, ps in calibration.items()}
+    floor = choose_floor(np.concatenate([c[np.array([p["label"] for p in calibration[name]]) == 1]
+                                         for name, c in cal_cos.items()]))
+    cal = {name: (scores(params, logits_fn, ps, states, cal_cos[name], floor), cal_cos[name],
+                  np.array([p["label"] for p in ps])) for name, ps in calibration.items()}
     calibration_table = calibrate(cal, floor)
     thresholds = dict(zip(calibration_table["rates"], calibration_table["thresholds"]))
     results = {}
     for name, ps in held.items():
         c = cos_of(ps)
         y = np.array([p["label"] for p in ps])
-        s = scores(params, logits_fn, ps, states, c)
+        s = scores(params, logits_fn, ps, states, c, floor)
         symbols = np.array([bool(disagreements(p["a"], p["b"]).symbols) for p in ps])
         rows = {"today": score(y, decide(ps, c, TODAY)[0])}
         for rate in (0.01, 0.02, 0.05):
