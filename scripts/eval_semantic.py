@@ -166,7 +166,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     from semantic_vectors import cosines as cosines_of
 
-    forget_profiles(cache_size=None)
+    forget_profiles(max_bytes=None)
     sets = load_sets(args.pairs)
     cosines = {name: cosines_of([(p["a"], p["b"]) for p in pairs]) for name, pairs in sets.items()}
     shipped_rate = CachePolicy().max_false_hit_rate

@@ -209,7 +209,7 @@ def datasets(pairs_path: Path | None = None):
 
 
 def build(pairs_path: Path | None = None) -> tuple[dict, dict]:
-    forget_profiles(cache_size=None)
+    forget_profiles(max_bytes=None)
     train, calibration = datasets(pairs_path)
     everything = train + [p for ps in calibration.values() for p in ps]
     cos_all = cosines(everything)
