@@ -2,7 +2,7 @@
 
 Run: `make fuzz` (or `.venv/bin/python -m bench.fuzz --clients N --answers M`). Defaults:
 1,000,000 client bodies and 100,000 upstream answers, each through the real ext_proc servicer
-(codec, processor, caching and routing directors with admission and token limits, capture,
+(codec, processor, the pipeline's cache and route stages with admission and token limits, capture,
 usage meter, replay of what was stored); devtools/fuzzing.py says how inputs are made.
 `--max-seconds` stops each part early on a slow machine: the table says how many ran.
 

@@ -77,16 +77,17 @@ def _sidecar(path: str):
     from sidecar.config import SidecarConfig
     from sidecar.noop import NoopProcessor
     from sidecar.processor import RequestProcessor
-    from sidecar.routing import RoutingDirector
+    from sidecar.pipeline import Pipeline
+    from sidecar.routing import RouteStage
     from sidecar.server import Sidecar
     from sidecar.tracing import Tracing
 
     config = SidecarConfig(listen="127.0.0.1:0", cache=path.startswith("exact"), semantic=False)
     if path == "noop":   # as `sluice serve --noop`
-        return None, Sidecar(config, RoutingDirector(scrape_interval_s=None), NoopProcessor)
+        return None, Sidecar(config, Pipeline(RouteStage(scrape_interval_s=None)), NoopProcessor)
     app = build(config)
     access_log = AccessLog(write=lambda line: None)     # built and encoded, not written
-    return app, Sidecar(config, app.director, RequestProcessor, access_log=access_log,
+    return app, Sidecar(config, app.pipeline, RequestProcessor, access_log=access_log,
                         tracing=Tracing.from_config(config))
 
 

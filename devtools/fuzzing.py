@@ -10,7 +10,7 @@ property tests in tests/test_fuzz.py draw the same shapes through Hypothesis):
   same way, plus usage counts of hundreds of digits and nesting thousands deep.
 
 `Driver` runs each through `sidecar.server.ExternalProcessor` as Envoy would send it (codec,
-processor, the caching and routing directors with admission and token limits, capture, usage
+processor, the pipeline's cache and route stages with admission and token limits, capture, usage
 meter, replay of what was stored), and counts outcomes. An unexpected exception is one that
 reached the server's last-resort handler (the request was refused with a 500: a bug), a
 protocol error, or one that left the stream: each is recorded with its traceback.
@@ -309,7 +309,7 @@ class Driver:
         from sidecar.server import ExternalProcessor
         self.app = build(SidecarConfig(semantic=False, metrics_listen="", access_log=False))
         recording = type("Recording", (_Recording,), {"driver": self})
-        self.servicer = ExternalProcessor(self.app.director, recording)
+        self.servicer = ExternalProcessor(self.app.pipeline, recording)
         self.tally = Tally()
         self._keep = keep
         self._input = b""

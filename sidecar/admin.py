@@ -73,7 +73,7 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         self._allow_remote = allow_remote
         self._score = score
         self._clock = clock
-        self._report_false_hit = report_false_hit   # CachingDirector.report_false_hit
+        self._report_false_hit = report_false_hit   # Pipeline.report_false_hit
 
     async def _check_peer(self, context) -> None:
         if not self._allow_remote and not is_loopback(context.peer()):

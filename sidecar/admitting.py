@@ -1,5 +1,5 @@
 """Admission in the request path: per-tenant rate limits, then a slot on a cluster (or a wait
-in the priority queue, or a fast refusal). Used by the routing director once the scheduler
+in the priority queue, or a fast refusal). Used by the route stage once the scheduler
 has ranked the route's clusters; see sidecar/admission/ for the queue, limiter and limits.
 """
 from __future__ import annotations

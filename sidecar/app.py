@@ -1,4 +1,4 @@
-"""Assembles the sidecar's parts from its config: director, cache, embedding model.
+"""Assembles the sidecar's parts from its config: the pipeline's stages, cache, embedding model.
 
 `build()` returns an App whose `start()` loads what is heavy (the embedding model) before the
 server reports SERVING, and whose `close()` releases connections at shutdown.
@@ -12,7 +12,8 @@ import time
 from dataclasses import dataclass, field
 
 from sidecar.config import SidecarConfig
-from sidecar.routing import RoutingDirector
+from sidecar.pipeline import Pipeline
+from sidecar.routing import RouteStage
 
 log = logging.getLogger("sluice.app")
 
@@ -24,7 +25,7 @@ TTFT_ESTIMATE_MAX_AGE_S = 10.0
 
 @dataclass
 class App:
-    director: object
+    pipeline: Pipeline
     embedder: object | None = None
     closers: list = field(default_factory=list)
     scheduler: object | None = None     # for the Admin service: clusters, scores, breakers
@@ -56,17 +57,17 @@ def build(config: SidecarConfig) -> App:
         from sidecar.admission import connect
         redis = connect(config.redis_url, config.redis_timeout_s, cluster=config.redis_cluster)
         shared = [_SharedRedis(redis)]
-    routing = RoutingDirector()
+    routing = RouteStage()
     routing.admission = _admission(config, routing, secret, redis)
     if not config.cache:
         # No embedding model without the cache: the guard's injection classifier counts its
         # requests as unchecked (sluice_guard_unchecked_total) and lets them pass.
-        return App(_guarded(routing, None), closers=shared, scheduler=routing.scheduler)
+        return App(Pipeline(routing, guard=_guard(None)), closers=shared, scheduler=routing.scheduler)
     from sidecar.cache.budget import BytePool
     from sidecar.cache.equivalence import forget_profiles
     from sidecar.cache.false_hits import MemoryFalseHits, RedisFalseHits
     from sidecar.cache.inflight import InFlight
-    from sidecar.caching import CacheRuntime, CachingDirector
+    from sidecar.caching import CacheRuntime, CacheStage
 
     budget = _budget(config)            # one budget, its shares: sidecar/cache/budget.py
     forget_profiles(budget.profiles)
@@ -92,7 +93,7 @@ def build(config: SidecarConfig) -> App:
     shared_embedder = None if embedder is None else SharedEmbeddings(embedder)
     runtime = CacheRuntime(store=store, inflight=inflight, embedder=shared_embedder, secret=secret,
                            false_hits=false_hits, memo_pool=memo_pool)
-    return App(_guarded(CachingDirector(routing, runtime), shared_embedder), embedder, closers,
+    return App(Pipeline(routing, CacheStage(runtime), _guard(shared_embedder)), embedder, closers,
                scheduler=routing.scheduler, store=store)
 
 
@@ -103,17 +104,17 @@ def _embedder(config: SidecarConfig):
     return EmbeddingService(EmbeddingSettings.from_env())
 
 
-def _guarded(director, embedder):
-    """The guard before every other stage (sidecar/guard/director.py); it shares the cache's
+def _guard(embedder):
+    """The guard, before every other stage (sidecar/guard/stage.py); it shares the cache's
     embeddings so the injection classifier costs no second model run."""
-    from sidecar.guard.director import GuardingDirector
     from sidecar.guard.embeddings import SharedEmbeddings
+    from sidecar.guard.stage import GuardStage
     if embedder is not None and not isinstance(embedder, SharedEmbeddings):
         embedder = SharedEmbeddings(embedder)
-    return GuardingDirector(director, embedder)
+    return GuardStage(embedder)
 
 
-def _admission(config: SidecarConfig, routing: RoutingDirector, secret: bytes, redis):
+def _admission(config: SidecarConfig, routing: RouteStage, secret: bytes, redis):
     """The gate (queue + per-cluster concurrency limits) and the per-tenant rate limits; routes
     turn admission on in their settings. Expected time to first byte comes from the scheduler."""
     from sidecar.admission import (Gate, GateConfig, LocalTokenLimiter, PrometheusAdmissionMetrics,

@@ -5,7 +5,7 @@ Reads JSONL pairs {"a": ..., "b": ...} on stdin and writes one JSON object per p
 "score": float|null}, where reason names the check that decided and score is the semantic
 verifier's P(same question) when it was asked (docs/semantic-quality.md). It runs the server's
 own decision code (bypass rules, scope, exact key, embedding, nearest neighbour, same-question
-decision: CachingDirector.lookup)
+decision: CacheStage.lookup)
 on an in-memory store, without Envoy or Redis, under the sidecar-wide settings the server would
 read (SLUICE_* variables, SLUICE_CONFIG_FILE: SLUICE_CACHE=false is "cache_off" for every pair,
 SLUICE_SEMANTIC=false leaves no semantic tier) and one route's settings: --route NAME (the
@@ -47,7 +47,7 @@ async def _run(args) -> int:
     from sidecar.cache.memory_store import MemoryStore
     from sidecar.cache.policy import cache_decision
     from sidecar.cache.scope import credential_header, exact_key, prompt_text, scope_for
-    from sidecar.caching import CacheRuntime, CachingDirector, route_cache
+    from sidecar.caching import CacheRuntime, CacheStage, route_cache
     from sidecar.chat import ChatRequest
     from sidecar.config import ConfigError
     from sidecar.embedding import EmbeddingService, EmbeddingSettings, ModelLoadError
@@ -85,11 +85,11 @@ async def _run(args) -> int:
         except (ValueError, KeyError, TypeError) as exc:
             print(json.dumps({"error": f"line {line_number}: {exc}"}), flush=True)
             continue
-        director = CachingDirector(None, CacheRuntime(store=MemoryStore(), inflight=InFlight(),
+        stage = CacheStage(CacheRuntime(store=MemoryStore(), inflight=InFlight(),
                                                       embedder=embedder))
         chat_a, chat_b = (ChatRequest(model=args.model, messages=({"role": "user", "content": text},))
                           for text in (a, b))
-        verdict = (await _check(director, settings, chat_a, chat_b, headers, answer,
+        verdict = (await _check(stage, settings, chat_a, chat_b, headers, answer,
                                 cache_decision, scope_for, prompt_text, exact_key) if config.cache
                    else {"hit": False, "tier": None, "similarity": None, "reason": "cache_off", "score": None})
         print(json.dumps(verdict), flush=True)
@@ -143,7 +143,7 @@ def _list(value) -> list:
     return value if isinstance(value, list) else []
 
 
-async def _check(director, settings, chat_a, chat_b, headers, answer,
+async def _check(stage, settings, chat_a, chat_b, headers, answer,
                  cache_decision, scope_for, prompt_text, exact_key) -> dict:
     policy = settings.policy
     if not policy.enabled:
@@ -154,11 +154,11 @@ async def _check(director, settings, chat_a, chat_b, headers, answer,
     bypass = cache_decision(chat_b, headers, policy)
     if bypass is not None:
         return {"hit": False, "tier": None, "similarity": None, "reason": bypass.reason, "score": None}
-    scope = scope_for(chat_a, headers, policy, director._rt.secret)
+    scope = scope_for(chat_a, headers, policy, stage._rt.secret)
     prompt_a, prompt_b = prompt_text(chat_a), prompt_text(chat_b)
-    vector_a = await director._embed(prompt_a) if settings.semantic else None
-    await director._rt.store.put(scope.key, exact_key(scope, prompt_a), prompt_a, vector_a, answer, policy.ttl_s)
-    found = await director.lookup(scope.key, exact_key(scope, prompt_b), prompt_b, settings)
+    vector_a = await stage._embed(prompt_a) if settings.semantic else None
+    await stage._rt.store.put(scope.key, exact_key(scope, prompt_a), prompt_a, vector_a, answer, policy.ttl_s)
+    found = await stage.lookup(scope.key, exact_key(scope, prompt_b), prompt_b, settings)
     similarity = found.similarity
     if similarity is None and vector_a is not None and found.vector is not None:
         similarity = float(np.dot(vector_a, found.vector))

@@ -1,12 +1,12 @@
-"""The caching director: answer from cache, coalesce in-flight twins, capture fresh answers.
+"""The cache stage: answer from cache, coalesce in-flight twins, capture fresh answers.
 
-Wraps the routing director. Per chat request:
+Between the guard and the route stage (sidecar/pipeline.py). Per chat request:
   1. bypass rules (no-store, time-sensitive, n > 1, tools, temperature, anonymous caller);
   2. exact tier: SHA-256 of scope + normalised prompt;
   3. semantic tier: nearest stored prompt in the same scope with cosine >= tau, and the cheap
      "same question?" checks (sidecar/cache/equivalence.py) must agree;
   4. in-flight dedup: a twin already upstream -> wait for its answer (bounded);
-  5. miss: the routing director picks the cluster; Envoy is asked for the response body of a
+  5. miss: the route stage picks the cluster; Envoy is asked for the response body of a
      200 answer, which is captured, stored and handed to the waiting followers.
 Every response carries x-sluice-cache: exact|semantic|coalesced|miss|bypass.
 """
@@ -203,9 +203,30 @@ def _debug(ctx: RequestContext) -> tuple[tuple[str, str], ...]:
     return ()
 
 
-class CachingDirector:
-    def __init__(self, inner, runtime: CacheRuntime, clock: Callable[[], float] = time.time):
-        self._inner = inner
+@dataclass
+class Upstream:
+    """The cache's verdict for a request it did not answer: how it goes upstream."""
+    status: str                        # x-sluice-cache: miss or bypass
+    capture: Capture | None = None     # what to do with the answer (a miss, or a bypass that may store)
+    untouched: bool = False            # neither served nor stored: counted as a bypass once it goes on
+
+    def abandon(self) -> None:
+        """The request will not go upstream after all (refused, or the client left)."""
+        if self.capture is not None:
+            self.capture.abandon()
+            self.capture = None
+
+
+# Shared: they never capture and are never mutated.
+BYPASS = Upstream("bypass")
+UNTOUCHED = Upstream("bypass", untouched=True)
+
+
+class CacheStage:
+    """The cache's stages of the pipeline (sidecar/pipeline.py): policy, lookup, dedup; then,
+    for a request that goes upstream, its answer's capture."""
+
+    def __init__(self, runtime: CacheRuntime, clock: Callable[[], float] = time.time):
         self._rt = runtime
         self._clock = clock
         # Stores that hold their entries in this process answer exact hits without awaiting.
@@ -217,22 +238,19 @@ class CachingDirector:
 
     # --- decision -----------------------------------------------------------------------
 
-    def decide_now(self, ctx: RequestContext) -> Plan | None:
-        """Without waiting: the routing director's plan on a route without the cache or for a
-        request the cache may neither serve nor store (no-store, tools, anonymous, ...), and an
-        exact hit from a store that holds its entries in this process. None where a lookup may
-        wait (Redis, the embedder, an in-flight twin): then the server awaits decide."""
+    def look_now(self, ctx: RequestContext) -> Plan | Upstream | None:
+        """Without waiting: a bypass on a route without the cache or for a request the cache
+        may neither serve nor store (no-store, tools, anonymous, ...), and an exact hit from a
+        store that holds its entries in this process. None where a lookup may wait (Redis, the
+        embedder, an in-flight twin): then the pipeline awaits `look`."""
         settings = self._route_cache(ctx)
         if settings is None or not settings.policy.enabled:
             ctx.why.cache = OFF
-            return self._bypass_now(ctx)
+            return BYPASS
         request = self._cache_request(ctx, settings)
         if request.untouched:
             ctx.why.cache = _untouched_why(request)
-            plan = self._bypass_now(ctx)
-            if plan is not None:                    # else decide routes and counts it
-                self._count_untouched(ctx)
-            return plan
+            return UNTOUCHED
         if self._get_exact_now is None or request.bypass is not None or _reports_false_hit(ctx):
             return None
         entry = self._get_exact_now(request.scope.key, request.key)
@@ -246,22 +264,22 @@ class CachingDirector:
         return self._serve(ctx, answer, "exact", None, entry.stored_at)
 
     def reads_response(self, ctx: RequestContext) -> bool:
-        """The cache reads every answer of its routes (to store it); other routes as routing says."""
+        """The cache reads every answer of its routes (to store it)."""
         settings = self._route_cache(ctx)
-        return (settings is not None and settings.policy.enabled) or self._inner.reads_response(ctx)
+        return settings is not None and settings.policy.enabled
 
-    async def decide(self, ctx: RequestContext) -> Plan:
+    async def look(self, ctx: RequestContext) -> Plan | Upstream:
+        """Policy, lookup (exact, then semantic), dedup: an answer, or how to go upstream."""
         settings = self._route_cache(ctx)
         if settings is None or not settings.policy.enabled:
             ctx.why.cache = OFF
-            return await self._upstream(ctx, "bypass", None)
+            return BYPASS
         policy = settings.policy
         chat = ctx.chat
         request = self._cache_request(ctx, settings)
         if request.untouched:
             ctx.why.cache = _untouched_why(request)
-            self._count_untouched(ctx)
-            return await self._upstream(ctx, "bypass", None)
+            return UNTOUCHED
         bypass, scope, prompt, key = request
         ctx.cache_scope = scope.key
         vector = None
@@ -293,7 +311,7 @@ class CachingDirector:
             capture = Capture(scope.key, key, prompt, vector, policy.ttl_s, chat.stream, lead,
                               asked_at=self._clock())
             lead = None   # owned by the capture from here on
-            return await self._upstream(ctx, "miss" if bypass is None else "bypass", capture)
+            return Upstream("miss" if bypass is None else "bypass", capture)
         finally:
             if lead is not None:       # cancelled (client left) or failed before the capture owned it
                 lead.abandon()
@@ -306,16 +324,6 @@ class CachingDirector:
         if answer is None and self._discard is not None:
             self._discard(entry.scope, entry.entry_id)
         return answer
-
-    @staticmethod
-    def _count_untouched(ctx: RequestContext) -> None:
-        metrics.child(metrics.CACHE_LOOKUPS, ctx.route_name, "bypass").inc()
-
-    def _bypass_now(self, ctx: RequestContext) -> Plan | None:
-        """The routing director's plan, when it has one without waiting, for a request the
-        cache neither answers nor stores."""
-        plan = self._inner.decide_now(ctx)
-        return None if plan is None else self._passed_on(ctx, "bypass", None, plan)
 
     def _cache_request(self, ctx: RequestContext, settings: RouteCache) -> CacheRequest:
         """The request's bypass verdict, scope and exact key: worked out once per request
@@ -462,30 +470,21 @@ class CachingDirector:
         headers = hit_headers(tier, similarity, now - stored_at, stream=chat.stream) + _debug(ctx)
         return Plan(reply=ImmediateReply(200, body, headers))
 
-    async def _upstream(self, ctx: RequestContext, status: str, capture: Capture | None) -> Plan:
-        try:
-            plan = await self._inner.decide(ctx)
-        except BaseException:
-            if capture is not None:
-                capture.abandon()
-            raise
-        return self._passed_on(ctx, status, capture, plan)
-
-    def _passed_on(self, ctx: RequestContext, status: str, capture: Capture | None, plan: Plan) -> Plan:
-        """The routing director's plan for a request the cache did not answer."""
+    def passed_on(self, ctx: RequestContext, upstream: Upstream, plan: Plan) -> Plan:
+        """The route stage's plan for a request the cache did not answer: its status header,
+        and the answer's body asked for when it is captured (upstream.capture)."""
+        status, capture = upstream.status, upstream.capture
         ctx.cache_status = status
-        if status == "miss":
-            metrics.child(metrics.CACHE_LOOKUPS, ctx.route_name, "miss").inc()
+        if status == "miss" or upstream.untouched:
+            metrics.child(metrics.CACHE_LOOKUPS, ctx.route_name, status).inc()
         if plan.reply is not None:                      # refused (e.g. 503): nothing to capture
-            if capture is not None:
-                capture.abandon()
+            upstream.abandon()
             return plan
         if capture is not None and ctx.decision is not None and ctx.decision.degraded:
             # A fallback's answer (often another model's) must not be served later as the
             # answer of the model asked for, nor relayed to twins: they go on their own.
             self._refuse(ctx, capture, Refusal("degraded"))
-            capture = None
-        ctx.capture = capture
+            capture = upstream.capture = None
         extra = ((CACHE_HEADER, status), *_debug(ctx))
         if capture is None:
             return dataclasses.replace(plan, response_headers=plan.response_headers + extra)
@@ -499,21 +498,15 @@ class CachingDirector:
 
     # --- response -----------------------------------------------------------------------
 
-    def on_response_headers(self, ctx: RequestContext) -> None:
-        self._inner.on_response_headers(ctx)
-        capture: Capture | None = ctx.capture
-        if capture is None:
-            return
+    def on_response_headers(self, ctx: RequestContext, capture: Capture) -> None:
         refusal = response_refusal(ctx.response_headers, capture.stream)
         if refusal is not None:
             self._refuse(ctx, capture, refusal)
         elif capture.stream:
             capture.sse = SseCapture(self._rt.max_capture_bytes)
 
-    def on_response_body(self, ctx: RequestContext, chunk: bytes, end_of_stream: bool) -> None:
-        self._inner.on_response_body(ctx, chunk, end_of_stream)       # the usage, for token budgets
-        capture: Capture | None = ctx.capture
-        if capture is None or capture.finished:
+    def on_response_body(self, ctx: RequestContext, capture: Capture, chunk: bytes, end_of_stream: bool) -> None:
+        if capture.finished:
             return
         if capture.sse is not None:
             capture.sse.feed(chunk)
@@ -564,8 +557,6 @@ class CachingDirector:
         else:
             capture.release()
 
-    def on_finish(self, ctx: RequestContext) -> None:
-        self._inner.on_finish(ctx)
-        capture: Capture | None = ctx.capture
-        if capture is not None and not capture.finished:   # partial, reset or client gone
+    def on_finish(self, ctx: RequestContext, capture: Capture) -> None:
+        if not capture.finished:                            # partial, reset or client gone
             self._refuse(ctx, capture, Refusal("incomplete"))

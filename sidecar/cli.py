@@ -25,7 +25,8 @@ def _serve(args: argparse.Namespace) -> int:
     from sidecar.event_loop import loop_factory
     from sidecar.noop import NoopProcessor
     from sidecar.reload import load_config
-    from sidecar.routing import RoutingDirector
+    from sidecar.pipeline import Pipeline
+    from sidecar.routing import RouteStage
     from sidecar.server import serve
 
     def load():
@@ -53,7 +54,7 @@ def _serve(args: argparse.Namespace) -> int:
             start_http_server(port, addr=host)
         with asyncio.Runner(loop_factory=new_loop) as runner:
             if args.noop:
-                runner.run(serve(config, App(RoutingDirector()), new_processor=NoopProcessor, load_config=load))
+                runner.run(serve(config, App(Pipeline(RouteStage())), new_processor=NoopProcessor, load_config=load))
             else:
                 runner.run(serve(config, load_config=load))
     except ConfigError as exc:      # any other setting found bad while starting: no traceback either

@@ -1,7 +1,7 @@
 """Per-request lifecycle state, kept apart from the processor's protocol state.
 
-The processor fills it from Envoy's events; the director reads it to decide and writes what it
-decided; metrics and the request log read it when the stream ends.
+The processor fills it from Envoy's events; the pipeline's stages read it to decide and write
+what they decided; metrics and the request log read it when the stream ends.
 """
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ class RequestContext:
     chat: ChatRequest | None = None
     body: bytes = b""                  # the raw request body, as the client sent it
     started: float = field(default_factory=time.monotonic)
-    # Filled by the director and by the response.
+    # Filled by the pipeline's stages and by the response.
     outcome: Outcome | None = None
     cluster: str | None = None
     decision: object = None            # sidecar.scheduling.Decision, when the scheduler picked
@@ -64,7 +64,6 @@ class RequestContext:
     cache_scope: str | None = None     # the cache scope key (a hash; for admin purges)
     cache_request: object = None       # sidecar.caching.CacheRequest, once worked out
     capture: object = None             # sidecar.caching.Capture of a cache miss
-    guard: object = None               # sidecar.guard.director.GuardState, once scanned
     response_complete: bool = False
     response_body_read: bool = False   # Envoy sends the answer's body (or its end) to the sidecar
     first_byte_overdue: bool = False   # judged a failure while waiting for its first byte

@@ -89,14 +89,14 @@ Reply = Continue | ImmediateReply
 
 @dataclass(frozen=True)
 class Plan:
-    """What the director decided for a chat request."""
+    """What the pipeline decided for a chat request."""
     cluster: str | None = None                    # steer here; None keeps the route's default
     reply: ImmediateReply | None = None           # answer now instead of going upstream
     body: bytes | None = None                     # rewritten request body (e.g. model changed)
     request_headers: tuple[tuple[str, str], ...] = ()   # for Envoy and the upstream
     # Added to the client's response: by the sidecar when it reads the response headers, else
     # by Envoy from dynamic metadata, which envoy.yaml.tmpl maps for x-sluice-cluster,
-    # x-sluice-degraded and x-sluice-cache only (directors read the answer for any other).
+    # x-sluice-degraded and x-sluice-cache only (the stages read the answer for any other).
     response_headers: tuple[tuple[str, str], ...] = ()
     response_body: BodyMode | None = None         # ask Envoy for the response body (capture)
 
@@ -108,8 +108,14 @@ class Plan:
 
 @dataclass(frozen=True)
 class Decide:
-    """Outside work the processor asks for: the director must produce a Plan (see server)."""
+    """Outside work the processor asks for: the pipeline must produce a Plan (see server)."""
     context: object   # sidecar.context.RequestContext
+
+
+@dataclass(frozen=True)
+class SkipResponse:
+    """The pipeline needs none of this request's answer: Envoy is asked for no response headers
+    (the plan's then travel as dynamic metadata)."""
 
 
 class ProtocolError(Exception):

@@ -54,7 +54,7 @@ def status_class(status: int | None) -> str:
 # Scheduler (per upstream cluster): read from the scheduler when Prometheus scrapes, not written
 # on every request (a windowed P95 per request cost more than the rest of the routing path).
 class SchedulerCollector:
-    """Gauges of every live routing director's scheduler, computed at scrape time."""
+    """Gauges of every live route stage's scheduler, computed at scrape time."""
 
     def __init__(self) -> None:
         self.directors: weakref.WeakSet = weakref.WeakSet()

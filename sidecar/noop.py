@@ -10,8 +10,9 @@ _PHASES = {RequestHeaders: Phase.REQUEST_HEADERS, RequestBody: Phase.REQUEST_BOD
 
 class NoopProcessor:
     finished = False       # a plain pass-through: the stream ends when Envoy ends it
+    awaits_body = False    # reads every answer, like Sluice's default
 
-    def __init__(self, reads_response=None) -> None:     # reads every answer, like Sluice's default
+    def __init__(self) -> None:
         self.context = RequestContext(route_name="noop")
 
     def handle(self, event: Event) -> Continue:

@@ -3,13 +3,14 @@
 No gRPC or asyncio here (see ../shared/STYLE.md, h11): the server feeds events decoded by the
 codec and sends back the replies. Legal moves live in one table, TRANSITIONS; any other event
 raises ProtocolError. When a chat request is parsed, the processor returns `Decide` (outside
-work); the server asks the director and hands the Plan back through `apply()`.
+work); the servicer asks the pipeline (sidecar/pipeline.py) and hands the Plan back through
+`apply()`. Answers to outside questions are events too: `SkipResponse` after a chat request's
+headers, when the pipeline needs none of its answer.
 """
 from __future__ import annotations
 
 import enum
 import re
-from typing import Callable
 from urllib.parse import unquote
 
 from sidecar.chat import BadRequest, parse_chat_request
@@ -17,7 +18,7 @@ from sidecar.context import Outcome, RequestContext
 from sidecar.memo import may_keep
 from sidecar.events import (BodyMode, Continue, Decide, Event, ModeOverride, Phase, Plan,
                             ProtocolError, Reply, RequestBody, RequestHeaders, ResponseBody,
-                            ResponseHeaders)
+                            ResponseHeaders, SkipResponse)
 from sidecar.openai_errors import error_reply
 from sidecar.route_settings import RouteSettings
 
@@ -38,6 +39,7 @@ class State(enum.Enum):
 # (state, event type) -> handler name. Everything else is a protocol error.
 TRANSITIONS: dict[tuple[State, type], str] = {
     (State.START, RequestHeaders): "_on_request_headers",
+    (State.AWAIT_REQUEST_BODY, SkipResponse): "_on_skip_response",
     (State.AWAIT_REQUEST_BODY, RequestBody): "_on_request_body",
     # Envoy's own local replies pass through ext_proc's response path even when the request
     # never reached (or got past) it: a 429 from the rate limit before it, a 413 while buffering.
@@ -58,13 +60,15 @@ _SKIP_RESPONSE = ModeOverride(response_headers=False)
 
 
 class RequestProcessor:
-    def __init__(self, reads_response: Callable[[RequestContext], bool] | None = None, now=None) -> None:
-        """reads_response: the director's answer, per chat request, to whether its response
-        headers are needed (Director.reads_response); None reads every one."""
+    def __init__(self, now=None) -> None:
         self.state = State.START
         self.context = RequestContext() if now is None else RequestContext(started=now)
-        self._reads_response = reads_response
         self._plan = Plan()
+
+    @property
+    def awaits_body(self) -> bool:
+        """A chat request's headers passed: its body comes next."""
+        return self.state is State.AWAIT_REQUEST_BODY
 
     @property
     def finished(self) -> bool:
@@ -77,9 +81,10 @@ class RequestProcessor:
             raise ProtocolError(f"{type(event).__name__} not allowed in state {self.state.value}")
         return getattr(self, handler)(event)
 
-    def apply(self, plan: Plan) -> Reply:
-        """The director's answer to the last `Decide`."""
-        return self.handle(plan)
+    def apply(self, answer: Plan | SkipResponse) -> Reply:
+        """The pipeline's answer: a Plan to the last `Decide`; SkipResponse, instead of the
+        request headers' reply, while the body is awaited."""
+        return self.handle(answer)
 
     def fail(self, event: Event, refuse: bool) -> Reply:
         """The reply to an event whose handling raised (a bug, never a client's mistake: those
@@ -126,11 +131,12 @@ class RequestProcessor:
             return Continue(Phase.REQUEST_HEADERS, mode=ModeOverride(
                 request_body=BodyMode.NONE, response_headers=False))
         self.state = State.AWAIT_REQUEST_BODY
-        if self._reads_response is not None and not self._reads_response(ctx):
-            # Said now: Envoy 1.40 ignored a mode override in the body's reply (measured).
-            ctx.response_read = False
-            return Continue(Phase.REQUEST_HEADERS, mode=_SKIP_RESPONSE)
         return Continue(Phase.REQUEST_HEADERS)
+
+    def _on_skip_response(self, _: SkipResponse) -> Reply:
+        # Said in the headers' reply: Envoy 1.40 ignored a mode override in the body's (measured).
+        self.context.response_read = False
+        return Continue(Phase.REQUEST_HEADERS, mode=_SKIP_RESPONSE)
 
     def _on_request_body(self, event: RequestBody) -> Reply | Decide:
         # BUFFERED, the request body mode Sluice asks for: Envoy sends the whole body in one
@@ -200,12 +206,7 @@ class RequestProcessor:
             return Continue(Phase.RESPONSE_BODY)
         self.state = State.DONE
         self.context.response_complete = True
-        usage = self.context.usage
-        if usage is None:
-            return Continue(Phase.RESPONSE_BODY)
-        prompt, completion = usage
-        return Continue(Phase.RESPONSE_BODY, dynamic_metadata=(
-            ("prompt_tokens", prompt), ("completion_tokens", completion), ("total_tokens", prompt + completion)))
+        return Continue(Phase.RESPONSE_BODY)
 
     def _on_passthrough(self, event: Event) -> Reply:
         if isinstance(event, ResponseHeaders):

@@ -1,6 +1,6 @@
-"""The routing director: picks a route's cluster with the scheduler and feeds back what happened.
+"""The route stage: admission, schedule, route and timeout; then the feedback of what happened.
 
-Per request: pick (filters, scores, picker; fallback when primaries are down), set the cluster
+The last stage of the pipeline (sidecar/pipeline.py). Per request: pick (filters, scores, picker; fallback when primaries are down), set the cluster
 header and a per-request upstream timeout, rewrite the model for a fallback, answer 503 fast
 when nothing is available. Response headers give time to first byte and success, the end of
 the stream total latency; they drive the signals and the circuit breakers. A busy route reads
@@ -80,7 +80,7 @@ def rewrite_body(body: bytes, model: str | None, strip, write: EngineField | Non
     return compact_json(data) if changed else None
 
 
-class RoutingDirector:
+class RouteStage:
     def __init__(self, scheduler: Scheduler | None = None, clock: Callable[[], float] = time.monotonic,
                  scrape_interval_s: float | None = 2.0, admission: Admission | None = None):
         self.admission = admission

@@ -24,13 +24,13 @@ from sidecar.access_log import FLUSH_S, AccessLog
 from sidecar.admin import AdminService, DrainStarted, admin_parts
 from sidecar.app import App, build
 from sidecar.config import SidecarConfig
-from sidecar.director import Director
-from sidecar.events import Decide, ProtocolError, ResponseBody, ResponseHeaders
+from sidecar.events import Decide, ProtocolError, RequestHeaders, ResponseBody, ResponseHeaders, SkipResponse
 from sidecar.logs import Throttle
 from sidecar.processor import RequestProcessor
 from sidecar.protos import admin_pb2_grpc
 from sidecar.reload import Reloader
-from sidecar.routing import RoutingDirector
+from sidecar.pipeline import Exchange, Pipeline
+from sidecar.routing import RouteStage
 from sidecar.tracing import RequestTrace, Tracing, trace_id_of
 
 log = logging.getLogger("sluice.server")
@@ -66,20 +66,21 @@ def _internal_error(event) -> None:
 
 
 class ExternalProcessor(pb_grpc.ExternalProcessorServicer):
-    def __init__(self, director: Director, new_processor: Callable[..., object] = RequestProcessor,
+    def __init__(self, pipeline: Pipeline, new_processor: Callable[..., object] = RequestProcessor,
                  access_log: AccessLog | None = None, tracing: Tracing | None = None,
                  refuse_on_error: bool = True):
         """refuse_on_error: a request whose handling raises before it is decided gets a 500
         (SidecarConfig.on_internal_error "refuse"), else it goes on undecided ("continue")."""
-        self._director = director
+        self._pipeline = pipeline
         self._refuse_on_error = refuse_on_error
         self._new_processor = new_processor
         self._access_log = access_log
         self._tracing = tracing
 
     async def Process(self, request_iterator, context):
-        processor = self._new_processor(self._director.reads_response)
+        processor = self._new_processor()
         ctx = processor.context
+        exchange = self._pipeline.exchange(ctx)
         trace: RequestTrace | None = None
         decision: asyncio.Future | None = None
         metrics.OPEN_STREAMS.inc()
@@ -90,15 +91,13 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):
                 if event is None:
                     continue
                 try:
-                    if isinstance(event, ResponseBody):     # first: the reply may carry its usage
-                        self._director.on_response_body(ctx, event.body, event.end_of_stream)
                     reply = processor.handle(event)
                     if isinstance(reply, Decide):
                         if self._tracing is not None:
                             trace = self._tracing.begin(ctx, parse_s=time.perf_counter() - started)
-                        plan = self._decide_now(ctx, trace)
+                        plan = self._decide_now(exchange, trace)
                         if plan is None:
-                            decision = self._start_decision(ctx, trace)
+                            decision = self._start_decision(exchange, trace)
                             try:
                                 if not await _done_within(decision, EXTEND_AFTER_S):
                                     # Queued or waiting for a twin's answer: keep Envoy from timing
@@ -109,8 +108,13 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):
                                 decision.cancel()      # the client went away: leave queues at once
                         # The upstream request carries a traceparent (kept or new).
                         reply = processor.apply(trace.plan(plan) if trace is not None else plan)
+                    elif isinstance(event, RequestHeaders):
+                        if processor.awaits_body and not exchange.reads_response():
+                            reply = processor.apply(SkipResponse())
                     elif isinstance(event, ResponseHeaders):
-                        self._director.on_response_headers(ctx)
+                        exchange.on_response_headers()
+                    elif isinstance(event, ResponseBody):
+                        reply = exchange.on_response_body(event.body, event.end_of_stream, reply)
                     response = codec.encode(reply)
                 except ProtocolError:
                     raise
@@ -143,31 +147,34 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):
                 # Cancelled, but not unwound yet; and on Python 3.11 a wait_for inside it may
                 # swallow the cancellation and let it run on (to take a lease, a queue slot):
                 # finish the request once it has, so on_finish releases what it took.
-                decision.add_done_callback(lambda _: self._finish(ctx, trace))
+                decision.add_done_callback(lambda _: self._finish(exchange, trace))
             else:
-                self._finish(ctx, trace)
+                self._finish(exchange, trace)
 
-    def _finish(self, ctx, trace: RequestTrace | None) -> None:
-        """The director's end of the request, its count, its span and its log line."""
+    def _finish(self, exchange: Exchange, trace: RequestTrace | None) -> None:
+        """The pipeline's end of the request, its count, its span and its log line."""
+        ctx = exchange.ctx
         try:
-            self._director.on_finish(ctx)
+            exchange.finish()
         except Exception:       # a bug there must not cost the request its metrics and log line
-            log.exception("director.on_finish failed")
+            log.exception("exchange.finish failed")
         if ctx.outcome is not None:
             metrics.count_request(ctx.route_name, ctx.cluster or "", ctx.outcome.value, ctx.status, ctx.response_read)
         self._record(ctx, trace)
 
-    def _decide_now(self, ctx, trace: RequestTrace | None):
+    @staticmethod
+    def _decide_now(exchange: Exchange, trace: RequestTrace | None):
         """Most decisions need no waiting and no task; a recorded span needs the task path (its
         stages' spans attach through the task's context)."""
         if trace is not None and trace.recording:
             return None
-        return self._director.decide_now(ctx)
+        return exchange.decide_now()
 
-    def _start_decision(self, ctx, trace: RequestTrace | None) -> asyncio.Future:
+    @staticmethod
+    def _start_decision(exchange: Exchange, trace: RequestTrace | None) -> asyncio.Future:
         if trace is not None:
-            return trace.start(self._director.decide(ctx))
-        return asyncio.ensure_future(self._director.decide(ctx))
+            return trace.start(exchange.decide())
+        return asyncio.ensure_future(exchange.decide())
 
     def _record(self, ctx, trace: RequestTrace | None) -> None:
         """The request's span and its line in the request log; never fails the stream."""
@@ -183,14 +190,14 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):
 class Sidecar:
     """The gRPC server: ext_proc, health and, when given, the Admin service, on one port."""
 
-    def __init__(self, config: SidecarConfig, director: Director | None = None,
+    def __init__(self, config: SidecarConfig, pipeline: Pipeline | None = None,
                  new_processor: Callable[..., object] = RequestProcessor, *,
                  access_log: AccessLog | None = None, tracing: Tracing | None = None, admin=None):
         self.config = config
         self.health = health_async.HealthServicer()
         self.server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
         pb_grpc.add_ExternalProcessorServicer_to_server(
-            ExternalProcessor(director or RoutingDirector(), new_processor, access_log, tracing,
+            ExternalProcessor(pipeline or Pipeline(RouteStage()), new_processor, access_log, tracing,
                               refuse_on_error=config.on_internal_error == "refuse"), self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         if admin is not None:
@@ -259,15 +266,14 @@ async def serve(config: SidecarConfig, app: App | None = None,
 
     scheduler, store = admin_parts(app)
     admin = AdminService(scheduler, store, drain, allow_remote=config.admin_remote,
-                         report_false_hit=getattr(app.director, "report_false_hit", None), feed=access_log.feed)
-    sidecar = Sidecar(config, app.director, new_processor, access_log=access_log, tracing=tracing, admin=admin)
+                         report_false_hit=app.pipeline.report_false_hit, feed=access_log.feed)
+    sidecar = Sidecar(config, app.pipeline, new_processor, access_log=access_log, tracing=tracing, admin=admin)
 
     def apply(new: SidecarConfig) -> None:
         logs.set_level(new.log_level)
         access_log.enabled, access_log.log_prompts = new.access_log, new.log_prompts
         sidecar.config = new
-        if hasattr(app.director, "reload"):       # the guard re-reads its word files
-            app.director.reload()
+        app.pipeline.reload()                     # the guard re-reads its word files
 
     reloader = Reloader(config, load_config or reload.load_config, apply)
     loop.add_signal_handler(signal.SIGHUP, reloader.reload)

@@ -9,7 +9,7 @@ Every chat request the sidecar sends upstream carries a `traceparent`:
 Spans (`sluice.request` with `sluice.parse` and `sluice.decide` under it) exist only when
 SLUICE_OTLP_ENDPOINT is set and the OpenTelemetry SDK and OTLP exporter are installed (the
 `otel` extra); they are imported here lazily, so with tracing off nothing of them is loaded.
-Stages inside the director add their own with `with tracing.span("embed"): ...`, a no-op unless
+Stages of the pipeline add their own with `with tracing.span("embed"): ...`, a no-op unless
 the current request is traced.
 """
 from __future__ import annotations
@@ -65,7 +65,7 @@ def new_traceparent(sampled: bool, randbytes=os.urandom) -> TraceParent:
 
 
 def span(name: str, **attributes):
-    """A child span of the current request's, for a stage inside the director (cache, embed,
+    """A child span of the current request's, for a stage of the pipeline (cache, embed,
     queue, schedule); a no-op context manager unless the request is traced."""
     trace = _current.get()
     return _NOOP if trace is None else trace.child(name, attributes)
@@ -95,7 +95,7 @@ class RequestTrace:
         return plan.with_request_header(TRACEPARENT, self.traceparent.header())
 
     def start(self, decide) -> asyncio.Future:
-        """The director's work (a coroutine) as a task; when traced, under a `sluice.decide`
+        """The pipeline's work (a coroutine) as a task; when traced, under a `sluice.decide`
         span that tracing.span() calls inside it attach to."""
         if not self.recording:
             return asyncio.ensure_future(decide)

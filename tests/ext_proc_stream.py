@@ -56,8 +56,8 @@ def upstream_headers(responses) -> dict[str, str]:
             for h in reply.request_body.response.header_mutation.set_headers}
 
 
-class FakeDirector:
-    """Routes every chat request to `cluster`; records what it was given."""
+class FakeRoute:
+    """A route stage (sidecar/pipeline.py) that routes every chat request to `cluster`."""
 
     def __init__(self, cluster: str = "upstream_a", plan: Plan | None = None, during=None):
         self.cluster, self.plan, self.during = cluster, plan, during

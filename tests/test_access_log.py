@@ -9,9 +9,10 @@ from sidecar import access_log
 from sidecar.access_log import PROMPT_CHARS, AccessLog, LineWriter
 from sidecar.chat import parse_chat_request
 from sidecar.context import MAX_LOGGED_MODEL_CHARS, Outcome, RequestContext
+from sidecar.pipeline import Pipeline
 from sidecar.server import ExternalProcessor
 from sidecar.tracing import Tracing, decision_attributes
-from tests.ext_proc_stream import CHAT_HEADERS, FakeDirector, chat_body, chat_messages, run_stream
+from tests.ext_proc_stream import CHAT_HEADERS, FakeRoute, chat_body, chat_messages, run_stream
 
 SECRET_PROMPT = "my card number is 4111 1111 1111 1111"
 
@@ -135,7 +136,7 @@ def test_disabled_writes_nothing(lines):
 
 
 async def test_one_line_when_the_stream_ends(lines):
-    servicer = ExternalProcessor(FakeDirector(), access_log=AccessLog(), tracing=Tracing())
+    servicer = ExternalProcessor(Pipeline(FakeRoute()), access_log=AccessLog(), tracing=Tracing())
     await run_stream(servicer, chat_messages(chat_body(SECRET_PROMPT)))
     assert len(lines) == 1
     entry = json.loads(lines[0])
@@ -147,7 +148,7 @@ async def test_one_line_when_the_stream_ends(lines):
 
 
 async def test_bad_request_is_logged_too(lines):
-    servicer = ExternalProcessor(FakeDirector(), access_log=AccessLog())
+    servicer = ExternalProcessor(Pipeline(FakeRoute()), access_log=AccessLog())
     await run_stream(servicer, chat_messages(b"not json")[:2])
     entry = json.loads(lines[0])
     assert (entry["outcome"], entry["status"], entry["model"]) == ("bad_request", 400, None)

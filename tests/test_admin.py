@@ -139,7 +139,7 @@ def test_built_app_names_its_scheduler_and_store():
 
     app = build(SidecarConfig(semantic=False))
     scheduler, store = admin_parts(app)
-    assert scheduler is app.director._inner.scheduler and store is app.director._rt.store
+    assert scheduler is app.pipeline.route.scheduler and store is app.pipeline.cache._rt.store
     assert admin_parts(build(SidecarConfig(cache=False)))[1] is None
 
 
@@ -162,8 +162,8 @@ def test_the_redis_round_trip_deadline_reaches_every_shared_part():
     app = build(SidecarConfig(redis_url="redis://127.0.0.1:1/0", redis_timeout_s=0.4, cache_secret="s" * 16,
                               semantic=False))
     assert app.store.settings.timeout_s == 0.4
-    assert app.director._rt.inflight._op_timeout_s == 0.4
-    assert app.director._inner.admission._tokens.config.redis_timeout_s == 0.4
+    assert app.pipeline.cache._rt.inflight._op_timeout_s == 0.4
+    assert app.pipeline.route.admission._tokens.config.redis_timeout_s == 0.4
 
 
 def test_admissions_ttft_estimate_lapses(monkeypatch):
@@ -173,7 +173,7 @@ def test_admissions_ttft_estimate_lapses(monkeypatch):
     from sidecar import app as app_module
     from sidecar.config import SidecarConfig
     app = app_module.build(SidecarConfig(cache=False))
-    gate, signals = app.director.admission.gate, app.director.scheduler.signals
+    gate, signals = app.pipeline.route.admission.gate, app.pipeline.route.scheduler.signals
     now = [1000.0]
     monkeypatch.setattr(app_module.time, "monotonic", lambda: now[0])
     signals.on_first_byte("upstream_a", 4.0, now=now[0])

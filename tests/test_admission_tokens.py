@@ -27,11 +27,11 @@ from sidecar.admitting import Admission, RouteAdmission
 from sidecar.chat import parse_chat_request
 from sidecar.context import HOLD_LIMIT_S, RequestContext
 from sidecar.route_settings import parse_route_settings
-from sidecar.routing import RoutingDirector
+from sidecar.routing import RouteStage
 from tests.test_processor import BODY, new_director
 
 
-def admitting_director(gate: Gate | None = None) -> RoutingDirector:
+def admitting_director(gate: Gate | None = None) -> RouteStage:
     """The routing director with admission: a gate and a local token limiter."""
     director = new_director()
     director.admission = Admission(gate or Gate(GateConfig()), LocalTokenLimiter(), b"a test secret of 32 bytes, fixed")

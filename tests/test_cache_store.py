@@ -877,8 +877,8 @@ async def test_redis_cluster_from_the_sidecars_config(redis_cluster):
     for app in apps:
         await app.start()
     try:
-        (store, dedup), (_, other_dedup) = [(a.store, a.director._rt.inflight) for a in apps]
-        limiter = apps[0].director._inner.admission._tokens
+        (store, dedup), (_, other_dedup) = [(a.store, a.pipeline.cache._rt.inflight) for a in apps]
+        limiter = apps[0].pipeline.route.admission._tokens
         limiter.config = TokenLimitsConfig(rules=(RateLimitRule(RateLimits(requests_per_minute=1)),))
         for i in range(8):                                  # over all three primaries
             scope = f"scope{i}"

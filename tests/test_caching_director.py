@@ -1,4 +1,4 @@
-"""The caching director without a server: which requests it answers at once (decide_now)."""
+"""The cache stage in the pipeline, without a server: which requests it answers at once (decide_now)."""
 import asyncio
 import gzip
 import json
@@ -11,13 +11,14 @@ import pytest
 from sidecar.cache.capture import capture_json, estimate_tokens
 from sidecar.cache.inflight import InFlight
 from sidecar.cache.memory_store import MemoryStore
-from sidecar.caching import CacheRuntime, CachingDirector, _follow_for
+from sidecar.caching import CacheRuntime, CacheStage, _follow_for
 from sidecar.chat import parse_chat_request
 from sidecar.context import HOLD_LIMIT_S, Outcome, RequestContext
 from sidecar.route_settings import parse_route_settings
-from sidecar.routing import RoutingDirector
+from sidecar.routing import RouteStage
 from sidecar.scheduling import Scheduler
 from sidecar.server import EXTEND_AFTER_S, EXTENDED_MESSAGE_TIMEOUT_S
+from tests.pipeline_driver import Stages
 from tests.test_admission_metrics import value
 from tests.test_cache_capture import chunk, sse
 
@@ -37,8 +38,8 @@ class AwaitOnlyStore(MemoryStore):
 
 
 def director(store=None):
-    routing = RoutingDirector(Scheduler(rng=random.Random(0)), scrape_interval_s=None)
-    return CachingDirector(routing, CacheRuntime(store=MemoryStore() if store is None else store, inflight=InFlight(), secret=b"a test secret of 32 bytes, fixed"))
+    routing = RouteStage(Scheduler(rng=random.Random(0)), scrape_interval_s=None)
+    return Stages(routing, CacheStage(CacheRuntime(store=MemoryStore() if store is None else store, inflight=InFlight(), secret=b"a test secret of 32 bytes, fixed")))
 
 
 def request(prompt="How do I reset my password?", **headers):
@@ -50,9 +51,9 @@ def request(prompt="How do I reset my password?", **headers):
 
 def store_answer(d, prompt="How do I reset my password?"):
     ctx = request(prompt)
-    worked_out = d._cache_request(ctx, d._route_cache(ctx))
+    worked_out = d.cache._cache_request(ctx, d.cache._route_cache(ctx))
     answer = capture_json(ANSWER, time.time(), prompt_text=worked_out.prompt).to_bytes()
-    asyncio.run(d._rt.store.put(worked_out.scope.key, worked_out.key, worked_out.prompt, None, answer, 60))
+    asyncio.run(d.cache._rt.store.put(worked_out.scope.key, worked_out.key, worked_out.prompt, None, answer, 60))
 
 
 def test_an_exact_hit_from_an_in_process_store_is_answered_at_once():
@@ -126,7 +127,7 @@ def test_what_the_cache_may_neither_serve_nor_store_is_routed_at_once_like_decid
         awaited = asyncio.run(d.decide(later))
         assert value("sluice_cache_requests_total", route="chat", result="bypass") == before + 2
         assert plan.response_headers == awaited.response_headers and ("x-sluice-cache", "bypass") in plan.response_headers
-        assert (now.cache_status, now.capture, now.cache_scope) == (later.cache_status, later.capture,
+        assert (now.cache_status, d.exchange(now).cache.capture, now.cache_scope) == (later.cache_status, d.exchange(later).cache.capture,
                                                                     later.cache_scope) == ("bypass", None, None)
 
 
@@ -165,7 +166,7 @@ def test_the_memo_of_a_tenant_header_route_keys_on_that_header():
 
 def test_a_bypass_waits_for_decide_when_routing_cannot_decide_at_once():
     d = director()
-    d._inner.decide_now = lambda ctx: None                # e.g. an admission queue to wait in
+    d.route.decide_now = lambda ctx: None                # e.g. an admission queue to wait in
     before = value("sluice_cache_requests_total", route="chat", result="bypass")
     ctx = request(**{"cache-control": "no-store"})
     assert d.decide_now(ctx) is None
@@ -179,8 +180,8 @@ UNREADABLE = [json.dumps({"v": 999, "content": "a newer format"}).encode(), b"\x
 
 def store_raw(d, data: bytes, prompt="How do I reset my password?"):
     ctx = request(prompt)
-    worked_out = d._cache_request(ctx, d._route_cache(ctx))
-    asyncio.run(d._rt.store.put(worked_out.scope.key, worked_out.key, worked_out.prompt, None, data, 60))
+    worked_out = d.cache._cache_request(ctx, d.cache._route_cache(ctx))
+    asyncio.run(d.cache._rt.store.put(worked_out.scope.key, worked_out.key, worked_out.prompt, None, data, 60))
 
 
 def test_a_stored_answer_this_version_cannot_read_is_a_miss_and_is_replaced():
@@ -193,8 +194,8 @@ def test_a_stored_answer_this_version_cannot_read_is_a_miss_and_is_replaced():
             assert d.decide_now(ctx) is None
             plan = asyncio.run(d.decide(ctx))
             assert plan.reply is None and plan.cluster == "a" and ctx.cache_status == "miss"
-            assert ctx.capture is not None and value("sluice_cache_unreadable_total") > before
-            ctx.capture.abandon()
+            assert d.exchange(ctx).cache.capture is not None and value("sluice_cache_unreadable_total") > before
+            d.exchange(ctx).cache.capture.abandon()
 
 
 def test_a_follower_relayed_an_unreadable_answer_goes_upstream_itself():
@@ -205,10 +206,10 @@ def test_a_follower_relayed_an_unreadable_answer_goes_upstream_itself():
         follower = request()
         waiting = asyncio.ensure_future(d.decide(follower))
         await asyncio.sleep(0.01)
-        leader.capture.lead.complete(UNREADABLE[0])      # as a newer replica would publish it
+        d.exchange(leader).cache.capture.lead.complete(UNREADABLE[0])      # as a newer replica would publish it
         plan = await waiting
         assert plan.reply is None and plan.cluster == "a" and follower.cache_status == "miss"
-        follower.capture.abandon()
+        d.exchange(follower).cache.capture.abandon()
     asyncio.run(scenario())
 
 
@@ -223,8 +224,8 @@ def test_a_follower_waits_no_longer_than_its_clients_deadline_allows():
         waited = time.monotonic() - started
         assert plan.reply is None and plan.cluster == "a" and follower.cache_status == "miss"
         assert 0.1 <= waited < 2.0                              # its own budget, not the route's 30 s
-        follower.capture.abandon()
-        leader.capture.abandon()
+        d.exchange(follower).cache.capture.abandon()
+        d.exchange(leader).cache.capture.abandon()
     asyncio.run(scenario())
 
 
@@ -451,9 +452,8 @@ def test_a_prompt_past_max_prompt_chars_is_not_embedded():
             self.texts.append(text)
             return np.ones(384, np.float32) / np.sqrt(384)
     embedder = CountingEmbedder()
-    d = CachingDirector(RoutingDirector(Scheduler(rng=random.Random(0)), scrape_interval_s=None),
-                        CacheRuntime(store=MemoryStore(), inflight=InFlight(), embedder=embedder,
-                                     secret=b"a test secret of 32 bytes, fixed"))
+    d = CacheStage(CacheRuntime(store=MemoryStore(), inflight=InFlight(), embedder=embedder,
+                                secret=b"a test secret of 32 bytes, fixed"))
     route = parse_route_settings({"name": "chat", "candidates": [{"cluster": "a"}]})
     settings = d._route_cache_of.get(route, d._build_route_cache, "chat")
     limit = d._rt.equivalence.max_prompt_chars
@@ -467,12 +467,12 @@ def test_a_stored_entry_that_cannot_be_replayed_is_dropped_and_the_request_goes_
     """A 401-digit token count stored by an older version failed every hit on the entry."""
     d = director()
     ctx = request()
-    worked_out = d._cache_request(ctx, d._route_cache(ctx))
+    worked_out = d.cache._cache_request(ctx, d.cache._route_cache(ctx))
     stored = json.loads(capture_json(ANSWER, time.time()).to_bytes())
     stored["prompt_tokens"] = 10 ** 400
-    asyncio.run(d._rt.store.put(worked_out.scope.key, worked_out.key, worked_out.prompt, None,
+    asyncio.run(d.cache._rt.store.put(worked_out.scope.key, worked_out.key, worked_out.prompt, None,
                                 json.dumps(stored).encode(), 60))
     assert d.decide_now(ctx) is None                     # a miss, not an exception
-    assert d._rt.store.get_exact_now(worked_out.scope.key, worked_out.key) is None   # dropped
+    assert d.cache._rt.store.get_exact_now(worked_out.scope.key, worked_out.key) is None   # dropped
     plan = asyncio.run(d.decide(ctx))
     assert plan.reply is None and plan.cluster == "a" and ctx.cache_status == "miss"

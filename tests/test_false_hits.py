@@ -13,13 +13,14 @@ from sidecar.cache.capture import capture_json
 from sidecar.cache.false_hits import FEEDBACK_HEADER, PAIR_BYTES, MemoryFalseHits, RedisFalseHits, pair_id
 from sidecar.cache.inflight import InFlight
 from sidecar.cache.memory_store import MemoryStore
-from sidecar.caching import CacheRuntime, CachingDirector
+from sidecar.caching import CacheRuntime, CacheStage
 from sidecar.chat import parse_chat_request
 from sidecar.context import RequestContext
 from sidecar.route_settings import parse_route_settings
-from sidecar.routing import RoutingDirector
+from sidecar.routing import RouteStage
 from sidecar.scheduling import Scheduler
 from tests.redis_server import RedisServer
+from tests.pipeline_driver import Stages
 from tests.test_admission_metrics import value
 from tests.test_admin import Aborted, Context, service
 from tests.test_caching_director import ANSWER
@@ -45,7 +46,7 @@ def director(false_hits=None, store=None):
                       secret=b"a test secret of 32 bytes, fixed")
     if false_hits is not None:
         rt.false_hits = false_hits
-    return CachingDirector(RoutingDirector(Scheduler(rng=random.Random(0)), scrape_interval_s=None), rt)
+    return Stages(RouteStage(Scheduler(rng=random.Random(0)), scrape_interval_s=None), CacheStage(rt))
 
 
 def request(prompt, key="k1", **headers):
@@ -57,10 +58,10 @@ def request(prompt, key="k1", **headers):
 
 async def store_answer(d, prompt, key="k1"):
     ctx = request(prompt, key)
-    worked_out = d._cache_request(ctx, d._route_cache(ctx))
+    worked_out = d.cache._cache_request(ctx, d.cache._route_cache(ctx))
     answer = capture_json(ANSWER, time.time(), prompt_text=worked_out.prompt).to_bytes()
-    vector = await d._rt.embedder.embed(worked_out.prompt)
-    await d._rt.store.put(worked_out.scope.key, worked_out.key, worked_out.prompt, vector, answer, 60)
+    vector = await d.cache._rt.embedder.embed(worked_out.prompt)
+    await d.cache._rt.store.put(worked_out.scope.key, worked_out.key, worked_out.prompt, vector, answer, 60)
     return worked_out
 
 
@@ -101,7 +102,7 @@ async def test_a_reported_exact_hit_is_replaced_by_the_fresh_answer():
     report = request(STORED, **{FEEDBACK_HEADER: "1"})
     assert d.decide_now(report) is None                    # never answered from cache at once
     plan = await d.decide(report)
-    assert plan.reply is None and report.cache_status == "miss" and report.capture is not None
+    assert plan.reply is None and report.cache_status == "miss" and d.exchange(report).cache.capture is not None
     assert d.decide_now(request(STORED)) is None           # the wrong entry no longer serves
     again = request(STORED)
     await d.decide(again)
@@ -166,7 +167,7 @@ async def test_redis_away_keeps_this_replicas_reports_and_never_raises(tmp_path)
 async def test_admin_report_false_hit():
     d = director()
     stored = await store_answer(d, STORED)
-    admin, _ = service(report_false_hit=d.report_false_hit)
+    admin, _ = service(report_false_hit=d.pipeline.report_false_hit)
     before = reports("semantic", source="admin", route="admin")
     from sidecar.protos import admin_pb2
     response = await admin.ReportFalseHit(admin_pb2.ReportFalseHitRequest(scope=stored.scope.key, prompt=REWORDED),

@@ -1,4 +1,4 @@
-"""Which answers the sidecar reads (Scheduling.feedback): the sampler, the routing director's
+"""Which answers the sidecar reads (Scheduling.feedback): the sampler, the route stage's
 choice per request, and what the processor tells Envoy when an answer is not read."""
 import asyncio
 import json
@@ -9,12 +9,12 @@ import pytest
 from sidecar.admission import Gate, GateConfig
 from sidecar.admitting import Admission
 from sidecar.context import RequestContext
-from sidecar.events import Continue, ModeOverride, Phase, RequestBody, RequestHeaders
+from sidecar.events import Continue, ModeOverride, Phase, RequestBody, RequestHeaders, SkipResponse
 from sidecar.processor import RequestProcessor
 from sidecar.route_policy import build_route_plan
 from sidecar.chat import parse_chat_request
 from sidecar.route_settings import parse_route_settings
-from sidecar.routing import RoutingDirector
+from sidecar.routing import RouteStage
 from sidecar.scheduling import Decision, Scheduler
 from sidecar.scheduling.sampling import FeedbackSampler
 from tests.test_processor import BODY, CHAT, new_director
@@ -57,7 +57,7 @@ def test_route_settings_set_the_sampler_and_a_bad_value_names_the_field():
         build_route_plan(route(feedback={"then_one_in": 0}), "chat")
 
 
-# --- the routing director's choice ---------------------------------------------------------
+# --- the route stage's choice ---------------------------------------------------------
 
 def reads(d, settings, n=200):
     return sum(d.reads_response(RequestContext(route=settings, route_name="chat")) for _ in range(n))
@@ -100,11 +100,20 @@ def test_routes_that_do_not_steer_read_every_answer():
 
 # --- the processor ----------------------------------------------------------------------------
 
+def headers_reply(processor: RequestProcessor, d, event: RequestHeaders):
+    """The request headers' reply as the servicer gives it (sidecar/server.py): the processor's,
+    or its skip of the response when the pipeline reads none of it."""
+    reply = processor.handle(event)
+    if processor.awaits_body and not d.reads_response(processor.context):
+        reply = processor.apply(SkipResponse())
+    return reply
+
+
 def test_an_unread_answer_skips_response_headers_and_its_headers_go_as_metadata():
     settings = route(feedback=RARELY)
     d = new_director()
-    processor = RequestProcessor(d.reads_response)
-    first = processor.handle(headers_event(settings))
+    processor = RequestProcessor()
+    first = headers_reply(processor, d, headers_event(settings))
     assert first == Continue(Phase.REQUEST_HEADERS, mode=ModeOverride(response_headers=False))
     decide = processor.handle(RequestBody(BODY, True))
     reply = processor.apply(asyncio.run(d.decide(decide.context)))
@@ -115,8 +124,8 @@ def test_an_unread_answer_skips_response_headers_and_its_headers_go_as_metadata(
 
 def test_a_read_answer_sends_no_metadata():
     d = new_director()
-    processor = RequestProcessor(d.reads_response)
-    assert processor.handle(headers_event(route())) == Continue(Phase.REQUEST_HEADERS)
+    processor = RequestProcessor()
+    assert headers_reply(processor, d, headers_event(route())) == Continue(Phase.REQUEST_HEADERS)
     decide = processor.handle(RequestBody(BODY, True))
     reply = processor.apply(asyncio.run(d.decide(decide.context)))
     # Metadata in this reply with response headers still to come kept Envoy 1.40's ext_proc
@@ -128,8 +137,9 @@ def test_a_read_answer_sends_no_metadata():
 def test_cache_routes_read_every_answer_and_the_others_follow_routing():
     from sidecar.cache.inflight import InFlight
     from sidecar.cache.memory_store import MemoryStore
-    from sidecar.caching import CacheRuntime, CachingDirector
-    caching = CachingDirector(new_director(), CacheRuntime(store=MemoryStore(), inflight=InFlight()))
+    from sidecar.caching import CacheRuntime, CacheStage
+    from tests.pipeline_driver import Stages
+    caching = Stages(new_director(), CacheStage(CacheRuntime(store=MemoryStore(), inflight=InFlight())))
     sampled = {"feedback": RARELY}
     cached = route(**sampled)                                      # the cache is on by default
     uncached = parse_route_settings({"name": "chat", "scheduling": sampled, "cache": {"enabled": False},
@@ -143,8 +153,8 @@ def test_response_headers_that_come_anyway_are_handled_as_read():
     from sidecar.events import ResponseHeaders
     settings = route(feedback=RARELY)
     d = new_director()
-    processor = RequestProcessor(d.reads_response)
-    processor.handle(headers_event(settings))
+    processor = RequestProcessor()
+    headers_reply(processor, d, headers_event(settings))
     decide = processor.handle(RequestBody(BODY, True))
     processor.apply(asyncio.run(d.decide(decide.context)))
     reply = processor.handle(ResponseHeaders({":status": "200"}, False))
@@ -157,7 +167,7 @@ def tokens_per_s_learned(body: bytes) -> float | None:
     """What the cluster's tokens/s becomes after three answers of 50 tokens, each with its
     headers after 0.1 s and its end a second later."""
     clock = [100.0]
-    d = RoutingDirector(Scheduler(rng=random.Random(0)), clock=lambda: clock[0], scrape_interval_s=None)
+    d = RouteStage(Scheduler(rng=random.Random(0)), clock=lambda: clock[0], scrape_interval_s=None)
     settings = route(feedback={"read_all_per_s": 1000, "then_one_in": 1})
     for _ in range(3):
         ctx = RequestContext(route=settings, route_name="chat", chat=parse_chat_request(body), body=body)

@@ -24,7 +24,7 @@ from sidecar.cache.replay import json_body, sse_body
 from sidecar.cache.scope import exact_key, prompt_text, scope_for
 from sidecar.chat import BadRequest, ChatRequest, parse_chat_request
 from sidecar.events import (BodyMode, Continue, Decide, ImmediateReply, Phase, Plan, ProtocolError,
-                            RequestBody, RequestHeaders, ResponseBody, ResponseHeaders)
+                            RequestBody, RequestHeaders, ResponseBody, ResponseHeaders, SkipResponse)
 from sidecar.processor import RequestProcessor
 from sidecar.route_settings import parse_route_settings
 from sidecar.usage import UsageMeter
@@ -136,10 +136,12 @@ EVENTS = st.one_of(
 @FAST
 @given(st.lists(EVENTS, max_size=8), st.booleans())
 def test_the_processor_answers_any_event_sequence_or_refuses_it_as_a_protocol_error(events, reads):
-    processor = RequestProcessor(lambda ctx: reads)
+    processor = RequestProcessor()
     for event in events:
         try:
             reply = processor.handle(event)
+            if isinstance(event, RequestHeaders) and processor.awaits_body and not reads:
+                reply = processor.apply(SkipResponse())    # as the servicer asks it
         except ProtocolError:
             continue
         if not isinstance(reply, Decide):
@@ -220,17 +222,17 @@ def test_nesting_and_numbers_past_every_bound_are_refused_without_raising():
 
 
 def test_the_fuzz_driver_finds_a_bug_planted_in_the_request_path(monkeypatch):
-    """The harness can fail: a director that raises on some bodies is caught and reported."""
+    """The harness can fail: a stage that raises on some bodies is caught and reported."""
     from sidecar import caching
 
-    original = caching.CachingDirector.decide_now
+    original = caching.CacheStage.look_now
 
     def planted(self, ctx):
         if b"tool_choice" in ctx.body:
             raise TypeError("planted")
         return original(self, ctx)
 
-    monkeypatch.setattr(caching.CachingDirector, "decide_now", planted)
+    monkeypatch.setattr(caching.CacheStage, "look_now", planted)
     tally = asyncio.run(_run_some(200))
     assert tally.unexpected_count > 0 and tally.unexpected[0].kind == "TypeError"
 

@@ -7,7 +7,7 @@ import pytest
 
 from sidecar.chat import parse_chat_request
 from sidecar.context import Outcome, RequestContext
-from sidecar.routing import RoutingDirector, rewrite_model
+from sidecar.routing import RouteStage, rewrite_model
 from sidecar.scheduling import Scheduler
 from sidecar.events import (BodyMode, Continue, Decide, ImmediateReply, ModeOverride, Phase, Plan,
                             ProtocolError, RequestBody, RequestHeaders, ResponseBody,
@@ -22,7 +22,7 @@ TWO = parse_route_settings({"name": "chat", "candidates": [{"cluster": "a", "wei
 
 
 def new_director(seed=0):
-    return RoutingDirector(Scheduler(rng=random.Random(seed)), clock=lambda: 100.0, scrape_interval_s=None)
+    return RouteStage(Scheduler(rng=random.Random(seed)), clock=lambda: 100.0, scrape_interval_s=None)
 
 
 def run(events, route=TWO, director=None):

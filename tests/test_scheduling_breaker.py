@@ -8,7 +8,7 @@ from sidecar.admitting import Admission
 from sidecar.chat import parse_chat_request
 from sidecar.context import RequestContext
 from sidecar.route_settings import parse_route_settings
-from sidecar.routing import RoutingDirector
+from sidecar.routing import RouteStage
 from sidecar.scheduling import Decision, Scheduler
 from sidecar.scheduling.breaker import TRANSITIONS, BreakerConfig, CircuitBreaker
 from sidecar.scheduling.model import BreakerState
@@ -191,7 +191,7 @@ async def test_a_probe_admission_sends_elsewhere_or_refuses_is_no_probe_and_the_
         return RequestContext(headers={"authorization": "Bearer k1", **headers}, route=route, route_name="chat",
                               body=body, chat=parse_chat_request(body))
     clock = [100.0]
-    d = RoutingDirector(Scheduler(rng=random.Random(0)), clock=lambda: clock[0], scrape_interval_s=None)
+    d = RouteStage(Scheduler(rng=random.Random(0)), clock=lambda: clock[0], scrape_interval_s=None)
     gate = Gate(GateConfig())
     d.admission = Admission(gate, None, b"a test secret of 32 bytes, fixed")
     d._plan(request())                                              # the route's breaker settings

@@ -11,11 +11,12 @@ from sidecar.noop import NoopProcessor
 from sidecar.processor import RequestProcessor
 from sidecar import server
 from sidecar.logs import Throttle
+from sidecar.pipeline import Pipeline
 from sidecar.server import ExternalProcessor
-from tests.ext_proc_stream import FakeDirector, chat_body, chat_messages, run_stream
+from tests.ext_proc_stream import FakeRoute, chat_body, chat_messages, run_stream
 
 
-class FinishCounting(FakeDirector):
+class FinishCounting(FakeRoute):
     finished = 0
 
     def on_finish(self, ctx) -> None:
@@ -41,13 +42,13 @@ async def test_an_immediate_reply_ends_the_stream_without_waiting_for_envoy():
     reply = ImmediateReply(200, b"{}", (("content-type", "application/json"),))
     director = FinishCounting(plan=Plan(reply=reply))
     kinds = await asyncio.wait_for(replies_until_stream_ends(
-        ExternalProcessor(director), chat_messages(chat_body("hi"))[:2]), timeout=5)
+        ExternalProcessor(Pipeline(director)), chat_messages(chat_body("hi"))[:2]), timeout=5)
     assert kinds == ["request_headers", "immediate_response"]
     assert director.finished == 1       # the request's bookkeeping ran, Envoy still silent
 
 
 async def test_a_bad_request_ends_the_stream_with_its_400():
-    servicer = ExternalProcessor(FakeDirector())
+    servicer = ExternalProcessor(Pipeline(FakeRoute()))
     messages = chat_messages(b"{not json")[:2]
     kinds = await asyncio.wait_for(replies_until_stream_ends(servicer, messages), timeout=5)
     assert kinds == ["request_headers", "immediate_response"]
@@ -57,7 +58,7 @@ async def test_the_answers_last_chunk_ends_the_stream():
     director = FinishCounting(plan=Plan(cluster="upstream_a", response_body=BodyMode.BUFFERED))
     messages = _answer_starts() + [_response_body_end()]
     kinds = await asyncio.wait_for(replies_until_stream_ends(
-        ExternalProcessor(director), messages), timeout=5)
+        ExternalProcessor(Pipeline(director)), messages), timeout=5)
     assert kinds == ["request_headers", "request_body", "response_headers", "response_body"]
     assert director.finished == 1
 
@@ -67,7 +68,7 @@ async def test_a_request_still_streaming_its_answer_keeps_the_stream_open(new_pr
     """Envoy ends the stream when the answer has streamed to the client; until then the
     request is in flight (the scheduler's load), so the sidecar must not end it first."""
     director = FinishCounting()
-    servicer = ExternalProcessor(director, new_processor)
+    servicer = ExternalProcessor(Pipeline(director), new_processor)
     envoy_ends = asyncio.Event()
     messages = _answer_starts()
     task = asyncio.create_task(replies_until_stream_ends(servicer, messages, envoy_ends))
@@ -78,7 +79,7 @@ async def test_a_request_still_streaming_its_answer_keeps_the_stream_open(new_pr
     assert director.finished == 1
 
 
-class SwallowsCancellation(FakeDirector):
+class SwallowsCancellation(FakeRoute):
     """A decision that, like a Python 3.11 wait_for whose call ended in the same tick, ignores
     its cancellation and takes something (a lease, a queue slot) that on_finish must release."""
 
@@ -102,7 +103,7 @@ class SwallowsCancellation(FakeDirector):
 
 async def test_a_client_gone_during_a_decision_is_finished_after_the_decision_unwinds():
     director = SwallowsCancellation()
-    stream = asyncio.ensure_future(run_stream(ExternalProcessor(director), chat_messages(chat_body("hi"))[:2],
+    stream = asyncio.ensure_future(run_stream(ExternalProcessor(Pipeline(director)), chat_messages(chat_body("hi"))[:2],
                                               asyncio.Event()))
     await asyncio.wait_for(director.deciding.wait(), timeout=5)
     stream.cancel()                         # Envoy resets the stream: the client went away
@@ -141,7 +142,7 @@ async def test_a_director_bug_refuses_the_request_with_an_openai_shaped_500(capl
     before = _internal_errors("RequestBody")
     for _ in range(3):
         responses = await asyncio.wait_for(run_stream(
-            ExternalProcessor(director), chat_messages(chat_body("hi"))[:2], asyncio.Event()), timeout=5)
+            ExternalProcessor(Pipeline(director)), chat_messages(chat_body("hi"))[:2], asyncio.Event()), timeout=5)
         reply = responses[-1].immediate_response
         assert reply.status.code == 500
         error = json.loads(reply.body)["error"]
@@ -155,7 +156,7 @@ async def test_a_director_bug_refuses_the_request_with_an_openai_shaped_500(capl
 async def test_a_director_bug_lets_the_request_go_undecided_when_so_configured(fresh_error_log):
     director = FinishCounting(during=_bug)
     responses = await asyncio.wait_for(run_stream(
-        ExternalProcessor(director, refuse_on_error=False), chat_messages(chat_body("hi"))[:3]), timeout=5)
+        ExternalProcessor(Pipeline(director), refuse_on_error=False), chat_messages(chat_body("hi"))[:3]), timeout=5)
     kinds = [r.WhichOneof("response") for r in responses]
     assert kinds == ["request_headers", "request_body", "response_headers"]
     assert not responses[1].request_body.response.header_mutation.set_headers
@@ -164,6 +165,6 @@ async def test_a_director_bug_lets_the_request_go_undecided_when_so_configured(f
 async def test_a_bug_while_reading_the_answer_passes_the_answer_on(fresh_error_log):
     director = FailsOnAnswer()
     kinds = await asyncio.wait_for(replies_until_stream_ends(
-        ExternalProcessor(director), [*_answer_starts(), _response_body_end()]), timeout=5)
+        ExternalProcessor(Pipeline(director)), [*_answer_starts(), _response_body_end()]), timeout=5)
     assert kinds == ["request_headers", "request_body", "response_headers", "response_body"]
     assert director.finished == 1

@@ -6,9 +6,10 @@ import pytest
 from sidecar import tracing
 from sidecar.context import RequestContext
 from sidecar.events import ImmediateReply, Plan
+from sidecar.pipeline import Pipeline
 from sidecar.server import ExternalProcessor
 from sidecar.tracing import TraceParent, Tracing, new_traceparent, parse_traceparent
-from tests.ext_proc_stream import CHAT_HEADERS, FakeDirector, chat_body, chat_messages, run_stream, upstream_headers
+from tests.ext_proc_stream import CHAT_HEADERS, FakeRoute, chat_body, chat_messages, run_stream, upstream_headers
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 INCOMING = f"00-{TRACE_ID}-00f067aa0ba902b7-01"
@@ -73,7 +74,7 @@ def test_span_helper_is_a_no_op_without_a_traced_request():
 
 
 async def test_traceparent_reaches_the_upstream_request_headers():
-    servicer = ExternalProcessor(FakeDirector(), tracing=Tracing())
+    servicer = ExternalProcessor(Pipeline(FakeRoute()), tracing=Tracing())
     sent = upstream_headers(await run_stream(servicer, chat_messages(chat_body("hi"))))
     assert parse_traceparent(sent["traceparent"]) is not None
     kept = upstream_headers(await run_stream(servicer, chat_messages(
@@ -105,7 +106,7 @@ async def test_request_span_with_parse_decide_and_stage_children(spans):
         with tracing.span("sluice.embed", model="minilm"):
             pass
 
-    servicer = ExternalProcessor(FakeDirector(during=embed), tracing=traced)
+    servicer = ExternalProcessor(Pipeline(FakeRoute(during=embed)), tracing=traced)
     sent = upstream_headers(await run_stream(servicer, chat_messages(
         chat_body("hi"), {**CHAT_HEADERS, "traceparent": INCOMING})))
     await asyncio.sleep(0)
@@ -127,7 +128,7 @@ async def test_request_span_with_parse_decide_and_stage_children(spans):
 
 async def test_unsampled_parent_records_nothing_but_still_propagates(spans):
     traced, exporter = spans
-    servicer = ExternalProcessor(FakeDirector(), tracing=traced)
+    servicer = ExternalProcessor(Pipeline(FakeRoute()), tracing=traced)
     sent = upstream_headers(await run_stream(servicer, chat_messages(
         chat_body("hi"), {**CHAT_HEADERS, "traceparent": INCOMING[:-2] + "00"})))
     assert exporter.get_finished_spans() == ()
@@ -137,7 +138,7 @@ async def test_unsampled_parent_records_nothing_but_still_propagates(spans):
 
 async def test_server_error_marks_the_span(spans):
     traced, exporter = spans
-    servicer = ExternalProcessor(FakeDirector(), tracing=traced)
+    servicer = ExternalProcessor(Pipeline(FakeRoute()), tracing=traced)
     await run_stream(servicer, chat_messages(chat_body("hi"), status=503))
     request = next(s for s in exporter.get_finished_spans() if s.name == "sluice.request")
     assert request.status.status_code.name == "ERROR"
@@ -176,7 +177,7 @@ def test_adding_the_traceparent_keeps_every_other_field_of_the_plan():
         plan, request_headers=(("k", "v"), ("traceparent", "00-1")))
 
 
-class WhyDirector(FakeDirector):
+class WhyDirector(FakeRoute):
     """Decides as a cache miss routed to upstream_a, with its reasons recorded."""
 
     async def decide(self, ctx):
@@ -193,7 +194,7 @@ class WhyDirector(FakeDirector):
 
 async def test_request_span_carries_the_decision_record(spans):
     traced, exporter = spans
-    servicer = ExternalProcessor(WhyDirector(), tracing=traced)
+    servicer = ExternalProcessor(Pipeline(WhyDirector()), tracing=traced)
     await run_stream(servicer, chat_messages(chat_body("a private prompt"), {**CHAT_HEADERS, "traceparent": INCOMING}))
     await asyncio.sleep(0)
     [request] = [s for s in exporter.get_finished_spans() if s.name == "sluice.request"]

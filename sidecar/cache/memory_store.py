@@ -106,7 +106,7 @@ class MemoryStore:
         return self.get_exact_now(scope, exact_key)
 
     def get_exact_now(self, scope: str, exact_key: str) -> Entry | None:
-        """Without awaiting: an exact hit is then served with no task (CachingDirector.decide_now)."""
+        """Without awaiting: an exact hit is then served with no task (CacheStage.look_now)."""
         slot = self._live(scope, exact_key, self._clock())
         return None if slot is None else slot.entry
 

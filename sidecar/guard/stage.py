@@ -1,7 +1,6 @@
-"""The guarding director: the guard's checks before every other stage of the request path.
+"""The guard stage: the guard's checks before every other stage of the request path.
 
-Wraps the outermost director (caching or routing). Per chat request on a route with guard
-settings: scan the checked messages (words, personal data); a `block` answers 400 at once;
+Per chat request on a route with guard settings: scan the checked messages (words, personal data); a `block` answers 400 at once;
 masks and redactions rewrite the body, and the parsed request with it, so the cache key, the
 cache entry, the upstream and the request log all see only the rewritten prompt; then the
 injection classifier scores the embedding of the last user turn (the one the semantic cache
@@ -38,21 +37,21 @@ class GuardState:
     """The guard's piece of a request: what it found (no text), and whether it is done."""
     findings: list[Finding] = field(default_factory=list)
     reply: Plan | None = None
-    injection_checked: bool = False
+    injection_due: bool = False          # the injection classifier is still to be asked
 
 
-class GuardingDirector:
-    def __init__(self, inner, embedder=None, injection_head=None):
-        self._wrapped = inner
+# A request on a route without guard settings: nothing found, nothing due (never mutated).
+UNGUARDED = GuardState()
+
+
+class GuardStage:
+    """The first stage of the pipeline (sidecar/pipeline.py): scan, then the injection check."""
+
+    def __init__(self, embedder=None, injection_head=None):
         self._embedder = embedder            # sidecar.guard.embeddings.SharedEmbeddings, or None
         self._head = injection_head
         self._policy_of = PerSettings()
         self._generation = 0
-
-    def __getattr__(self, name):
-        # The guard is transparent: what the server (the cache's report_false_hit) or a test
-        # asks of the director beyond the Director protocol is the wrapped director's.
-        return getattr(self._wrapped, name)
 
     def reload(self) -> None:
         """Re-read word files (SIGHUP): every policy is built again on its next request."""
@@ -60,54 +59,34 @@ class GuardingDirector:
 
     # --- decision -----------------------------------------------------------------------
 
-    def decide_now(self, ctx: RequestContext) -> Plan | None:
+    def scan_now(self, ctx: RequestContext) -> GuardState | None:
+        """Words and personal data; None for a large body, which `scan` reads off the loop."""
         policy = self._policy(ctx)
         if policy is None:
-            return self._wrapped.decide_now(ctx)
-        if ctx.guard is None and len(ctx.body) > SCAN_OFF_LOOP_BYTES:
-            return None                      # scanned in a thread by decide
-        state = self._scan(ctx, policy)
-        if state.reply is not None:
-            return state.reply
-        if policy.injection is not None and not state.injection_checked:
-            return None                      # the embedding is awaited in decide
-        plan = self._wrapped.decide_now(ctx)
-        return None if plan is None else self._passed_on(ctx, state, plan)
+            return UNGUARDED
+        if len(ctx.body) > SCAN_OFF_LOOP_BYTES:
+            return None
+        return self._scan(ctx, policy)
 
-    async def decide(self, ctx: RequestContext) -> Plan:
+    async def scan(self, ctx: RequestContext) -> GuardState:
         policy = self._policy(ctx)
         if policy is None:
-            return await self._wrapped.decide(ctx)
-        if ctx.guard is None and len(ctx.body) > SCAN_OFF_LOOP_BYTES:
+            return UNGUARDED
+        if len(ctx.body) > SCAN_OFF_LOOP_BYTES:
             # A large body (~30 ms a megabyte, more for pathological digit runs) is scanned
             # off the event loop, so the other streams' messages are answered meanwhile.
-            state = await asyncio.to_thread(self._scan, ctx, policy)
-        else:
-            state = self._scan(ctx, policy)
-        if state.reply is not None:
-            return state.reply
-        if policy.injection is not None and not state.injection_checked:
-            state.injection_checked = True
-            finding = await self._injection(ctx, policy)
-            if finding is not None:
-                self._count(ctx, finding)
-                state.findings.append(finding)
-                if finding.action == "block":
-                    state.reply = self._blocked(ctx, finding)
-                    return state.reply
-        return self._passed_on(ctx, state, await self._wrapped.decide(ctx))
+            return await asyncio.to_thread(self._scan, ctx, policy)
+        return self._scan(ctx, policy)
 
-    def reads_response(self, ctx: RequestContext) -> bool:
-        return self._wrapped.reads_response(ctx)
-
-    def on_response_headers(self, ctx: RequestContext) -> None:
-        self._wrapped.on_response_headers(ctx)
-
-    def on_response_body(self, ctx: RequestContext, chunk: bytes, end_of_stream: bool) -> None:
-        self._wrapped.on_response_body(ctx, chunk, end_of_stream)
-
-    def on_finish(self, ctx: RequestContext) -> None:
-        self._wrapped.on_finish(ctx)
+    async def check_injection(self, ctx: RequestContext, state: GuardState) -> None:
+        """The injection classifier on the last user turn's embedding (state.injection_due)."""
+        state.injection_due = False
+        finding = await self._injection(ctx, self._policy(ctx))
+        if finding is not None:
+            self._count(ctx, finding)
+            state.findings.append(finding)
+            if finding.action == "block":
+                state.reply = self._blocked(ctx, finding)
 
     # --- the checks ---------------------------------------------------------------------
 
@@ -126,16 +105,14 @@ class GuardingDirector:
             return _BROKEN
 
     def _scan(self, ctx: RequestContext, policy: GuardPolicy) -> GuardState:
-        """Words and personal data, once per request (decide_now, then maybe decide)."""
-        state: GuardState | None = ctx.guard
-        if state is not None:
-            return state
-        state = ctx.guard = GuardState()
+        """Words and personal data, once per request (the exchange keeps the state)."""
+        state = GuardState(injection_due=policy.injection is not None)
         if policy is _BROKEN:
             state.reply = Plan(reply=error_reply(
                 503, "the guard settings of this route are invalid; see the sidecar's log",
                 type_="server_error", code="guard_misconfigured"))
             ctx.outcome = Outcome.REFUSED
+            state.injection_due = False
             return state
         started = time.perf_counter()
         result = scan(policy, ctx.chat.messages)
@@ -145,6 +122,7 @@ class GuardingDirector:
         blocking = result.blocking
         if blocking is not None:
             state.reply = self._blocked(ctx, blocking)
+            state.injection_due = False
             scrubbed = scan(scrubbing(policy), ctx.chat.messages).rewrites
             if scrubbed:        # the request log must not keep what blocked it either
                 self._rewrite(ctx, scrubbed)
@@ -163,7 +141,6 @@ class GuardingDirector:
         except BadRequest:          # cannot happen for a body that parsed: only texts changed
             raise
         forget_parsed(original)     # the parse memo must not keep what the guard removed
-        ctx.cache_request = None
 
     async def _injection(self, ctx: RequestContext, policy: GuardPolicy) -> Finding | None:
         parts = ctx.chat.prompt_parts
@@ -201,7 +178,8 @@ class GuardingDirector:
                                       code="content_filtered", param="messages"))
 
     @staticmethod
-    def _passed_on(ctx: RequestContext, state: GuardState, plan: Plan) -> Plan:
+    def passed_on(ctx: RequestContext, state: GuardState, plan: Plan) -> Plan:
+        """The later stages' plan with what the guard changed: the rewritten body, its flags."""
         if plan.reply is not None:
             return plan
         rewritten = plan.body

@@ -1,0 +1,162 @@
+"""The request path in one place: the stages a chat request goes through, in order.
+
+    parse (the processor) -> guard -> cache: policy, lookup, dedup
+        -> route: admission, schedule, route and timeout
+
+`Pipeline` holds the stages (one each per process); an `Exchange` is one request's way through
+them. The exchange keeps each stage's piece of the request (the guard's findings, the cache's
+capture) and receives every response event, so no stage calls another and the processor keeps
+only the protocol. Most requests are decided without waiting (`decide_now`); `decide` awaits
+what waits (a large body's scan, the embedder, Redis, an in-flight twin, the admission queue)
+and goes on from the stage that had to wait: a stage's verdict is worked out once.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Protocol
+
+from sidecar.caching import CacheStage, Upstream
+from sidecar.context import RequestContext
+from sidecar.events import Continue, Plan, Reply
+from sidecar.guard.stage import GuardStage, GuardState
+
+
+class RouteStage(Protocol):
+    """Admission, scheduling, routing and the feedback of what happened (sidecar/routing.py)."""
+
+    def decide_now(self, ctx: RequestContext) -> Plan | None:
+        """The plan when it needs no waiting, else None: the servicer then awaits `decide` in
+        a task. (Running `decide`'s first step outside a task would let code in it that
+        captures the current task, such as asyncio.timeout, cancel the wrong one.)"""
+
+    async def decide(self, ctx: RequestContext) -> Plan: ...
+
+    def reads_response(self, ctx: RequestContext) -> bool: ...
+
+    def on_response_headers(self, ctx: RequestContext) -> None: ...
+
+    def on_response_body(self, ctx: RequestContext, chunk: bytes, end_of_stream: bool) -> None: ...
+
+    def on_finish(self, ctx: RequestContext) -> None: ...
+
+
+class Pipeline:
+    def __init__(self, route: RouteStage, cache: CacheStage | None = None, guard: GuardStage | None = None):
+        self.route, self.cache, self.guard = route, cache, guard
+
+    def exchange(self, ctx: RequestContext) -> Exchange:
+        return Exchange(self, ctx)
+
+    def reload(self) -> None:
+        """SIGHUP: the guard re-reads its word files."""
+        if self.guard is not None:
+            self.guard.reload()
+
+    @property
+    def report_false_hit(self):
+        """Admin ReportFalseHit, where the cache is on."""
+        return None if self.cache is None else self.cache.report_false_hit
+
+
+class Exchange:
+    def __init__(self, pipeline: Pipeline, ctx: RequestContext):
+        self.ctx = ctx
+        self._guard_stage, self._cache_stage, self._route_stage = pipeline.guard, pipeline.cache, pipeline.route
+        self.guard: GuardState | None = None     # the guard's verdict, once scanned
+        self.cache: Upstream | None = None       # how the request goes upstream, once the cache let it
+
+    # --- the request --------------------------------------------------------------------
+
+    def reads_response(self) -> bool:
+        """Asked at the request headers, before the body: whether Envoy should send this
+        request's response headers (its status, time to first byte). When False, the plan's
+        response headers reach the client through dynamic metadata (Plan.response_headers)."""
+        if self._cache_stage is not None and self._cache_stage.reads_response(self.ctx):
+            return True
+        return self._route_stage.reads_response(self.ctx)
+
+    def decide_now(self) -> Plan | None:
+        """The stages in order, as far as they go without waiting; None: await `decide`."""
+        ctx = self.ctx
+        if self._guard_stage is not None:
+            if self.guard is None:
+                self.guard = self._guard_stage.scan_now(ctx)
+                if self.guard is None:
+                    return None                          # a large body: scanned off the loop
+            if self.guard.reply is not None:
+                return self.guard.reply                  # blocked
+            if self.guard.injection_due:
+                return None                              # the embedding is awaited
+        if self._cache_stage is not None and self.cache is None:
+            verdict = self._cache_stage.look_now(ctx)
+            if verdict is None:
+                return None                              # the lookup may wait
+            if isinstance(verdict, Plan):
+                return verdict                           # answered from the cache
+            self.cache = verdict
+        plan = self._route_stage.decide_now(ctx)
+        return None if plan is None else self._passed_on(plan)
+
+    async def decide(self) -> Plan:
+        """The same stages, each awaited where it waits."""
+        ctx = self.ctx
+        if self._guard_stage is not None:
+            if self.guard is None:
+                self.guard = await self._guard_stage.scan(ctx)
+            if self.guard.injection_due and self.guard.reply is None:
+                await self._guard_stage.check_injection(ctx, self.guard)
+            if self.guard.reply is not None:
+                return self.guard.reply
+        if self._cache_stage is not None and self.cache is None:
+            verdict = await self._cache_stage.look(ctx)
+            if isinstance(verdict, Plan):
+                return verdict
+            self.cache = verdict
+        try:
+            plan = await self._route_stage.decide(ctx)
+        except BaseException:                            # refused by a bug, or the client left
+            if self.cache is not None:
+                self.cache.abandon()
+            raise
+        return self._passed_on(plan)
+
+    def _passed_on(self, plan: Plan) -> Plan:
+        """The route stage's plan with what the earlier stages add to a request that goes on."""
+        if self.cache is not None:
+            plan = self._cache_stage.passed_on(self.ctx, self.cache, plan)
+        if self.guard is not None:
+            plan = self._guard_stage.passed_on(self.ctx, self.guard, plan)
+        return plan
+
+    # --- the response -------------------------------------------------------------------
+
+    def on_response_headers(self) -> None:
+        """After the processor recorded them (ctx.status, ctx.response_headers)."""
+        self._route_stage.on_response_headers(self.ctx)         # time to first byte
+        capture = None if self.cache is None else self.cache.capture
+        if capture is not None:
+            self._cache_stage.on_response_headers(self.ctx, capture)
+
+    def on_response_body(self, chunk: bytes, end_of_stream: bool, reply: Reply) -> Reply:
+        """A chunk the plan asked for, after the processor's reply to it: the route stage
+        reads its usage, the cache captures it; the end carries the usage to Envoy (dynamic
+        metadata) for its access log and rate limits."""
+        ctx = self.ctx
+        self._route_stage.on_response_body(ctx, chunk, end_of_stream)
+        capture = None if self.cache is None else self.cache.capture
+        if capture is not None:
+            self._cache_stage.on_response_body(ctx, capture, chunk, end_of_stream)
+        usage = ctx.usage
+        # response_complete: the processor read this answer to its end (not a pass-through).
+        if not (end_of_stream and ctx.response_complete and usage is not None and isinstance(reply, Continue)):
+            return reply
+        prompt, completion = usage
+        return dataclasses.replace(reply, dynamic_metadata=reply.dynamic_metadata + (
+            ("prompt_tokens", prompt), ("completion_tokens", completion), ("total_tokens", prompt + completion)))
+
+    def finish(self) -> None:
+        """Once per request when its stream ends, whatever happened."""
+        self._route_stage.on_finish(self.ctx)
+        capture = None if self.cache is None else self.cache.capture
+        if capture is not None:
+            self._cache_stage.on_finish(self.ctx, capture)
