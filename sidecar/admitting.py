@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Mapping, Sequence
 
+from sidecar import deadlines
 from sidecar.admission import (Degrade, Gate, Permit, RateLimitRule, RateLimits, Refusal,
                                TokenLimiter, estimate_prompt_tokens)
 from sidecar.admission.cost import AnswerLengths
@@ -133,7 +134,9 @@ class Admission:
             # Queued no longer than the sidecar may hold a request (Envoy's one extension of
             # its message timeout), whatever the deadline.
             result = await self.gate.acquire(clusters, priority, tenant,
-                                             deadline=self._deadline(ctx, settings), hold_until=ctx.hold_until,
+                                             deadline=deadlines.admission_deadline(
+                                                 ctx.started, ctx.client_deadline, settings.default_deadline_s),
+                                             hold_until=deadlines.hold_until(ctx.started),
                                              allow_degrade=can_degrade and settings.degrade_after_s != 0,
                                              degrade_after_s=settings.degrade_after_s or None,
                                              tenant_weight=self._tenant_weight(ctx, settings),
@@ -188,12 +191,6 @@ class Admission:
         task = asyncio.get_running_loop().create_task(work)
         self._pending.add(task)
         task.add_done_callback(self._pending.discard)
-
-    def _deadline(self, ctx: RequestContext, settings: RouteAdmission) -> float:
-        """Absolute, on the monotonic clock (the gate's and ctx.started's): from the request's
-        arrival, the client's budget (x-request-deadline-ms) or the route's default."""
-        deadline = ctx.client_deadline
-        return ctx.started + settings.default_deadline_s if deadline is None else deadline
 
 
 def _takes_priority(candidate) -> bool:

@@ -24,7 +24,7 @@ from typing import Callable, NamedTuple
 
 import numpy as np
 
-from sidecar import metrics, tracing
+from sidecar import deadlines, metrics, tracing
 from sidecar.cache.answer import CachedAnswer, decode_answer
 from sidecar.cache.budget import BytePool
 from sidecar.cache.capture import IDENTITY_ENCODING, Refusal, SseCapture, capture_json, response_refusal
@@ -79,15 +79,6 @@ def checked_same_question(a: str, b: str, cosine: float, settings: EquivalenceSe
 
 def _reports_false_hit(ctx: RequestContext) -> bool:
     return ctx.headers.get(FEEDBACK_HEADER, "").strip() == "1"
-
-
-def _follow_for(ctx: RequestContext, route_limit_s: float) -> float:
-    """How long a follower waits for its leader: the route's limit, and no longer than the
-    client's own budget (x-request-deadline-ms) has left or the sidecar may hold it
-    (ctx.hold_until); past it, it goes upstream itself."""
-    client = ctx.client_deadline
-    deadline = ctx.hold_until if client is None else min(client, ctx.hold_until)
-    return max(0.0, min(route_limit_s, deadline - time.monotonic()))
 
 
 @dataclass(frozen=True)
@@ -448,7 +439,8 @@ class CacheStage:
         if not isinstance(ticket, Follow):
             return ticket, None
         metrics.CACHE_FOLLOWERS.inc()
-        outcome = await ticket.wait(_follow_for(ctx, policy.max_dedup_wait_s))
+        outcome = await ticket.wait(deadlines.follow_for(time.monotonic(), ctx.started, ctx.client_deadline,
+                                                         policy.max_dedup_wait_s))
         if isinstance(outcome, Answered):
             return None, readable(outcome.payload)      # unreadable (None): go upstream alone
         if isinstance(outcome, Promoted):

@@ -6,21 +6,15 @@ what they decided; metrics and the request log read it when the stream ends.
 from __future__ import annotations
 
 import enum
-import math
 import time
 from dataclasses import dataclass, field
 from typing import Mapping
 
+from sidecar import deadlines
 from sidecar.chat import ChatRequest
 from sidecar.decision_record import Why
 
 
-# The client's budget for the whole request, in milliseconds from its arrival.
-DEADLINE_HEADER = "x-request-deadline-ms"
-# Longest the sidecar holds a request (queued, or waiting for a twin's answer) before it lets
-# it go upstream or refuses it, whatever the deadline: Envoy extends its message timeout once
-# (server.EXTENDED_MESSAGE_TIMEOUT_S) and then fails the request open, past admission.
-HOLD_LIMIT_S = 55.0
 # The model name is the client's own text, logged and traced: its length must not be.
 MAX_LOGGED_MODEL_CHARS = 200
 
@@ -86,16 +80,6 @@ class RequestContext:
         return model if len(model) <= MAX_LOGGED_MODEL_CHARS else model[:MAX_LOGGED_MODEL_CHARS] + "…"
 
     @property
-    def hold_until(self) -> float:
-        """When the sidecar must have decided, on the monotonic clock (HOLD_LIMIT_S)."""
-        return self.started + HOLD_LIMIT_S
-
-    @property
     def client_deadline(self) -> float | None:
-        """When the client's budget (x-request-deadline-ms) runs out, on the monotonic clock
-        (as `started`); None when it sent none or nothing usable."""
-        try:
-            budget_s = float(self.headers.get(DEADLINE_HEADER) or "nan") / 1000
-        except ValueError:
-            return None
-        return self.started + budget_s if math.isfinite(budget_s) and budget_s >= 0 else None
+        """When the client's budget runs out (sidecar/deadlines.py); None when it set none."""
+        return deadlines.client_deadline(self.headers, self.started)

@@ -183,7 +183,7 @@ class _Linter:
                      f"is {_get(config, 'message_timeout', '0.2s (Envoy default)')}: below "
                      f"{MIN_MESSAGE_TIMEOUT_S:g}s an embedding or a Redis round trip under load times out "
                      "and the request skips Sluice (2s is the reference)")
-        from sidecar.server import EXTENDED_MESSAGE_TIMEOUT_S
+        from sidecar.deadlines import EXTENDED_MESSAGE_TIMEOUT_S
         longest = _seconds(_get(config, "max_message_timeout", "0s"))
         if longest is None or longest < EXTENDED_MESSAGE_TIMEOUT_S:
             self.add(_join(where, "max_message_timeout"), "error", "max-message-timeout",

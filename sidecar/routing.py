@@ -15,7 +15,7 @@ import math
 import time
 from typing import Callable
 
-from sidecar import engine_priority, metrics, tracing
+from sidecar import deadlines, engine_priority, metrics, tracing
 from sidecar.admission import Degrade, Permit, Refusal, estimate_prompt_tokens
 from sidecar.admitting import Admission, RouteAdmission
 from sidecar.cache.answer import compact_json
@@ -200,13 +200,9 @@ class RouteStage:
         ctx.sent_at = now
         ctx.decision, ctx.outcome, ctx.cluster = decision, Outcome.ROUTED, decision.cluster
         self._remember_scores(decision)
-        timeout_ms, source = self.scheduler.timeout(decision, estimate_prompt_tokens(ctx.chat.text),
-                                                    ctx.chat.max_tokens, ctx.chat.model, now, plan.timeout)
-        deadline = ctx.client_deadline
-        if deadline is not None:    # the client's whole budget: no answer is waited for past it
-            left_ms = max(1, math.ceil((deadline - now) * 1000))
-            if left_ms < timeout_ms:
-                timeout_ms, source = left_ms, "client_deadline"
+        timeout_ms, source = deadlines.upstream_timeout_ms(*self.scheduler.timeout(
+            decision, estimate_prompt_tokens(ctx.chat.text), ctx.chat.max_tokens, ctx.chat.model, now, plan.timeout),
+            now, ctx.client_deadline)
         ctx.why.timeout = TimeoutWhy(timeout_ms, source)
         body = self._body(ctx, plan, decision)
         response_headers = [(CLUSTER_HEADER, decision.cluster), *debug]

@@ -24,6 +24,7 @@ from sidecar.access_log import FLUSH_S, AccessLog
 from sidecar.admin import AdminService, DrainStarted, admin_parts
 from sidecar.app import App, build
 from sidecar.config import SidecarConfig
+from sidecar.deadlines import EXTEND_AFTER_S, EXTENDED_MESSAGE_TIMEOUT_S
 from sidecar.events import Decide, ProtocolError, RequestHeaders, ResponseBody, ResponseHeaders, SkipResponse
 from sidecar.logs import Throttle
 from sidecar.processor import RequestProcessor
@@ -37,10 +38,6 @@ log = logging.getLogger("sluice.server")
 EXT_PROC_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
 
 
-# Envoy's message_timeout is 2 s (envoy/envoy.yaml.tmpl); a decision still pending after
-# EXTEND_AFTER_S asks for EXTENDED_MESSAGE_TIMEOUT_S, which must not exceed max_message_timeout.
-EXTEND_AFTER_S = 0.5
-EXTENDED_MESSAGE_TIMEOUT_S = 60.0
 
 
 async def _done_within(task: asyncio.Future, seconds: float) -> bool:

@@ -25,7 +25,8 @@ from sidecar.admission.tokens import (
 )
 from sidecar.admitting import Admission, RouteAdmission
 from sidecar.chat import parse_chat_request
-from sidecar.context import HOLD_LIMIT_S, RequestContext
+from sidecar.context import RequestContext
+from sidecar.deadlines import HOLD_LIMIT_S
 from sidecar.route_settings import parse_route_settings
 from sidecar.routing import RouteStage
 from tests.test_processor import BODY, new_director

@@ -11,13 +11,14 @@ import pytest
 from sidecar.cache.capture import capture_json, estimate_tokens
 from sidecar.cache.inflight import InFlight
 from sidecar.cache.memory_store import MemoryStore
-from sidecar.caching import CacheRuntime, CacheStage, _follow_for
+from sidecar import deadlines
+from sidecar.caching import CacheRuntime, CacheStage
 from sidecar.chat import parse_chat_request
-from sidecar.context import HOLD_LIMIT_S, Outcome, RequestContext
+from sidecar.context import Outcome, RequestContext
+from sidecar.deadlines import EXTEND_AFTER_S, EXTENDED_MESSAGE_TIMEOUT_S, HOLD_LIMIT_S
 from sidecar.route_settings import parse_route_settings
 from sidecar.routing import RouteStage
 from sidecar.scheduling import Scheduler
-from sidecar.server import EXTEND_AFTER_S, EXTENDED_MESSAGE_TIMEOUT_S
 from tests.pipeline_driver import Stages
 from tests.test_admission_metrics import value
 from tests.test_cache_capture import chunk, sse
@@ -429,7 +430,7 @@ def test_a_tenant_header_envoy_does_not_strip_is_warned_about(caplog):
 def test_no_deadline_holds_a_request_past_envoys_one_message_timeout_extension():
     assert HOLD_LIMIT_S < EXTEND_AFTER_S + EXTENDED_MESSAGE_TIMEOUT_S - 2       # room to spare
     ctx = request(**{"x-request-deadline-ms": "600000"})                      # ten minutes
-    assert _follow_for(ctx, route_limit_s=300.0) <= HOLD_LIMIT_S            # the queue: test_admission_gate
+    assert deadlines.follow_for(time.monotonic(), ctx.started, ctx.client_deadline, 300.0) <= HOLD_LIMIT_S            # the queue: test_admission_gate
 
 
 def test_a_same_question_check_that_fails_is_a_miss_not_a_failed_request(monkeypatch, caplog):
