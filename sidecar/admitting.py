@@ -14,17 +14,16 @@ from typing import Mapping, Sequence
 
 from sidecar import deadlines
 from sidecar.admission import (Degrade, Gate, Permit, RateLimitRule, RateLimits, Refusal,
-                               TokenLimiter, estimate_prompt_tokens)
+                               TokenLimiter)
 from sidecar.admission.cost import AnswerLengths
-from sidecar.cache.scope import tenant_of
 from sidecar.context import RequestContext
 from sidecar.engine_priority import class_ranks, engine_field
 from sidecar.decision_record import AdmissionWhy
 from sidecar.route_settings import PerSettings, RouteSettings, warn_unless_internal
+from sidecar.tenancy import ANONYMOUS, tenant_of
+from sidecar.token_estimate import estimate_tokens
 
 log = logging.getLogger("sluice.admission")
-
-ANONYMOUS = "anonymous"
 
 
 @dataclass(frozen=True)
@@ -119,7 +118,7 @@ class Admission:
         ctx.tenant = tenant
         priority = ctx.priority_class = self._priority(ctx, settings)
         if self._tokens is not None and (settings.limits.requests_per_minute or settings.limits.tokens_per_minute):
-            estimate = estimate_prompt_tokens(ctx.chat.text)
+            estimate = estimate_tokens(ctx.chat.text)
             decision = await self._tokens.check(tenant, ctx.route_name, estimate)
             if not decision.allowed:
                 refusal = decision.refusal()
@@ -128,7 +127,7 @@ class Admission:
             ctx.token_estimate = estimate
         if settings.count_tokens:
             ctx.expected_tokens = self.answer_lengths.expected_tokens(
-                ctx.route_name, estimate_prompt_tokens(ctx.chat.text), ctx.chat.max_tokens)
+                ctx.route_name, estimate_tokens(ctx.chat.text), ctx.chat.max_tokens)
         asked = time.monotonic()
         try:
             # Queued no longer than the sidecar may hold a request (Envoy's one extension of

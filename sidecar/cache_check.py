@@ -46,7 +46,8 @@ async def _run(args) -> int:
     from sidecar.cache.inflight import InFlight
     from sidecar.cache.memory_store import MemoryStore
     from sidecar.cache.policy import cache_decision
-    from sidecar.cache.scope import credential_header, exact_key, prompt_text, scope_for
+    from sidecar.cache.scope import exact_key, prompt_text, scope_for
+    from sidecar.tenancy import credential_header
     from sidecar.caching import CacheRuntime, CacheStage, route_cache
     from sidecar.chat import ChatRequest
     from sidecar.config import ConfigError

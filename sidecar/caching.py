@@ -34,12 +34,13 @@ from sidecar.cache.inflight import Answered, Follow, Lead, Near, Promoted
 from sidecar.cache.policy import TIME_SENSITIVE_WORDS, CachePolicy, cache_decision
 from sidecar.cache.replay import completion_id, hit_headers, json_body, sse_body
 from sidecar.cache.request_memo import RequestMemo
-from sidecar.cache.scope import credential_header, exact_key, exact_key_in, prompt_text, scope_for
+from sidecar.cache.scope import exact_key, exact_key_in, prompt_text, scope_for
 from sidecar.context import Outcome, RequestContext
 from sidecar.decision_record import CacheWhy
 from sidecar.logs import Throttle
 from sidecar.events import BodyMode, ImmediateReply, Plan
 from sidecar.route_settings import PerSettings, RouteSettings, warn_unless_internal
+from sidecar.tenancy import credential_header
 
 log = logging.getLogger("sluice.cache")
 CACHE_HEADER = "x-sluice-cache"

@@ -16,7 +16,7 @@ import time
 from typing import Callable
 
 from sidecar import deadlines, engine_priority, metrics, tracing
-from sidecar.admission import Degrade, Permit, Refusal, estimate_prompt_tokens
+from sidecar.admission import Degrade, Permit, Refusal
 from sidecar.admitting import Admission, RouteAdmission
 from sidecar.cache.answer import compact_json
 from sidecar.cache.capture import IDENTITY_ENCODING, is_encoded
@@ -34,6 +34,7 @@ from sidecar.scheduling import BreakerTransition, Decision, Scheduler
 from sidecar.scheduling.overdue import FirstByteWatch
 from sidecar.scheduling.retry import retry_candidate, retry_cluster_name
 from sidecar.scrape import Scraper
+from sidecar.token_estimate import estimate_tokens
 
 log = logging.getLogger("sluice.routing")
 TIMEOUT_HEADER = "x-envoy-upstream-rq-timeout-ms"
@@ -201,7 +202,7 @@ class RouteStage:
         ctx.decision, ctx.outcome, ctx.cluster = decision, Outcome.ROUTED, decision.cluster
         self._remember_scores(decision)
         timeout_ms, source = deadlines.upstream_timeout_ms(*self.scheduler.timeout(
-            decision, estimate_prompt_tokens(ctx.chat.text), ctx.chat.max_tokens, ctx.chat.model, now, plan.timeout),
+            decision, estimate_tokens(ctx.chat.text), ctx.chat.max_tokens, ctx.chat.model, now, plan.timeout),
             now, ctx.client_deadline)
         ctx.why.timeout = TimeoutWhy(timeout_ms, source)
         body = self._body(ctx, plan, decision)

@@ -6,7 +6,7 @@ stop, a stream of any length. The upstream's own `usage` object wins (in a strea
 one seen: the include_usage chunk, or vLLM's running totals). Without one, completion
 tokens are estimated from the characters the answer carried (content, reasoning, refusal,
 tool-call names and arguments, every choice) and prompt tokens from the prompt, at
-capture.CHARS_PER_TOKEN. An answer that is an error, or has neither choices nor usage,
+sidecar/token_estimate.py. An answer that is an error, or has neither choices nor usage,
 gives None: the estimate charged at admission stands.
 
 A stream is read event by event and only counters are kept. A JSON body is parsed whole up
@@ -17,8 +17,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from sidecar.cache.capture import CHARS_PER_TOKEN, MAX_BYTES, estimate_tokens, read_json, usage_of
+from sidecar.cache.capture import MAX_BYTES, read_json, usage_of
 from sidecar.sse import SseEvents
+from sidecar.token_estimate import CHARS_PER_TOKEN, estimate_tokens
 
 # Fields of a message or delta whose text the model generated.
 _TEXT_FIELDS = ("content", "reasoning_content", "reasoning", "refusal")

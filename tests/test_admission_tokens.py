@@ -18,7 +18,6 @@ from sidecar.admission.tokens import (
     TokenLimitsConfig,
     connect,
     decide,
-    estimate_prompt_tokens,
     gcra,
     gcra_adjust,
     redis_keys,
@@ -27,6 +26,7 @@ from sidecar.admitting import Admission, RouteAdmission
 from sidecar.chat import parse_chat_request
 from sidecar.context import RequestContext
 from sidecar.deadlines import HOLD_LIMIT_S
+from sidecar.token_estimate import estimate_tokens
 from sidecar.route_settings import parse_route_settings
 from sidecar.routing import RouteStage
 from tests.test_processor import BODY, new_director
@@ -87,7 +87,7 @@ def test_decide_needs_both_budgets_and_reports_the_longer_wait():
 
 
 def test_estimate_prompt_tokens():
-    assert [estimate_prompt_tokens("x" * n) for n in (0, 1, 4, 5)] == [0, 1, 1, 2]
+    assert [estimate_tokens("x" * n) for n in (0, 1, 4, 5)] == [0, 1, 1, 2]
 
 
 RULES = TokenLimitsConfig(

@@ -7,10 +7,10 @@ from sidecar.cache.capture import (
     Refusal,
     SseCapture,
     capture_json,
-    estimate_tokens,
     response_refusal,
 )
 from sidecar.cache.replay import json_body, sse_body
+from sidecar.token_estimate import estimate_tokens
 
 NOW = 1_700_000_000.0
 ANSWER = CachedAnswer("Paris is the capital of France, and has been for a long while.",

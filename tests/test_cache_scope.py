@@ -7,16 +7,15 @@ from sidecar.cache.policy import CachePolicy
 from sidecar.cache.scope import (
     CacheScope,
     context_key,
-    credential,
     exact_key,
     exact_text,
     params_key,
     prompt_text,
     scope_for,
     temperature_bucket,
-    tenant_of,
 )
 from sidecar.chat import ChatRequest, parse_chat_request
+from sidecar.tenancy import credential, tenant_of
 
 SECRET = b"s" * 32
 AUTH_A = {"authorization": "Bearer sk-aaa"}

@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from sidecar.cache.capture import capture_json, estimate_tokens
+from sidecar.cache.capture import capture_json
 from sidecar.cache.inflight import InFlight
 from sidecar.cache.memory_store import MemoryStore
 from sidecar import deadlines
@@ -19,6 +19,7 @@ from sidecar.deadlines import EXTEND_AFTER_S, EXTENDED_MESSAGE_TIMEOUT_S, HOLD_L
 from sidecar.route_settings import parse_route_settings
 from sidecar.routing import RouteStage
 from sidecar.scheduling import Scheduler
+from sidecar.token_estimate import estimate_tokens
 from tests.pipeline_driver import Stages
 from tests.test_admission_metrics import value
 from tests.test_cache_capture import chunk, sse

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from devtools import fuzzing
 from sidecar import codec
-from sidecar.admission import estimate_prompt_tokens
+from sidecar.token_estimate import estimate_tokens
 from sidecar.cache.answer import MAX_TOKENS, CachedAnswer
 from sidecar.cache.capture import SseCapture, capture_json
 from sidecar.cache.policy import CachePolicy, cache_decision
@@ -74,7 +74,7 @@ HEADERS = {"authorization": "Bearer k", ":authority": "llm", ":path": "/v1/chat/
 
 def _read_as_the_request_path_does(chat: ChatRequest) -> None:
     """What the cache, admission and routing read of an accepted request."""
-    estimate_prompt_tokens(chat.text)
+    estimate_tokens(chat.text)
     bypass = cache_decision(chat, HEADERS, POLICY)
     if bypass is None or bypass.may_store:
         scope = scope_for(chat, HEADERS, POLICY, b"a test secret of 32 bytes, fixed")

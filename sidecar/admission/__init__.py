@@ -2,7 +2,7 @@
 instead of piling up on the GPUs; requests that cannot be served in time are refused at once.
 
 Request path (after routing has chosen the route's candidate clusters):
-    decision = await token_limiter.check(tenant, route, estimate_prompt_tokens(prompt))
+    decision = await token_limiter.check(tenant, route, estimate_tokens(prompt))   # sidecar/token_estimate.py
     if not decision.allowed: answer decision.refusal()                    # 429 + Retry-After
     result = await gate.acquire(candidates, priority, tenant, deadline)    # may wait in the queue
     Refusal -> answer result.status (429 | 503) + Retry-After: ceil(result.retry_after_s)
@@ -38,7 +38,6 @@ from sidecar.admission.tokens import (
     TokenLimiter,
     TokenLimitsConfig,
     connect,
-    estimate_prompt_tokens,
 )
 
 __all__ = [
@@ -66,6 +65,5 @@ __all__ = [
     "WaitStats",
     "admit_or_refuse",
     "connect",
-    "estimate_prompt_tokens",
     "retry_after_s",
 ]

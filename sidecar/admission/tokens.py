@@ -2,7 +2,7 @@
 minute (RPM).
 
 Request path:
-    estimate = estimate_prompt_tokens(prompt_text)                # len(text) / 4, rounded up
+    estimate = estimate_tokens(prompt_text)                       # sidecar/token_estimate.py
     decision = await limiter.check(tenant, route, estimate)       # before the admission gate
     if not decision.allowed: answer decision.refusal() (429, Retry-After)
     ... when the response ends, with the upstream's usage:
@@ -48,11 +48,6 @@ log = logging.getLogger("sluice.admission")
 
 KINDS = ("rpm", "tpm")
 NO_CLASS = ""  # the class label of token refusals: the limiter is asked before any class is known
-
-
-def estimate_prompt_tokens(text: str) -> int:
-    """A cheap estimate made at admission: one token per four characters, rounded up."""
-    return math.ceil(len(text) / 4)
 
 
 @dataclass(frozen=True)

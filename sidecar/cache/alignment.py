@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from sidecar.cache.equivalence import STOPWORDS
+from sidecar.cache.stopwords import STOPWORDS
 
 __all__ = ["content_states", "unaligned", "run_content_states"]
 
@@ -41,7 +41,7 @@ def content_states(token_ids: Sequence[int], states: np.ndarray,
 
     token_ids: the ids the model read; states: its last hidden states for them,
     [len(token_ids), dim]; id_to_token: the tokenizer's id -> word piece.  Special
-    tokens, punctuation and stop words (sidecar.cache.equivalence.STOPWORDS) are left
+    tokens, punctuation and stop words (sidecar/cache/stopwords.py) are left
     out: "the" aligns with anything and says nothing.
     """
     keep = [i for i, tid in enumerate(token_ids) if _is_content(id_to_token(int(tid)) or "[UNK]")]

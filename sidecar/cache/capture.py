@@ -39,7 +39,6 @@ Pure (no I/O); `SseCapture` keeps state but only of the bytes it is given.
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -47,19 +46,15 @@ from typing import Any
 from sidecar.cache.answer import FINISH_REASONS, MAX_TOKENS, CachedAnswer
 from sidecar.cache.policy import cache_directives
 from sidecar.sse import SseEvents
+from sidecar.token_estimate import estimate_tokens
 
 MAX_BYTES = 1 << 20
-CHARS_PER_TOKEN = 4                          # the estimate when the upstream sends no usage
 _LAST_DONE = (b"[DONE]", b"data: [DONE]", b"data:[DONE]")
 
 
 @dataclass(frozen=True)
 class Refusal:
     reason: str
-
-
-def estimate_tokens(text: str) -> int:
-    return math.ceil(len(text) / CHARS_PER_TOKEN)
 
 
 # Asked of the upstream for every answer the sidecar reads: clients such as the openai SDK

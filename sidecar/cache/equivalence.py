@@ -19,6 +19,8 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 
+from sidecar.cache.alignment import unaligned
+from sidecar.cache.stopwords import STOPWORDS
 from sidecar.embedding.normalize import normalize_text
 
 __all__ = ["EquivalenceSettings", "Verdict", "Requirement", "Profile", "profile",
@@ -339,21 +341,7 @@ _KEEP_LOSE = {"+keep", "-win"}
 _GRADABLE = frozenset("good more big long fast easy cheap after old buy import win pro positive male legal safe "
                       "true exact".split())
 
-_STOPWORDS = frozenset("""
-way ways ever please tell explain exactly actually basically probably simply said say says
-told according mr mrs ms dr
-a an the and or but if then else so than that this these those there here of in on at to for
-from by with about into onto over under through during as is am are was were be been being do
-does did doing done have has had having i me my mine myself we us our ours ourselves you your
-yours yourself he him his she her hers it its it's itself they them their theirs themselves
-what which who whom whose when where why how can could should would will shall may might must
-i'm i've i'd i'll you're you've you'd we're we've they're they've he's she's that's there's
-what's let's also just very really quite some any all each every both most much many such
-other another own same only even still yet again too get got gets getting one ones thing
-things someone something anyone anything everyone everything somebody anybody s t
-""".split())
-
-STOPWORDS = _STOPWORDS  # also the words that token alignment skips
+_STOPWORDS = STOPWORDS
 
 # "A to B", "from A", "better than B", "A against B": swapping A and B changes the question.
 _DIRECTIONS = frozenset("from to into in than vs versus against en nach".split())   # en, nach: "miles en kilomètres"
@@ -1009,7 +997,6 @@ def same_question(a_text: str, b_text: str, cosine: float,
     if settings.check_alignment:
         if token_states is None:
             return Verdict(False, "alignment_unavailable")
-        from sidecar.cache.alignment import unaligned  # here: that module imports this one
         if unaligned(*token_states, settings.alignment_floor) > settings.max_unaligned_tokens:
             return Verdict(False, "alignment_differs")
     return Verdict(True, "ok")

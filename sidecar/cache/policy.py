@@ -49,9 +49,10 @@ from typing import NamedTuple
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from sidecar.cache.scope import credential, prompt_text
+from sidecar.cache.scope import prompt_text
 from sidecar.chat import ChatRequest
 from sidecar.embedding.normalize import normalize_text
+from sidecar.tenancy import credential
 
 TIME_SENSITIVE_WORDS: tuple[str, ...] = (
     # English

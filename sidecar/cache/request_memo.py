@@ -47,7 +47,7 @@ class RequestMemo(Generic[T]):
     def __init__(self, credential_header: str, max_entries: int = MAX_ENTRIES,
                  max_body_bytes: int = MAX_BODY_BYTES, pool: BytePool | None = None,
                  size: Callable[[T], int] | None = None) -> None:
-        """credential_header: the route's tenant header, else Authorization (scope.credential_header).
+        """credential_header: the route's tenant header, else Authorization (sidecar.tenancy.credential_header).
         pool: the bytes shared with other routes' memos (None: a pool of this memo's own, for
         max_entries of the largest bodies). size: the bytes a result holds beyond ENTRY_BYTES."""
         self._credential_header = credential_header

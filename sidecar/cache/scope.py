@@ -2,23 +2,8 @@
 
 A `CacheScope` is everything that must be *equal* for a stored answer to be served:
 
-- `tenant`: who asks (`tenant_of`). The upstream may answer two credentials differently
-  (per-organisation fine-tunes, injected instructions, per-key memory), and a hit plus its
-  `age` header tells a caller that somebody else asked the same thing and when. So by
-  default each credential is its own scope:
-  - `policy.shared`: the route opts into one cache for everybody: tenant "shared".
-  - `policy.tenant_header` names a header that Envoy sets from a verified identity (and
-    strips from clients), e.g. `x-sluice-tenant`: the tenant is a keyed hash of its value.
-    When the route names one and the header is missing, the caller is anonymous: there is
-    no fall-back to `authorization`, since the route said identity comes from the header.
-  - otherwise a keyed hash of the `authorization` header.
-  Credentials are HMAC-SHA256'd with the sidecar secret (domain-separated by source) and
-  never kept in clear; rotating the secret empties every cache in effect.
-  No credential at all gives None: the caller is *anonymous* and is not cached (policy
-  reason "anonymous"). A missing `authorization` header does not mean there is no
-  identity, only that the sidecar cannot see it (mTLS, cookies, an `api-key` header):
-  pooling such callers would share answers across tenants we cannot tell apart. A route
-  that really serves the public says so with `shared`.
+- `tenant`: who asks (sidecar/tenancy.py): each credential is its own scope unless the route
+  shares its cache or names a verified tenant header; an anonymous caller is not cached.
 - `model`: the model the client asked for (not the one the upstream reported).
 - `route`: the route's name, so two routes to different upstreams that use the same model
   name never share answers ("" when the caller does not say).
@@ -66,25 +51,20 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import hmac
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sidecar.canonical import canonical_digest
 from sidecar.chat import ChatRequest
 from sidecar.embedding.errors import NothingToEmbed
 from sidecar.embedding.normalize import normalize_text
-
-if TYPE_CHECKING:
-    from sidecar.cache.policy import CachePolicy
+from sidecar.tenancy import TenantSettings, tenant_of
 
 # 2: superscripts and subscripts kept apart in exact keys; 3: the endpoint in the scope, the
 # Authorization scheme case-folded.
 KEY_VERSION = 3
-SHARED_TENANT = "shared"
-MIN_SECRET_BYTES = 16
 
 # Temperature buckets: (upper bound inclusive, label). 0 is greedy decoding and its own
 # bucket; an absent temperature is the server's default (1.0 for OpenAI and vLLM unless a
@@ -100,7 +80,6 @@ _CONTEXT_SAMPLING = ("response_format",)
 _SPECIAL_PARAMS = ("temperature", "max_tokens", "max_completion_tokens", "n", "stop")
 _FLOAT_PARAMS = ("top_p", "presence_penalty", "frequency_penalty")
 
-_AUTH_SCHEME = re.compile(r"([^ \t]*)([ \t]*)(.*)", re.DOTALL)
 _TRAILING_BLANKS = re.compile(r"[ \t]+$", re.MULTILINE)
 _INNER_BLANKS = re.compile(r"(?<=\S)[ \t]{2,}|(?<=\S)\t")
 
@@ -119,50 +98,6 @@ class CacheScope:
         return canonical_digest({"v": KEY_VERSION, "tenant": self.tenant, "model": self.model,
                         "route": self.route, "endpoint": self.endpoint,
                         "context": self.context_key, "params": self.params_key})
-
-
-# ---------------------------------------------------------------- tenant
-
-def credential_header(tenant_header: str = "") -> str:
-    """The header naming the caller: the route's tenant header, else Authorization."""
-    return tenant_header or "authorization"
-
-
-def credential(headers: Mapping[str, str], tenant_header: str = "") -> tuple[str, str] | None:
-    """(source, value) of the caller's identity as sent, or None when there is none.
-
-    source is "header:<name>" for the route's tenant header, "authorization" otherwise.
-    Header names are lower-case (as the codec gives them); blank values count as absent.
-    Authorization's scheme is case-insensitive and may be followed by several spaces (RFC 9110
-    11.1): "bearer  K" is the upstream's "Bearer K", so it is one tenant, with one budget.
-    """
-    name = credential_header(tenant_header)
-    value = (headers.get(name) or "").strip()
-    if not value:
-        return None
-    if tenant_header:
-        return f"header:{name}", value
-    scheme, blank, rest = _AUTH_SCHEME.match(value).groups()
-    return "authorization", (f"{scheme.lower()} {rest}" if blank and rest else value)
-
-
-def tenant_of(headers: Mapping[str, str], secret: bytes, *, tenant_header: str = "",
-              shared: bool = False) -> str | None:
-    """The tenant part of a scope: "shared", a 64-hex keyed hash, or None (anonymous)."""
-    if shared:
-        return SHARED_TENANT
-    _check_secret(secret)
-    found = credential(headers, tenant_header)
-    if found is None:
-        return None
-    source, value = found
-    message = source.encode("ascii") + b"\0" + value.encode("utf-8", "surrogatepass")
-    return hmac.new(secret, message, hashlib.sha256).hexdigest()
-
-
-def _check_secret(secret: bytes) -> None:
-    if not isinstance(secret, bytes) or len(secret) < MIN_SECRET_BYTES:
-        raise ValueError(f"secret: must be at least {MIN_SECRET_BYTES} bytes")
 
 
 # ---------------------------------------------------------------- context and parameters
@@ -228,7 +163,7 @@ def params_key(chat: ChatRequest) -> str:
     return canonical_digest({"v": KEY_VERSION, **params})
 
 
-def scope_for(chat: ChatRequest, headers: Mapping[str, str], policy: CachePolicy,
+def scope_for(chat: ChatRequest, headers: Mapping[str, str], policy: TenantSettings,
               secret: bytes, route: str = "") -> CacheScope | None:
     """The request's scope; None for an anonymous caller (see module doc)."""
     tenant = tenant_of(headers, secret, tenant_header=policy.tenant_header, shared=policy.shared)
