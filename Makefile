@@ -36,10 +36,13 @@ system-deps:
 run: all system-deps
 	$(BIN)/python -m devtools.stack
 
+# lint-imports: the layers and the absence of import circles (pyproject.toml, tool.importlinter).
 test: all system-deps
+	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 
 test-fast: all
+	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -q -m "not e2e"
 
 # Hostile client bodies and upstream answers through the real request path (bench/fuzz.py):

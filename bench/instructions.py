@@ -72,15 +72,15 @@ def _messages(body: bytes):
 
 
 def _sidecar(path: str):
-    from sidecar.access_log import AccessLog
-    from sidecar.app import build
+    from sidecar.observability.access_log import AccessLog
+    from sidecar.service.app import build
     from sidecar.config import SidecarConfig
-    from sidecar.noop import NoopProcessor
-    from sidecar.processor import RequestProcessor
+    from sidecar.extproc.noop import NoopProcessor
+    from sidecar.extproc.processor import RequestProcessor
     from sidecar.pipeline import Pipeline
-    from sidecar.routing import RouteStage
-    from sidecar.server import Sidecar
-    from sidecar.tracing import Tracing
+    from sidecar.pipeline.route_stage import RouteStage
+    from sidecar.service.server import Sidecar
+    from sidecar.observability.tracing import Tracing
 
     config = SidecarConfig(listen="127.0.0.1:0", cache=path.startswith("exact"), semantic=False)
     if path == "noop":   # as `sluice serve --noop`
@@ -101,12 +101,12 @@ async def _serve(path: str, port_file: str) -> None:
         await app.start()
     await sidecar.start()
     gc.collect()
-    gc.freeze()                                           # as sidecar.server.serve does
+    gc.freeze()                                           # as sidecar.service.server.serve does
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     pathlib.Path(port_file).write_text(str(sidecar.port))
     await stop.wait()
-    await sidecar.server.stop(0)
+    await sidecar.service.server.stop(0)
     if app is not None:
         await app.close()
 

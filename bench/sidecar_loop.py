@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from sidecar.config import SidecarConfig
-from sidecar.event_loop import loop_factory
+from sidecar.service.event_loop import loop_factory
 
 
 def name() -> str:

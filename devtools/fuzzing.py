@@ -9,7 +9,7 @@ property tests in tests/test_fuzz.py draw the same shapes through Hypothesis):
 - upstream answers (`upstream_answer`): chat.completion bodies and SSE streams mutated the
   same way, plus usage counts of hundreds of digits and nesting thousands deep.
 
-`Driver` runs each through `sidecar.server.ExternalProcessor` as Envoy would send it (codec,
+`Driver` runs each through `sidecar.service.server.ExternalProcessor` as Envoy would send it (codec,
 processor, the pipeline's cache and route stages with admission and token limits, capture, usage
 meter, replay of what was stored), and counts outcomes. An unexpected exception is one that
 reached the server's last-resort handler (the request was refused with a 500: a bug), a
@@ -30,7 +30,7 @@ from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from google.protobuf import struct_pb2, text_format
 
-from sidecar.processor import RequestProcessor
+from sidecar.extproc.processor import RequestProcessor
 
 # --- JSON of any shape -----------------------------------------------------------------------
 
@@ -304,9 +304,9 @@ class Driver:
     """One sidecar (cache in memory, no embedding model) and what it answered."""
 
     def __init__(self, keep: int = 20) -> None:
-        from sidecar.app import build
+        from sidecar.service.app import build
         from sidecar.config import SidecarConfig
-        from sidecar.server import ExternalProcessor
+        from sidecar.service.server import ExternalProcessor
         self.app = build(SidecarConfig(semantic=False, metrics_listen="", access_log=False))
         recording = type("Recording", (_Recording,), {"driver": self})
         self.servicer = ExternalProcessor(self.app.pipeline, recording)
@@ -331,7 +331,7 @@ class Driver:
                      stream: bool | None = None) -> str:
         """One request with `body` on one ext_proc stream, as Envoy drives it: when the sidecar
         lets it go upstream, the answer (`answer`, else a plain one) follows on the stream."""
-        from sidecar import metrics
+        from sidecar.observability import metrics
         if stream is None:
             stream = b'"stream": true' in body or b'"stream":true' in body
         pieces = answer if answer is not None else _plain_answer(stream)

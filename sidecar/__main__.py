@@ -1,5 +1,5 @@
 import sys
 
-from sidecar.cli import main
+from sidecar.service.cli import main
 
 sys.exit(main())

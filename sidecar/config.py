@@ -12,8 +12,8 @@ import urllib.parse
 from dataclasses import dataclass, fields
 
 ENV_PREFIX = "SLUICE_"
-EVENT_LOOPS = ("auto", "uvloop", "asyncio")   # sidecar/event_loop.py
-ON_INTERNAL_ERROR = ("refuse", "continue")   # sidecar/processor.py RequestProcessor.fail
+EVENT_LOOPS = ("auto", "uvloop", "asyncio")   # sidecar/service/event_loop.py
+ON_INTERNAL_ERROR = ("refuse", "continue")   # sidecar/extproc/processor.py RequestProcessor.fail
 
 
 class ConfigError(ValueError):

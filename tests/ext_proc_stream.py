@@ -1,4 +1,4 @@
-"""Drive sidecar.server.ExternalProcessor with Envoy's ext_proc messages, without a server."""
+"""Drive sidecar.service.server.ExternalProcessor with Envoy's ext_proc messages, without a server."""
 from __future__ import annotations
 
 import asyncio
@@ -8,8 +8,8 @@ import time
 from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
-from sidecar.context import Outcome
-from sidecar.events import Plan
+from sidecar.request.context import Outcome
+from sidecar.extproc.events import Plan
 
 CHAT_HEADERS = {":method": "POST", ":path": "/v1/chat/completions", "content-type": "application/json",
                 "authorization": "Bearer sk-very-secret", "x-request-id": "req-1"}
@@ -57,7 +57,7 @@ def upstream_headers(responses) -> dict[str, str]:
 
 
 class FakeRoute:
-    """A route stage (sidecar/pipeline.py) that routes every chat request to `cluster`."""
+    """A route stage (sidecar/pipeline/exchange.py) that routes every chat request to `cluster`."""
 
     def __init__(self, cluster: str = "upstream_a", plan: Plan | None = None, during=None):
         self.cluster, self.plan, self.during = cluster, plan, during

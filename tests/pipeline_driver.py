@@ -1,10 +1,10 @@
 """Drive sidecar.pipeline without a server: one exchange per request context, as the servicer
-keeps one per stream (sidecar/server.py), with the processor's part of the response done by
+keeps one per stream (sidecar/service/server.py), with the processor's part of the response done by
 the test itself (ctx.status, ctx.response_headers)."""
 from __future__ import annotations
 
-from sidecar.context import RequestContext
-from sidecar.events import Continue, Phase, Plan
+from sidecar.request.context import RequestContext
+from sidecar.extproc.events import Continue, Phase, Plan
 from sidecar.pipeline import Exchange, Pipeline
 
 

@@ -5,13 +5,13 @@ import json
 
 import pytest
 
-from sidecar import access_log
-from sidecar.access_log import PROMPT_CHARS, AccessLog, LineWriter
-from sidecar.chat import parse_chat_request
-from sidecar.context import MAX_LOGGED_MODEL_CHARS, Outcome, RequestContext
+from sidecar.observability import access_log
+from sidecar.observability.access_log import PROMPT_CHARS, AccessLog, LineWriter
+from sidecar.openai.chat import parse_chat_request
+from sidecar.request.context import MAX_LOGGED_MODEL_CHARS, Outcome, RequestContext
 from sidecar.pipeline import Pipeline
-from sidecar.server import ExternalProcessor
-from sidecar.tracing import Tracing, decision_attributes
+from sidecar.service.server import ExternalProcessor
+from sidecar.observability.tracing import Tracing, decision_attributes
 from tests.ext_proc_stream import CHAT_HEADERS, FakeRoute, chat_body, chat_messages, run_stream
 
 SECRET_PROMPT = "my card number is 4111 1111 1111 1111"

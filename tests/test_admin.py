@@ -2,8 +2,8 @@
 import grpc
 import pytest
 
-from sidecar.admin import AdminService, DrainStarted, admin_parts, is_loopback
-from sidecar.admin_cli import cluster_table
+from sidecar.service.admin import AdminService, DrainStarted, admin_parts, is_loopback
+from sidecar.service.admin_cli import cluster_table
 from sidecar.protos import admin_pb2
 from sidecar.scheduling import BreakerState
 from sidecar.scheduling.model import ClusterSnapshot
@@ -134,7 +134,7 @@ async def test_drain_starts_the_graceful_stop_once():
 
 
 def test_built_app_names_its_scheduler_and_store():
-    from sidecar.app import build
+    from sidecar.service.app import build
     from sidecar.config import SidecarConfig
 
     app = build(SidecarConfig(semantic=False))
@@ -157,7 +157,7 @@ async def test_unreachable_store_is_unavailable():
 
 def test_the_redis_round_trip_deadline_reaches_every_shared_part():
     """SLUICE_REDIS_TIMEOUT_S: the cache store, dedup and the token limiter all wait that long."""
-    from sidecar.app import build
+    from sidecar.service.app import build
     from sidecar.config import SidecarConfig
     app = build(SidecarConfig(redis_url="redis://127.0.0.1:1/0", redis_timeout_s=0.4, cache_secret="s" * 16,
                               semantic=False))
@@ -170,7 +170,7 @@ def test_admissions_ttft_estimate_lapses(monkeypatch):
     """The gate's deadline refusals use the scheduler's measured time to first byte, which
     lapses (app.TTFT_ESTIMATE_MAX_AGE_S) so that one slow answer cannot refuse every later
     request with a deadline for good."""
-    from sidecar import app as app_module
+    from sidecar.service import app as app_module
     from sidecar.config import SidecarConfig
     app = app_module.build(SidecarConfig(cache=False))
     gate, signals = app.pipeline.route.admission.gate, app.pipeline.route.scheduler.signals
@@ -185,7 +185,7 @@ def test_admissions_ttft_estimate_lapses(monkeypatch):
 async def test_tail_streams_matching_records_and_ends_on_drain():
     import asyncio
 
-    from sidecar.record_feed import RecordFeed
+    from sidecar.observability.record_feed import RecordFeed
     feed = RecordFeed()
     admin, _ = service(feed=feed)
     stream = admin.Tail(admin_pb2.TailRequest(route="chat"), Context())
@@ -202,7 +202,7 @@ async def test_tail_streams_matching_records_and_ends_on_drain():
 
 
 async def test_tail_refusals():
-    from sidecar.record_feed import MAX_READERS, Filter, RecordFeed
+    from sidecar.observability.record_feed import MAX_READERS, Filter, RecordFeed
     feed = RecordFeed()
     admin, _ = service(feed=feed)
     context = Context(peer="ipv4:10.0.0.9:5000")

@@ -22,13 +22,13 @@ from sidecar.admission.tokens import (
     gcra_adjust,
     redis_keys,
 )
-from sidecar.admitting import Admission, RouteAdmission
-from sidecar.chat import parse_chat_request
-from sidecar.context import RequestContext
+from sidecar.pipeline.admission_stage import Admission, RouteAdmission
+from sidecar.openai.chat import parse_chat_request
+from sidecar.request.context import RequestContext
 from sidecar.deadlines import HOLD_LIMIT_S
 from sidecar.token_estimate import estimate_tokens
 from sidecar.route_settings import parse_route_settings
-from sidecar.routing import RouteStage
+from sidecar.pipeline.route_stage import RouteStage
 from tests.test_processor import BODY, new_director
 
 

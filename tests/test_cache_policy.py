@@ -8,7 +8,7 @@ from sidecar.cache.policy import (
     cache_directives,
     time_sensitive_word,
 )
-from sidecar.chat import ChatRequest
+from sidecar.openai.chat import ChatRequest
 
 AUTH = {"authorization": "Bearer sk-aaa"}
 TOOL = {"type": "function", "function": {"name": "f"}}

@@ -14,7 +14,7 @@ from sidecar.cache.scope import (
     scope_for,
     temperature_bucket,
 )
-from sidecar.chat import ChatRequest, parse_chat_request
+from sidecar.openai.chat import ChatRequest, parse_chat_request
 from sidecar.tenancy import credential, tenant_of
 
 SECRET = b"s" * 32

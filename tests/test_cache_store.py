@@ -20,7 +20,7 @@ from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from sidecar.admission import RateLimitRule, RateLimits, RedisTokenLimiter, TokenLimitsConfig, connect
-from sidecar.app import build
+from sidecar.service.app import build
 from sidecar.cache.inflight import InFlight, Lead
 from sidecar.cache.inflight_redis import RedisInFlight
 from sidecar.cache.memory_store import MemoryStore

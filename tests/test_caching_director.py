@@ -12,12 +12,12 @@ from sidecar.cache.capture import capture_json
 from sidecar.cache.inflight import InFlight
 from sidecar.cache.memory_store import MemoryStore
 from sidecar import deadlines
-from sidecar.caching import CacheRuntime, CacheStage
-from sidecar.chat import parse_chat_request
-from sidecar.context import Outcome, RequestContext
+from sidecar.pipeline.cache_stage import CacheRuntime, CacheStage
+from sidecar.openai.chat import parse_chat_request
+from sidecar.request.context import Outcome, RequestContext
 from sidecar.deadlines import EXTEND_AFTER_S, EXTENDED_MESSAGE_TIMEOUT_S, HOLD_LIMIT_S
 from sidecar.route_settings import parse_route_settings
-from sidecar.routing import RouteStage
+from sidecar.pipeline.route_stage import RouteStage
 from sidecar.scheduling import Scheduler
 from sidecar.token_estimate import estimate_tokens
 from tests.pipeline_driver import Stages
@@ -435,7 +435,7 @@ def test_no_deadline_holds_a_request_past_envoys_one_message_timeout_extension()
 
 
 def test_a_same_question_check_that_fails_is_a_miss_not_a_failed_request(monkeypatch, caplog):
-    import sidecar.caching as caching
+    import sidecar.pipeline.cache_stage as caching
 
     def broken(*args):
         raise ValueError("Exceeds the limit (4300 digits)")

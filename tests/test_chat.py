@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from sidecar.chat import MAX_NESTING, BadRequest, message_text, parse_chat_request
+from sidecar.openai.chat import MAX_NESTING, BadRequest, message_text, parse_chat_request
 
 
 def body(**fields) -> bytes:

@@ -2,8 +2,8 @@ from envoy.config.core.v3 import base_pb2
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2 as mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
-from sidecar import codec
-from sidecar.events import (BodyMode, Continue, ImmediateReply, ModeOverride, Phase, RequestBody,
+from sidecar.extproc import codec
+from sidecar.extproc.events import (BodyMode, Continue, ImmediateReply, ModeOverride, Phase, RequestBody,
                             RequestHeaders)
 from tests.test_route_settings import envoy_attribute
 

@@ -40,7 +40,7 @@ def test_bad_values_name_the_field(environ, field):
 
 
 def test_the_cache_byte_budget_reaches_the_store():
-    from sidecar.app import _limits
+    from sidecar.service.app import _limits
     from sidecar.cache.budget import CacheBudget
     budget = CacheBudget(64 * 2**20)
     assert _limits(SidecarConfig.from_env({"SLUICE_CACHE_MAX_MIB": "64"})).max_bytes == budget.store

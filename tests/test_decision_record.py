@@ -3,9 +3,9 @@ import asyncio
 
 import pytest
 
-from sidecar.context import Outcome, RequestContext
-from sidecar.decision_record import AdmissionWhy, CacheWhy, TimeoutWhy, record, span_attributes
-from sidecar.record_feed import READER_BYTES, Filter, RecordFeed
+from sidecar.request.context import Outcome, RequestContext
+from sidecar.request.decision_record import AdmissionWhy, CacheWhy, TimeoutWhy, record, span_attributes
+from sidecar.observability.record_feed import READER_BYTES, Filter, RecordFeed
 from sidecar.scheduling import Decision, TimeoutConfig
 from sidecar.scheduling.model import ClusterSnapshot
 from sidecar.scheduling.scorers import ScoreBreakdown

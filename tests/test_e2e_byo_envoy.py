@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from devtools.stack import BIN, ROOT, Stack, http_get, wait_until
-from sidecar.lint import lint_text
+from sidecar.service.lint import lint_text
 from tests.e2e import client, steered_within, wait_for_access_lines
 
 SNIPPET = ROOT / "docs" / "snippets" / "byo-envoy.yaml"

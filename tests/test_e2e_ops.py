@@ -14,8 +14,8 @@ import pytest
 from devtools.stack import BIN, ROOT, http_get
 from sidecar.cache.policy import CachePolicy
 from sidecar.cache.scope import scope_for
-from sidecar.chat import parse_chat_request
-from sidecar.tracing import parse_traceparent
+from sidecar.openai.chat import parse_chat_request
+from sidecar.observability.tracing import parse_traceparent
 from tests.e2e import chat_route, metric, post, wait_for_access_lines, wait_for_metric
 
 SECRET = "ops-test-cache-secret-0123456789"

@@ -1,11 +1,11 @@
-"""Which event loop `sluice serve` runs on (sidecar/event_loop.py)."""
+"""Which event loop `sluice serve` runs on (sidecar/service/event_loop.py)."""
 import asyncio
 import sys
 
 import pytest
 
 from sidecar.config import ConfigError, SidecarConfig
-from sidecar.event_loop import loop_factory
+from sidecar.service.event_loop import loop_factory
 
 
 def test_auto_and_uvloop_pick_uvloop_when_installed():

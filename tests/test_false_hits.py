@@ -13,11 +13,11 @@ from sidecar.cache.capture import capture_json
 from sidecar.cache.false_hits import FEEDBACK_HEADER, PAIR_BYTES, MemoryFalseHits, RedisFalseHits, pair_id
 from sidecar.cache.inflight import InFlight
 from sidecar.cache.memory_store import MemoryStore
-from sidecar.caching import CacheRuntime, CacheStage
-from sidecar.chat import parse_chat_request
-from sidecar.context import RequestContext
+from sidecar.pipeline.cache_stage import CacheRuntime, CacheStage
+from sidecar.openai.chat import parse_chat_request
+from sidecar.request.context import RequestContext
 from sidecar.route_settings import parse_route_settings
-from sidecar.routing import RouteStage
+from sidecar.pipeline.route_stage import RouteStage
 from sidecar.scheduling import Scheduler
 from tests.redis_server import RedisServer
 from tests.pipeline_driver import Stages

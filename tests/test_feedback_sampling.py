@@ -7,14 +7,14 @@ import random
 import pytest
 
 from sidecar.admission import Gate, GateConfig
-from sidecar.admitting import Admission
-from sidecar.context import RequestContext
-from sidecar.events import Continue, ModeOverride, Phase, RequestBody, RequestHeaders, SkipResponse
-from sidecar.processor import RequestProcessor
-from sidecar.route_policy import build_route_plan
-from sidecar.chat import parse_chat_request
+from sidecar.pipeline.admission_stage import Admission
+from sidecar.request.context import RequestContext
+from sidecar.extproc.events import Continue, ModeOverride, Phase, RequestBody, RequestHeaders, SkipResponse
+from sidecar.extproc.processor import RequestProcessor
+from sidecar.pipeline.route_plan import build_route_plan
+from sidecar.openai.chat import parse_chat_request
 from sidecar.route_settings import parse_route_settings
-from sidecar.routing import RouteStage
+from sidecar.pipeline.route_stage import RouteStage
 from sidecar.scheduling import Decision, Scheduler
 from sidecar.scheduling.sampling import FeedbackSampler
 from tests.test_processor import BODY, CHAT, new_director
@@ -101,7 +101,7 @@ def test_routes_that_do_not_steer_read_every_answer():
 # --- the processor ----------------------------------------------------------------------------
 
 def headers_reply(processor: RequestProcessor, d, event: RequestHeaders):
-    """The request headers' reply as the servicer gives it (sidecar/server.py): the processor's,
+    """The request headers' reply as the servicer gives it (sidecar/service/server.py): the processor's,
     or its skip of the response when the pipeline reads none of it."""
     reply = processor.handle(event)
     if processor.awaits_body and not d.reads_response(processor.context):
@@ -137,7 +137,7 @@ def test_a_read_answer_sends_no_metadata():
 def test_cache_routes_read_every_answer_and_the_others_follow_routing():
     from sidecar.cache.inflight import InFlight
     from sidecar.cache.memory_store import MemoryStore
-    from sidecar.caching import CacheRuntime, CacheStage
+    from sidecar.pipeline.cache_stage import CacheRuntime, CacheStage
     from tests.pipeline_driver import Stages
     caching = Stages(new_director(), CacheStage(CacheRuntime(store=MemoryStore(), inflight=InFlight())))
     sampled = {"feedback": RARELY}
@@ -150,7 +150,7 @@ def test_cache_routes_read_every_answer_and_the_others_follow_routing():
 
 def test_response_headers_that_come_anyway_are_handled_as_read():
     """An Envoy without allow_mode_override ignores the skip: the answer is then read as usual."""
-    from sidecar.events import ResponseHeaders
+    from sidecar.extproc.events import ResponseHeaders
     settings = route(feedback=RARELY)
     d = new_director()
     processor = RequestProcessor()

@@ -15,19 +15,19 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from devtools import fuzzing
-from sidecar import codec
+from sidecar.extproc import codec
 from sidecar.token_estimate import estimate_tokens
 from sidecar.cache.answer import MAX_TOKENS, CachedAnswer
 from sidecar.cache.capture import SseCapture, capture_json
 from sidecar.cache.policy import CachePolicy, cache_decision
 from sidecar.cache.replay import json_body, sse_body
 from sidecar.cache.scope import exact_key, prompt_text, scope_for
-from sidecar.chat import BadRequest, ChatRequest, parse_chat_request
-from sidecar.events import (BodyMode, Continue, Decide, ImmediateReply, Phase, Plan, ProtocolError,
+from sidecar.openai.chat import BadRequest, ChatRequest, parse_chat_request
+from sidecar.extproc.events import (BodyMode, Continue, Decide, ImmediateReply, Phase, Plan, ProtocolError,
                             RequestBody, RequestHeaders, ResponseBody, ResponseHeaders, SkipResponse)
-from sidecar.processor import RequestProcessor
+from sidecar.extproc.processor import RequestProcessor
 from sidecar.route_settings import parse_route_settings
-from sidecar.usage import UsageMeter
+from sidecar.pipeline.usage import UsageMeter
 
 # A few seconds in all (make test); `make fuzz` is the long run. No example database: a failure
 # prints its input, and the runs leave no files behind.
@@ -223,7 +223,7 @@ def test_nesting_and_numbers_past_every_bound_are_refused_without_raising():
 
 def test_the_fuzz_driver_finds_a_bug_planted_in_the_request_path(monkeypatch):
     """The harness can fail: a stage that raises on some bodies is caught and reported."""
-    from sidecar import caching
+    from sidecar.pipeline import cache_stage as caching
 
     original = caching.CacheStage.look_now
 

@@ -1,7 +1,7 @@
 """GPU signals with a fake NVML (no GPU here or in CI)."""
 import types
 
-from sidecar.gpu import GpuPoller, load_nvml, read_gpu
+from sidecar.scheduling.gpu import GpuPoller, load_nvml, read_gpu
 from sidecar.scheduling import GpuLoad
 
 

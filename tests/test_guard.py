@@ -6,12 +6,12 @@ import json
 import numpy as np
 import pytest
 
-from sidecar.chat import parse_chat_request
-from sidecar.context import RequestContext
-from sidecar.events import Plan
+from sidecar.openai.chat import parse_chat_request
+from sidecar.request.context import RequestContext
+from sidecar.extproc.events import Plan
 from sidecar.guard import lexical, pii
 from sidecar.guard.check import checked_texts, header_value, rewrite_body, scan
-from sidecar.guard.stage import GUARD_HEADER, GuardStage
+from sidecar.pipeline.guard_stage import GUARD_HEADER, GuardStage
 from sidecar.guard.embeddings import SharedEmbeddings
 from sidecar.guard.injection import InjectionHead
 from sidecar.guard.normalize import _DROP, fold
@@ -383,7 +383,7 @@ def test_invalid_guard_settings_refuse_rather_than_pass():
 
 def test_guard_check_cli_writes_one_line_per_input_without_text(monkeypatch, capsys, tmp_path):
     import io
-    from sidecar.cli import main
+    from sidecar.service.cli import main
     words = tmp_path / "words.txt"
     words.write_text("bluebird merger\n", encoding="utf-8")
     lines = ['{"text": "card 4111 1111 1111 1111 and the Bluebird Merger"}', '{"text": "hello"}', "not json"]

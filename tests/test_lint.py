@@ -11,7 +11,7 @@ import yaml
 
 from devtools import envoy_config
 from devtools.stack import BIN, ROOT
-from sidecar.lint import lint_text
+from sidecar.service.lint import lint_text
 
 HCM = "static_resources.listeners[0].filter_chains[0].filters[0].typed_config"
 EXT_PROC = HCM + ".http_filters[1].typed_config"

@@ -963,8 +963,8 @@ def test_dashboard_uses_listed_metrics_and_separates_planned_ones():
 _REGISTERED = """
 import asyncio, json, sys
 from prometheus_client import REGISTRY
-import sidecar.server
-from sidecar.app import build
+import sidecar.service.server
+from sidecar.service.app import build
 from sidecar.config import SidecarConfig
 app = build(SidecarConfig(**json.loads(sys.argv[1])))
 asyncio.run(app.close())

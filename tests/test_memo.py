@@ -4,7 +4,7 @@ import json
 import pytest
 
 from sidecar.cache.answer import DECODED_MAX_BYTES, CachedAnswer, decode_answer
-from sidecar.chat import PARSE_MEMO_MAX_BODY, PARSE_MEMO_MAX_CONTAINERS, BadRequest, parse_chat_request
+from sidecar.openai.chat import PARSE_MEMO_MAX_BODY, PARSE_MEMO_MAX_CONTAINERS, BadRequest, parse_chat_request
 from sidecar.memo import BoundedMemo
 from tests.ext_proc_stream import chat_body
 

@@ -6,11 +6,11 @@ import pytest
 
 from sidecar.cache.inflight import InFlight
 from sidecar.cache.memory_store import MemoryStore
-from sidecar.caching import CacheRuntime, CacheStage
-from sidecar.chat import parse_chat_request
-from sidecar.context import RequestContext
-from sidecar.events import Continue, Phase
-from sidecar.guard.stage import GuardStage
+from sidecar.pipeline.cache_stage import CacheRuntime, CacheStage
+from sidecar.openai.chat import parse_chat_request
+from sidecar.request.context import RequestContext
+from sidecar.extproc.events import Continue, Phase
+from sidecar.pipeline.guard_stage import GuardStage
 from sidecar.pipeline import Pipeline
 from sidecar.route_settings import parse_route_settings
 from tests.ext_proc_stream import FakeRoute

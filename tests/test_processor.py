@@ -5,14 +5,14 @@ import random
 
 import pytest
 
-from sidecar.chat import parse_chat_request
-from sidecar.context import Outcome, RequestContext
-from sidecar.routing import RouteStage, rewrite_model
+from sidecar.openai.chat import parse_chat_request
+from sidecar.request.context import Outcome, RequestContext
+from sidecar.pipeline.route_stage import RouteStage, rewrite_model
 from sidecar.scheduling import Scheduler
-from sidecar.events import (BodyMode, Continue, Decide, ImmediateReply, ModeOverride, Phase, Plan,
+from sidecar.extproc.events import (BodyMode, Continue, Decide, ImmediateReply, ModeOverride, Phase, Plan,
                             ProtocolError, RequestBody, RequestHeaders, ResponseBody,
                             ResponseHeaders)
-from sidecar.processor import RequestProcessor, State
+from sidecar.extproc.processor import RequestProcessor, State
 from sidecar.route_settings import RouteSettingsError, parse_route_settings
 
 CHAT = {":method": "POST", ":path": "/v1/chat/completions", "content-type": "application/json"}

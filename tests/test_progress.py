@@ -1,7 +1,7 @@
 """Progress lines for long CLI work: drawn in place, rate-limited, only where shown."""
 import io
 
-from sidecar.progress import REDRAW_S, Progress, input_size
+from sidecar.service.progress import REDRAW_S, Progress, input_size
 
 
 class Clock:

@@ -4,9 +4,9 @@ import logging
 
 import pytest
 
-from sidecar import metrics
+from sidecar.observability import metrics
 from sidecar.config import ConfigError
-from sidecar.reload import Reloader, load_config, read_config_file
+from sidecar.service.reload import Reloader, load_config, read_config_file
 
 
 def write(tmp_path, text: str) -> str:

@@ -4,11 +4,11 @@ import random
 import pytest
 
 from sidecar.admission import Gate, GateConfig
-from sidecar.admitting import Admission
-from sidecar.chat import parse_chat_request
-from sidecar.context import RequestContext
+from sidecar.pipeline.admission_stage import Admission
+from sidecar.openai.chat import parse_chat_request
+from sidecar.request.context import RequestContext
 from sidecar.route_settings import parse_route_settings
-from sidecar.routing import RouteStage
+from sidecar.pipeline.route_stage import RouteStage
 from sidecar.scheduling import Decision, Scheduler
 from sidecar.scheduling.breaker import TRANSITIONS, BreakerConfig, CircuitBreaker
 from sidecar.scheduling.model import BreakerState

@@ -5,7 +5,7 @@ import pytest
 
 from sidecar.scheduling.model import UpstreamLoad
 from sidecar.scheduling.prometheus_text import parse_samples, upstream_load
-from sidecar.scrape import MAX_BYTES, fetch
+from sidecar.scheduling.scrape import MAX_BYTES, fetch
 
 VLLM = """\
 # HELP vllm:num_requests_running Number of requests in model execution batches.

@@ -1,13 +1,13 @@
 """Where Envoy retries a request that failed before its first byte, and what the sidecar learns
-when the retry answered (sidecar/scheduling/retry.py, sidecar/routing.py)."""
+when the retry answered (sidecar/scheduling/retry.py, sidecar/pipeline/route_stage.py)."""
 import json
 import random
 from types import MappingProxyType
 
-from sidecar.chat import parse_chat_request
-from sidecar.context import RequestContext
+from sidecar.openai.chat import parse_chat_request
+from sidecar.request.context import RequestContext
 from sidecar.route_settings import parse_route_settings
-from sidecar.routing import RoutingDirector
+from sidecar.pipeline.route_stage import RouteStage
 from sidecar.scheduling import BreakerState, CandidateSpec, Decision, Scheduler
 from sidecar.scheduling.retry import retry_candidate, retry_cluster_name, retry_clusters
 from sidecar.scheduling.scorers import ScoreBreakdown
@@ -58,7 +58,7 @@ def director_and_route(**scheduling):
     route = parse_route_settings({"name": "chat", "candidates": [{"cluster": "a"}, {"cluster": "b"}],
                                   "scheduling": {"feedback": {"then_one_in": 1}, **scheduling}})
     clock = [100.0]
-    director = RoutingDirector(Scheduler(rng=random.Random(0)), clock=lambda: clock[0], scrape_interval_s=None)
+    director = RouteStage(Scheduler(rng=random.Random(0)), clock=lambda: clock[0], scrape_interval_s=None)
     return director, route, clock
 
 

@@ -6,13 +6,13 @@ import pytest
 from prometheus_client import REGISTRY
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
-from sidecar.events import BodyMode, ImmediateReply, Plan
-from sidecar.noop import NoopProcessor
-from sidecar.processor import RequestProcessor
-from sidecar import server
-from sidecar.logs import Throttle
+from sidecar.extproc.events import BodyMode, ImmediateReply, Plan
+from sidecar.extproc.noop import NoopProcessor
+from sidecar.extproc.processor import RequestProcessor
+from sidecar.service import server
+from sidecar.observability.logs import Throttle
 from sidecar.pipeline import Pipeline
-from sidecar.server import ExternalProcessor
+from sidecar.service.server import ExternalProcessor
 from tests.ext_proc_stream import FakeRoute, chat_body, chat_messages, run_stream
 
 

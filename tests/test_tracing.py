@@ -3,12 +3,12 @@ import asyncio
 
 import pytest
 
-from sidecar import tracing
-from sidecar.context import RequestContext
-from sidecar.events import ImmediateReply, Plan
+from sidecar.observability import tracing
+from sidecar.request.context import RequestContext
+from sidecar.extproc.events import ImmediateReply, Plan
 from sidecar.pipeline import Pipeline
-from sidecar.server import ExternalProcessor
-from sidecar.tracing import TraceParent, Tracing, new_traceparent, parse_traceparent
+from sidecar.service.server import ExternalProcessor
+from sidecar.observability.tracing import TraceParent, Tracing, new_traceparent, parse_traceparent
 from tests.ext_proc_stream import CHAT_HEADERS, FakeRoute, chat_body, chat_messages, run_stream, upstream_headers
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -169,7 +169,7 @@ def test_otlp_exporter_is_built_when_installed():
 def test_adding_the_traceparent_keeps_every_other_field_of_the_plan():
     import dataclasses
 
-    from sidecar.events import BodyMode, ImmediateReply
+    from sidecar.extproc.events import BodyMode, ImmediateReply
     plan = Plan(cluster="a", reply=ImmediateReply(200, b"{}"), body=b"x", request_headers=(("k", "v"),),
                 response_headers=(("r", "1"),), response_body=BodyMode.STREAMED)
     assert len(dataclasses.fields(Plan)) == 6, "Plan.with_request_header lists the fields by position"
@@ -181,7 +181,7 @@ class WhyDirector(FakeRoute):
     """Decides as a cache miss routed to upstream_a, with its reasons recorded."""
 
     async def decide(self, ctx):
-        from sidecar.decision_record import CacheWhy, TimeoutWhy
+        from sidecar.request.decision_record import CacheWhy, TimeoutWhy
         from sidecar.scheduling import Decision
         from sidecar.scheduling.scorers import ScoreBreakdown
         ctx.cache_status = "miss"

@@ -1,6 +1,6 @@
 import json
 
-from sidecar.usage import UsageMeter
+from sidecar.pipeline.usage import UsageMeter
 from tests.test_cache_capture import chunk, sse
 
 

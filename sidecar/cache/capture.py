@@ -32,7 +32,7 @@ Usage: the `usage` object when the upstream sent one (the last one in a stream: 
 send running totals). Otherwise estimated at one token per 4 characters (of the content,
 and of `prompt_text` when the caller gives it) and marked `usage_estimated`.
 
-SSE framing: sidecar/sse.py.
+SSE framing: sidecar/openai/sse.py.
 
 Pure (no I/O); `SseCapture` keeps state but only of the bytes it is given.
 """
@@ -45,7 +45,7 @@ from typing import Any
 
 from sidecar.cache.answer import FINISH_REASONS, MAX_TOKENS, CachedAnswer
 from sidecar.cache.policy import cache_directives
-from sidecar.sse import SseEvents
+from sidecar.openai.sse import SseEvents
 from sidecar.token_estimate import estimate_tokens
 
 MAX_BYTES = 1 << 20

@@ -17,7 +17,7 @@ import time
 from collections import OrderedDict
 from typing import Protocol
 
-from sidecar.logs import Throttle
+from sidecar.observability.logs import Throttle
 from sidecar.redis_retry import once_more_on_a_closed_connection
 
 log = logging.getLogger("sluice.cache.false_hits")

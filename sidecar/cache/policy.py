@@ -50,7 +50,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from sidecar.cache.scope import prompt_text
-from sidecar.chat import ChatRequest
+from sidecar.openai.chat import ChatRequest
 from sidecar.embedding.normalize import normalize_text
 from sidecar.tenancy import credential
 

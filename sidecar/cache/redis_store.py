@@ -64,14 +64,14 @@ from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
-from sidecar import metrics
+from sidecar.observability import metrics
 from sidecar.config import redacted_url
 from sidecar.cache.inflight_redis import PURGE_MARKER_MS, purge_marker
 from sidecar.cache.memory_store import MemoryStore
 from sidecar.cache.store import Entry, Neighbour, StoreLimits, StoreUnavailable
 from sidecar.redis_retry import once_more_on_a_closed_connection
 from sidecar.cache.vector_index import DEFAULT_EXACT_MAX, as_unit
-from sidecar.logs import Throttle
+from sidecar.observability.logs import Throttle
 
 __all__ = ["RedisSettings", "RedisStore", "BACKEND_UP", "BACKEND_ERRORS", "LOCAL_HITS"]
 

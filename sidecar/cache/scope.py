@@ -12,7 +12,7 @@ A `CacheScope` is everything that must be *equal* for a stored answer to be serv
   path picks the model, `?api-version=` the answer's shape, another virtual host another
   upstream under the same route name.
 - `context_key`: everything but the last user turn's text (`context_key`), including every
-  body field not known to leave the answer alone (`sidecar.chat.ANSWER_NEUTRAL_FIELDS`).
+  body field not known to leave the answer alone (`sidecar.openai.chat.ANSWER_NEUTRAL_FIELDS`).
 - `params_key`: the sampling settings that change the answer (`params_key`).
 
 `scope.key` is SHA-256 hex over all of them; callers wrap it in a Redis Cluster hash tag
@@ -57,7 +57,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sidecar.canonical import canonical_digest
-from sidecar.chat import ChatRequest
+from sidecar.openai.chat import ChatRequest
 from sidecar.embedding.errors import NothingToEmbed
 from sidecar.embedding.normalize import normalize_text
 from sidecar.tenancy import TenantSettings, tenant_of

@@ -16,7 +16,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Callable
 
-from sidecar import metrics
+from sidecar.observability import metrics
 from sidecar.config import ENV_PREFIX, ConfigError, SidecarConfig
 
 log = logging.getLogger("sluice.config")

@@ -16,9 +16,9 @@ from sidecar import deadlines
 from sidecar.admission import (Degrade, Gate, Permit, RateLimitRule, RateLimits, Refusal,
                                TokenLimiter)
 from sidecar.admission.cost import AnswerLengths
-from sidecar.context import RequestContext
+from sidecar.request.context import RequestContext
 from sidecar.engine_priority import class_ranks, engine_field
-from sidecar.decision_record import AdmissionWhy
+from sidecar.request.decision_record import AdmissionWhy
 from sidecar.route_settings import PerSettings, RouteSettings, warn_unless_internal
 from sidecar.tenancy import ANONYMOUS, tenant_of
 from sidecar.token_estimate import estimate_tokens

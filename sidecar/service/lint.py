@@ -352,9 +352,9 @@ class _Linter:
 def route_checks():
     """The sidecar's own validation of a route's settings, each raising ValueError naming the
     field: what the routing, cache and admission stages build from them at the first request."""
-    from sidecar.admitting import route_admission
-    from sidecar.caching import cache_policy
-    from sidecar.route_policy import build_route_plan
+    from sidecar.pipeline.admission_stage import route_admission
+    from sidecar.pipeline.cache_stage import cache_policy
+    from sidecar.pipeline.route_plan import build_route_plan
     return (lambda s: build_route_plan(s, "lint"), route_admission, cache_policy)
 
 

@@ -1,6 +1,6 @@
 """The cache stage: answer from cache, coalesce in-flight twins, capture fresh answers.
 
-Between the guard and the route stage (sidecar/pipeline.py). Per chat request:
+Between the guard and the route stage (sidecar/pipeline/exchange.py). Per chat request:
   1. bypass rules (no-store, time-sensitive, n > 1, tools, temperature, anonymous caller);
   2. exact tier: SHA-256 of scope + normalised prompt;
   3. semantic tier: nearest stored prompt in the same scope with cosine >= tau, and the cheap
@@ -24,7 +24,9 @@ from typing import Callable, NamedTuple
 
 import numpy as np
 
-from sidecar import deadlines, metrics, tracing
+from sidecar import deadlines
+
+from sidecar.observability import metrics, tracing
 from sidecar.cache.answer import CachedAnswer, decode_answer
 from sidecar.cache.budget import BytePool
 from sidecar.cache.capture import IDENTITY_ENCODING, Refusal, SseCapture, capture_json, response_refusal
@@ -35,10 +37,10 @@ from sidecar.cache.policy import TIME_SENSITIVE_WORDS, CachePolicy, cache_decisi
 from sidecar.cache.replay import completion_id, hit_headers, json_body, sse_body
 from sidecar.cache.request_memo import RequestMemo
 from sidecar.cache.scope import exact_key, exact_key_in, prompt_text, scope_for
-from sidecar.context import Outcome, RequestContext
-from sidecar.decision_record import CacheWhy
-from sidecar.logs import Throttle
-from sidecar.events import BodyMode, ImmediateReply, Plan
+from sidecar.request.context import Outcome, RequestContext
+from sidecar.request.decision_record import CacheWhy
+from sidecar.observability.logs import Throttle
+from sidecar.extproc.events import BodyMode, ImmediateReply, Plan
 from sidecar.route_settings import PerSettings, RouteSettings, warn_unless_internal
 from sidecar.tenancy import credential_header
 
@@ -215,7 +217,7 @@ UNTOUCHED = Upstream("bypass", untouched=True)
 
 
 class CacheStage:
-    """The cache's stages of the pipeline (sidecar/pipeline.py): policy, lookup, dedup; then,
+    """The cache's stages of the pipeline (sidecar/pipeline/exchange.py): policy, lookup, dedup; then,
     for a request that goes upstream, its answer's capture."""
 
     def __init__(self, runtime: CacheRuntime, clock: Callable[[], float] = time.time):
@@ -525,7 +527,7 @@ class CacheStage:
         if isinstance(answer, Refusal):
             return self._refuse(ctx, capture, answer)
         capture.finished = True
-        if ctx.usage is None:           # no token budget read it (sidecar/usage.py): for the metadata
+        if ctx.usage is None:           # no token budget read it (sidecar/pipeline/usage.py): for the metadata
             ctx.usage = (answer.prompt_tokens, answer.completion_tokens)
         payload = answer.to_bytes()
         if capture.lead is not None:

@@ -1,7 +1,7 @@
 """The route stage: admission, schedule, route and timeout; then the feedback of what happened.
 
-The last stage of the pipeline (sidecar/pipeline.py). Per request: pick (filters, scores, picker; fallback when primaries are down), set the cluster
-header and a per-request upstream timeout, rewrite the model for a fallback, answer 503 fast
+The last stage of the pipeline (sidecar/pipeline/exchange.py). Per request: pick (filters,
+scores, picker; fallback when primaries are down), set the cluster header and a per-request upstream timeout, rewrite the model for a fallback, answer 503 fast
 when nothing is available. Response headers give time to first byte and success, the end of
 the stream total latency; they drive the signals and the circuit breakers. A busy route reads
 a sample of the answers (reads_response, sidecar/scheduling/sampling.py).
@@ -15,25 +15,26 @@ import math
 import time
 from typing import Callable
 
-from sidecar import deadlines, engine_priority, metrics, tracing
+from sidecar import deadlines, engine_priority
+from sidecar.observability import metrics, tracing
 from sidecar.admission import Degrade, Permit, Refusal
-from sidecar.admitting import Admission, RouteAdmission
+from sidecar.pipeline.admission_stage import Admission, RouteAdmission
 from sidecar.cache.answer import compact_json
 from sidecar.cache.capture import IDENTITY_ENCODING, is_encoded
-from sidecar.context import Outcome, RequestContext
+from sidecar.request.context import Outcome, RequestContext
 from sidecar.engine_priority import EngineField
-from sidecar.decision_record import TimeoutWhy
-from sidecar.events import BodyMode, Plan
-from sidecar.usage import UsageMeter
-from sidecar.gpu import GpuPoller
-from sidecar.openai_errors import error_reply
-from sidecar.processor import CLUSTER_HEADER
-from sidecar.route_policy import RoutePlan, build_route_plan
+from sidecar.request.decision_record import TimeoutWhy
+from sidecar.extproc.events import BodyMode, Plan
+from sidecar.pipeline.usage import UsageMeter
+from sidecar.scheduling.gpu import GpuPoller
+from sidecar.extproc.errors import error_reply
+from sidecar.extproc.processor import CLUSTER_HEADER
+from sidecar.pipeline.route_plan import RoutePlan, build_route_plan
 from sidecar.route_settings import PerSettings, RouteSettings, RouteSettingsError
 from sidecar.scheduling import BreakerTransition, Decision, Scheduler
 from sidecar.scheduling.overdue import FirstByteWatch
 from sidecar.scheduling.retry import retry_candidate, retry_cluster_name
-from sidecar.scrape import Scraper
+from sidecar.scheduling.scrape import Scraper
 from sidecar.token_estimate import estimate_tokens
 
 log = logging.getLogger("sluice.routing")
@@ -405,7 +406,7 @@ class RouteStage:
             self.scheduler.on_overdue(ctx.decision, now)
 
     def _remember_scores(self, decision: Decision) -> None:
-        """Scores for the scrape-time gauges (sidecar.metrics.SchedulerCollector)."""
+        """Scores for the scrape-time gauges (sidecar.observability.metrics.SchedulerCollector)."""
         for cluster, breakdown in decision.scores.items():
             self.last_scores[cluster] = breakdown.total
 

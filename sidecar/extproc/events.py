@@ -1,6 +1,6 @@
 """What the processor consumes (events) and produces (replies): plain data, no protobuf.
 
-The codec (sidecar/codec.py) is the only place that maps these to and from Envoy's
+The codec (sidecar/extproc/codec.py) is the only place that maps these to and from Envoy's
 ProcessingRequest / ProcessingResponse.
 """
 from __future__ import annotations
@@ -109,7 +109,7 @@ class Plan:
 @dataclass(frozen=True)
 class Decide:
     """Outside work the processor asks for: the pipeline must produce a Plan (see server)."""
-    context: object   # sidecar.context.RequestContext
+    context: object   # sidecar.request.context.RequestContext
 
 
 @dataclass(frozen=True)

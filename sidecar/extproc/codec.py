@@ -12,7 +12,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.type.v3 import http_status_pb2
 from google.protobuf import struct_pb2
 
-from sidecar.events import (BodyMode, Continue, Event, ImmediateReply, ModeOverride, Phase, Reply,
+from sidecar.extproc.events import (BodyMode, Continue, Event, ImmediateReply, ModeOverride, Phase, Reply,
                             RequestBody, RequestHeaders, ResponseBody, ResponseHeaders)
 from sidecar.route_settings import settings_from_attribute
 

@@ -19,20 +19,24 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from grpc_health.v1 import _async as health_async
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from sidecar import codec, logs, metrics, reload
-from sidecar.access_log import FLUSH_S, AccessLog
-from sidecar.admin import AdminService, DrainStarted, admin_parts
-from sidecar.app import App, build
+from sidecar.extproc import codec
+
+from sidecar.observability import logs, metrics
+
+from sidecar.service import reload
+from sidecar.observability.access_log import FLUSH_S, AccessLog
+from sidecar.service.admin import AdminService, DrainStarted, admin_parts
+from sidecar.service.app import App, build
 from sidecar.config import SidecarConfig
 from sidecar.deadlines import EXTEND_AFTER_S, EXTENDED_MESSAGE_TIMEOUT_S
-from sidecar.events import Decide, ProtocolError, RequestHeaders, ResponseBody, ResponseHeaders, SkipResponse
-from sidecar.logs import Throttle
-from sidecar.processor import RequestProcessor
+from sidecar.extproc.events import Decide, ProtocolError, RequestHeaders, ResponseBody, ResponseHeaders, SkipResponse
+from sidecar.observability.logs import Throttle
+from sidecar.extproc.processor import RequestProcessor
 from sidecar.protos import admin_pb2_grpc
-from sidecar.reload import Reloader
+from sidecar.service.reload import Reloader
 from sidecar.pipeline import Exchange, Pipeline
-from sidecar.routing import RouteStage
-from sidecar.tracing import RequestTrace, Tracing, trace_id_of
+from sidecar.pipeline.route_stage import RouteStage
+from sidecar.observability.tracing import RequestTrace, Tracing, trace_id_of
 
 log = logging.getLogger("sluice.server")
 EXT_PROC_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
@@ -249,7 +253,7 @@ async def serve(config: SidecarConfig, app: App | None = None,
     """Run until SIGTERM or SIGINT (or an Admin Drain); a second signal cuts the drain short
     and cancels open streams, and the sidecar still closes cleanly (request log flushed). Envoy
     sees NOT_SERVING until the heavy parts (the embedding model) are loaded and warm. SIGHUP
-    reloads the settings with `load_config` (sidecar/reload.py)."""
+    reloads the settings with `load_config` (sidecar/service/reload.py)."""
     loop = asyncio.get_running_loop()
     stopping = asyncio.Event()
     access_log = AccessLog(config.access_log, config.log_prompts)
@@ -278,7 +282,7 @@ async def serve(config: SidecarConfig, app: App | None = None,
     try:
         await app.start()
     except BaseException:
-        await sidecar.server.stop(0)
+        await sidecar.service.server.stop(0)
         raise
     # What start-up made (modules, the model's session, route tables) lives as long as the
     # process: out of the cyclic collector's reach, a full collection scans only what requests

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from sidecar.config import SidecarConfig
 from sidecar.pipeline import Pipeline
-from sidecar.routing import RouteStage
+from sidecar.pipeline.route_stage import RouteStage
 
 log = logging.getLogger("sluice.app")
 
@@ -67,7 +67,7 @@ def build(config: SidecarConfig) -> App:
     from sidecar.cache.equivalence import forget_profiles
     from sidecar.cache.false_hits import MemoryFalseHits, RedisFalseHits
     from sidecar.cache.inflight import InFlight
-    from sidecar.caching import CacheRuntime, CacheStage
+    from sidecar.pipeline.cache_stage import CacheRuntime, CacheStage
 
     budget = _budget(config)            # one budget, its shares: sidecar/cache/budget.py
     forget_profiles(budget.profiles)
@@ -105,10 +105,10 @@ def _embedder(config: SidecarConfig):
 
 
 def _guard(embedder):
-    """The guard, before every other stage (sidecar/guard/stage.py); it shares the cache's
+    """The guard, before every other stage (sidecar/pipeline/guard_stage.py); it shares the cache's
     embeddings so the injection classifier costs no second model run."""
     from sidecar.guard.embeddings import SharedEmbeddings
-    from sidecar.guard.stage import GuardStage
+    from sidecar.pipeline.guard_stage import GuardStage
     if embedder is not None and not isinstance(embedder, SharedEmbeddings):
         embedder = SharedEmbeddings(embedder)
     return GuardStage(embedder)
@@ -119,7 +119,7 @@ def _admission(config: SidecarConfig, routing: RouteStage, secret: bytes, redis)
     turn admission on in their settings. Expected time to first byte comes from the scheduler."""
     from sidecar.admission import (Gate, GateConfig, LocalTokenLimiter, PrometheusAdmissionMetrics,
                                    RedisTokenLimiter, TokenLimitsConfig)
-    from sidecar.admitting import Admission
+    from sidecar.pipeline.admission_stage import Admission
 
     signals = routing.scheduler.signals
     metrics = PrometheusAdmissionMetrics()
@@ -138,7 +138,7 @@ def _budget(config: SidecarConfig):
 
 def _export_memory(budget, store, memo_pool) -> None:
     """sluice_cache_memory_bytes and its budget, by part, read at each scrape."""
-    from sidecar import metrics
+    from sidecar.observability import metrics
     from sidecar.cache.equivalence import cached_profile_bytes
     for part, held, share in (("store", lambda: store.nbytes, budget.store),
                               ("profiles", cached_profile_bytes, budget.profiles),

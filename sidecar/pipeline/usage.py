@@ -18,7 +18,7 @@ import math
 from typing import Any
 
 from sidecar.cache.capture import MAX_BYTES, read_json, usage_of
-from sidecar.sse import SseEvents
+from sidecar.openai.sse import SseEvents
 from sidecar.token_estimate import CHARS_PER_TOKEN, estimate_tokens
 
 # Fields of a message or delta whose text the model generated.

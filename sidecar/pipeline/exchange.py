@@ -15,14 +15,14 @@ from __future__ import annotations
 import dataclasses
 from typing import Protocol
 
-from sidecar.caching import CacheStage, Upstream
-from sidecar.context import RequestContext
-from sidecar.events import Continue, Plan, Reply
-from sidecar.guard.stage import GuardStage, GuardState
+from sidecar.pipeline.cache_stage import CacheStage, Upstream
+from sidecar.request.context import RequestContext
+from sidecar.extproc.events import Continue, Plan, Reply
+from sidecar.pipeline.guard_stage import GuardStage, GuardState
 
 
 class RouteStage(Protocol):
-    """Admission, scheduling, routing and the feedback of what happened (sidecar/routing.py)."""
+    """Admission, scheduling, routing and the feedback of what happened (sidecar/pipeline/route_stage.py)."""
 
     def decide_now(self, ctx: RequestContext) -> Plan | None:
         """The plan when it needs no waiting, else None: the servicer then awaits `decide` in

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from sidecar import deadlines
-from sidecar.chat import ChatRequest
-from sidecar.decision_record import Why
+from sidecar.openai.chat import ChatRequest
+from sidecar.request.decision_record import Why
 
 
 # The model name is the client's own text, logged and traced: its length must not be.
@@ -49,15 +49,15 @@ class RequestContext:
     priority_class: str | None = None  # admission's class of the request (vip, standard, ...)
     expected_tokens: float | None = None  # its cost, where the route counts tokens (admission.cost)
     usage: tuple[int, int] | None = None  # (prompt, completion) tokens of the answer, once read
-    usage_meter: object = None         # sidecar.usage.UsageMeter when the usage must be read
+    usage_meter: object = None         # sidecar.pipeline.usage.UsageMeter when the usage must be read
     status: int | None = None
     response_headers: Mapping[str, str] = field(default_factory=dict)
     sent_at: float | None = None       # when the sidecar let the request go upstream
     response_headers_at: float | None = None
     cache_status: str | None = None    # exact|semantic|coalesced|miss|bypass
     cache_scope: str | None = None     # the cache scope key (a hash; for admin purges)
-    cache_request: object = None       # sidecar.caching.CacheRequest, once worked out
-    capture: object = None             # sidecar.caching.Capture of a cache miss
+    cache_request: object = None       # sidecar.pipeline.cache_stage.CacheRequest, once worked out
+    capture: object = None             # sidecar.pipeline.cache_stage.Capture of a cache miss
     response_complete: bool = False
     response_body_read: bool = False   # Envoy sends the answer's body (or its end) to the sidecar
     first_byte_overdue: bool = False   # judged a failure while waiting for its first byte
@@ -65,7 +65,7 @@ class RequestContext:
     retried: bool = False              # Envoy's retry answered it (on retry_cluster)
     judged: bool = False               # its cluster's verdict is given (routing: once, at 5xx headers or the end)
     response_read: bool = True         # False: Envoy sends no response headers (feedback sampling)
-    why: Why = field(default_factory=Why)  # each stage's reasons (sidecar/decision_record.py)
+    why: Why = field(default_factory=Why)  # each stage's reasons (sidecar/request/decision_record.py)
 
     @property
     def request_id(self) -> str:

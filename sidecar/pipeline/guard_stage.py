@@ -14,16 +14,16 @@ import logging
 import time
 from dataclasses import dataclass, field, replace
 
-from sidecar import metrics as sidecar_metrics
+from sidecar.observability import metrics as sidecar_metrics
 from sidecar.cache.equivalence import EquivalenceSettings
-from sidecar.chat import BadRequest, forget_parsed, parse_chat_request
-from sidecar.context import Outcome, RequestContext
-from sidecar.events import Plan
+from sidecar.openai.chat import BadRequest, forget_parsed, parse_chat_request
+from sidecar.request.context import Outcome, RequestContext
+from sidecar.extproc.events import Plan
 from sidecar.guard import metrics
 from sidecar.guard.check import Finding, header_value, judge_injection, rewrite_body, scan, scrubbing
 from sidecar.guard.policy import GuardPolicy, build_policy
 from sidecar.memo import may_keep
-from sidecar.openai_errors import error_reply
+from sidecar.extproc.errors import error_reply
 from sidecar.route_settings import PerSettings, RouteSettings
 
 log = logging.getLogger("sluice.guard")
@@ -45,7 +45,7 @@ UNGUARDED = GuardState()
 
 
 class GuardStage:
-    """The first stage of the pipeline (sidecar/pipeline.py): scan, then the injection check."""
+    """The first stage of the pipeline (sidecar/pipeline/exchange.py): scan, then the injection check."""
 
     def __init__(self, embedder=None, injection_head=None):
         self._embedder = embedder            # sidecar.guard.embeddings.SharedEmbeddings, or None

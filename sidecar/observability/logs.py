@@ -1,6 +1,6 @@
 """Logging setup: one JSON object per line, through named `sluice.*` loggers.
 
-Everything goes to stderr. The request log is not a logger: sidecar/access_log.py writes its own
+Everything goes to stderr. The request log is not a logger: sidecar/observability/access_log.py writes its own
 JSON lines to stdout, whatever SLUICE_LOG_LEVEL says.
 """
 from __future__ import annotations

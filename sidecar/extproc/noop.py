@@ -1,8 +1,8 @@
 """A processor that changes nothing: the baseline `make bench` compares Sluice against."""
 from __future__ import annotations
 
-from sidecar.context import RequestContext
-from sidecar.events import Continue, Event, Phase, RequestBody, RequestHeaders, ResponseHeaders
+from sidecar.request.context import RequestContext
+from sidecar.extproc.events import Continue, Event, Phase, RequestBody, RequestHeaders, ResponseHeaders
 
 _PHASES = {RequestHeaders: Phase.REQUEST_HEADERS, RequestBody: Phase.REQUEST_BODY,
            ResponseHeaders: Phase.RESPONSE_HEADERS}

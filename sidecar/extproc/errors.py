@@ -1,9 +1,9 @@
-"""Error bodies in OpenAI's shape, so SDKs raise their usual exceptions."""
+"""Immediate replies with error bodies in OpenAI's shape, so SDKs raise their usual exceptions."""
 from __future__ import annotations
 
 import json
 
-from sidecar.events import ImmediateReply
+from sidecar.extproc.events import ImmediateReply
 
 
 def error_reply(status: int, message: str, *, type_: str = "invalid_request_error",

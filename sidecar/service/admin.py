@@ -15,7 +15,7 @@ import grpc
 from prometheus_client import REGISTRY
 
 from sidecar.protos import admin_pb2, admin_pb2_grpc
-from sidecar.record_feed import Filter, RecordFeed
+from sidecar.observability.record_feed import Filter, RecordFeed
 
 log = logging.getLogger("sluice.admin")
 

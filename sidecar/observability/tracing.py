@@ -24,9 +24,9 @@ import re
 import time
 from dataclasses import dataclass
 
-from sidecar.context import RequestContext
-from sidecar.decision_record import record, span_attributes
-from sidecar.events import Plan
+from sidecar.request.context import RequestContext
+from sidecar.request.decision_record import record, span_attributes
+from sidecar.extproc.events import Plan
 
 log = logging.getLogger("sluice.tracing")
 TRACEPARENT = "traceparent"
@@ -152,7 +152,7 @@ def decision_attributes(ctx: RequestContext) -> dict:
                          "sluice.probe": getattr(decision, "probe", None),
                          "sluice.role": getattr(decision, "role", None)})
     attributes.update((k, v) for k, v in optional.items() if v is not None)
-    # The decision record (sidecar/decision_record.py), as in the request log line.
+    # The decision record (sidecar/request/decision_record.py), as in the request log line.
     attributes.update(span_attributes(record(ctx)))
     return attributes
 

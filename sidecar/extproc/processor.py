@@ -3,7 +3,7 @@
 No gRPC or asyncio here (see ../shared/STYLE.md, h11): the server feeds events decoded by the
 codec and sends back the replies. Legal moves live in one table, TRANSITIONS; any other event
 raises ProtocolError. When a chat request is parsed, the processor returns `Decide` (outside
-work); the servicer asks the pipeline (sidecar/pipeline.py) and hands the Plan back through
+work); the servicer asks the pipeline (sidecar/pipeline/exchange.py) and hands the Plan back through
 `apply()`. Answers to outside questions are events too: `SkipResponse` after a chat request's
 headers, when the pipeline needs none of its answer.
 """
@@ -13,13 +13,13 @@ import enum
 import re
 from urllib.parse import unquote
 
-from sidecar.chat import BadRequest, parse_chat_request
-from sidecar.context import Outcome, RequestContext
+from sidecar.openai.chat import BadRequest, parse_chat_request
+from sidecar.request.context import Outcome, RequestContext
 from sidecar.memo import may_keep
-from sidecar.events import (BodyMode, Continue, Decide, Event, ModeOverride, Phase, Plan,
+from sidecar.extproc.events import (BodyMode, Continue, Decide, Event, ModeOverride, Phase, Plan,
                             ProtocolError, Reply, RequestBody, RequestHeaders, ResponseBody,
                             ResponseHeaders, SkipResponse)
-from sidecar.openai_errors import error_reply
+from sidecar.extproc.errors import error_reply
 from sidecar.route_settings import RouteSettings
 
 CLUSTER_HEADER = "x-sluice-cluster"

@@ -48,12 +48,12 @@ async def _run(args) -> int:
     from sidecar.cache.policy import cache_decision
     from sidecar.cache.scope import exact_key, prompt_text, scope_for
     from sidecar.tenancy import credential_header
-    from sidecar.caching import CacheRuntime, CacheStage, route_cache
-    from sidecar.chat import ChatRequest
+    from sidecar.pipeline.cache_stage import CacheRuntime, CacheStage, route_cache
+    from sidecar.openai.chat import ChatRequest
     from sidecar.config import ConfigError
     from sidecar.embedding import EmbeddingService, EmbeddingSettings, ModelLoadError
-    from sidecar.progress import Progress, input_size
-    from sidecar.reload import load_config
+    from sidecar.service.progress import Progress, input_size
+    from sidecar.service.reload import load_config
     from sidecar.route_settings import RouteSettingsError, parse_route_settings
 
     try:

@@ -3,9 +3,9 @@
 Fields: request id (x-request-id), route, cluster, outcome, cache status, HTTP status, time from
 sending the request upstream to its response headers, total duration since the request headers
 reached the sidecar (both ms), model, stream flag, trace id, and `why`: the decision record
-(sidecar/decision_record.py). Never the Authorization header, the prompt or the completion; with
+(sidecar/request/decision_record.py). Never the Authorization header, the prompt or the completion; with
 log_prompts on, the last user turn, cut to PROMPT_CHARS characters. The same lines go to
-`sluice admin tail` readers (sidecar/record_feed.py), also with the log itself off.
+`sluice admin tail` readers (sidecar/observability/record_feed.py), also with the log itself off.
 
 It runs for every request (1-2k/s per sidecar), so the line is built as one dict, serialised
 once and written straight to a buffered stdout, flushed at most every FLUSH_S (like Envoy's own
@@ -19,10 +19,10 @@ import sys
 import time
 from typing import Callable, TextIO
 
-from sidecar.chat import message_text
-from sidecar.context import RequestContext
-from sidecar.decision_record import record
-from sidecar.record_feed import RecordFeed
+from sidecar.openai.chat import message_text
+from sidecar.request.context import RequestContext
+from sidecar.request.decision_record import record
+from sidecar.observability.record_feed import RecordFeed
 
 PROMPT_CHARS = 200
 _ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))   # one for every line

@@ -18,16 +18,16 @@ EXIT_START_FAILED = 3
 def _serve(args: argparse.Namespace) -> int:
     from prometheus_client import start_http_server
 
-    from sidecar import logs
-    from sidecar.app import App
+    from sidecar.observability import logs
+    from sidecar.service.app import App
     from sidecar.config import ConfigError
     from sidecar.embedding import EmbeddingSettings, ModelLoadError
-    from sidecar.event_loop import loop_factory
-    from sidecar.noop import NoopProcessor
-    from sidecar.reload import load_config
+    from sidecar.service.event_loop import loop_factory
+    from sidecar.extproc.noop import NoopProcessor
+    from sidecar.service.reload import load_config
     from sidecar.pipeline import Pipeline
-    from sidecar.routing import RouteStage
-    from sidecar.server import serve
+    from sidecar.pipeline.route_stage import RouteStage
+    from sidecar.service.server import serve
 
     def load():
         """Flags win over the config file, which wins over SLUICE_* variables (also on SIGHUP)."""
@@ -77,15 +77,15 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--config-file", help="KEY=VALUE file of SLUICE_* settings, re-read on SIGHUP (env SLUICE_CONFIG_FILE)")
     serve.add_argument("--noop", action="store_true", help="change nothing, log no requests (benchmark baseline)")
     serve.set_defaults(func=_serve)
-    from sidecar.admin_cli import add_subcommands as add_admin_commands
+    from sidecar.service.admin_cli import add_subcommands as add_admin_commands
     add_admin_commands(commands)
     from sidecar.embedding.cli import add_subcommands as add_embedding_commands
     add_embedding_commands(commands)
-    from sidecar.cache_check import add_subcommands as add_cache_commands
+    from sidecar.service.cache_check import add_subcommands as add_cache_commands
     add_cache_commands(commands)
     from sidecar.guard.cli import add_subcommands as add_guard_commands
     add_guard_commands(commands)
-    from sidecar.lint import add_subcommands as add_lint_commands
+    from sidecar.service.lint import add_subcommands as add_lint_commands
     add_lint_commands(commands)
     return parser
 

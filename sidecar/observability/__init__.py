@@ -1,0 +1,1 @@
+"""Metrics, logs, spans and the request log."""

@@ -1,0 +1,1 @@
+"""The OpenAI-style API as the sidecar reads it: chat requests, server-sent events."""

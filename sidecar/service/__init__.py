@@ -1,0 +1,1 @@
+"""The running sidecar: config to app, the gRPC server and its lifecycle, reload, admin, CLIs."""
