@@ -217,7 +217,7 @@ def test_a_5xx_counts_when_its_headers_come_not_when_its_stream_closes():
     route = parse_route_settings({"name": "chat", "candidates": [{"cluster": "b"}]})
     body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
     clock = [100.0]
-    d = RoutingDirector(Scheduler(rng=random.Random(0)), clock=lambda: clock[0], scrape_interval_s=None)
+    d = RouteStage(Scheduler(rng=random.Random(0)), clock=lambda: clock[0], scrape_interval_s=None)
     open_streams = []
     for _ in range(5):                      # 5 in a row trip the breaker
         ctx = RequestContext(headers={}, route=route, route_name="chat", body=body, chat=parse_chat_request(body))

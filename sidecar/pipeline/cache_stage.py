@@ -25,8 +25,8 @@ from typing import Callable, NamedTuple
 import numpy as np
 
 from sidecar import deadlines
-
-from sidecar.observability import metrics, tracing
+from sidecar.observability import tracing
+from sidecar.pipeline.metrics import CacheMetrics, PrometheusCacheMetrics
 from sidecar.cache.answer import CachedAnswer, decode_answer
 from sidecar.cache.budget import BytePool
 from sidecar.cache.capture import IDENTITY_ENCODING, Refusal, SseCapture, capture_json, response_refusal
@@ -54,13 +54,13 @@ _TRANSIENT_REFUSALS = frozenset(("incomplete", "partial", "error", "invalid_json
 _unreadable_warning = Throttle()
 
 
-def readable(data: bytes) -> CachedAnswer | None:
+def readable(data: bytes, metrics: CacheMetrics) -> CachedAnswer | None:
     """The answer in stored or relayed bytes; None, a miss, for bytes this version cannot
     read: another version's format (replicas sharing Redis during an upgrade) or corrupt."""
     try:
         return decode_answer(data)
     except ValueError as exc:
-        metrics.CACHE_UNREADABLE.inc()
+        metrics.unreadable()
         if _unreadable_warning.due():
             log.warning("cached answer unreadable, served as a miss: %s", exc)
         return None
@@ -220,9 +220,11 @@ class CacheStage:
     """The cache's stages of the pipeline (sidecar/pipeline/exchange.py): policy, lookup, dedup; then,
     for a request that goes upstream, its answer's capture."""
 
-    def __init__(self, runtime: CacheRuntime, clock: Callable[[], float] = time.time):
+    def __init__(self, runtime: CacheRuntime, clock: Callable[[], float] = time.time,
+                 metrics: CacheMetrics | None = None):
         self._rt = runtime
         self._clock = clock
+        self._metrics = metrics or PrometheusCacheMetrics()
         # Stores that hold their entries in this process answer exact hits without awaiting.
         self._get_exact_now = getattr(runtime.store, "get_exact_now", None)
         # Stores that can drop one entry (the in-process one) lose an unreadable one at once.
@@ -300,7 +302,7 @@ class CacheStage:
                         return self._serve(ctx, answered, "coalesced", None, self._clock())
             else:
                 ctx.why.cache = CacheWhy(bypass.reason)
-                metrics.child(metrics.CACHE_LOOKUPS, ctx.route_name, bypass.reason).inc()
+                self._metrics.lookup(ctx.route_name, bypass.reason)
                 vector = await self._embed(prompt) if self._semantic(settings, prompt) else None
             capture = Capture(scope.key, key, prompt, vector, policy.ttl_s, chat.stream, lead,
                               asked_at=self._clock())
@@ -314,7 +316,7 @@ class CacheStage:
         """The entry's answer, or None (a miss: the request goes upstream) for one that cannot
         be replayed, which is dropped where the store allows: else a semantic neighbour would
         miss every lookup near it, and an exact one until an answer replaces it."""
-        answer = readable(entry.answer)
+        answer = readable(entry.answer, self._metrics)
         if answer is None and self._discard is not None:
             self._discard(entry.scope, entry.entry_id)
         return answer
@@ -369,7 +371,7 @@ class CacheStage:
             with tracing.span("sluice.embed"):
                 return await self._rt.embedder.embed(prompt)
         except Exception as exc:   # EmbeddingUnavailable and anything else: skip the semantic tier
-            metrics.child(metrics.CACHE_EMBED_SKIPPED, type(exc).__name__).inc()
+            self._metrics.embedding_skipped(type(exc).__name__)
             return None
 
     async def lookup(self, scope: str, key: str, prompt: str, settings: RouteCache) -> Lookup:
@@ -395,7 +397,7 @@ class CacheStage:
         if verdict.hit and await self._rt.false_hits.known(
                 scope, pair_id(neighbour.entry.entry_id, neighbour.entry.stored_at, key)):
             verdict = Verdict(False, "reported_false_hit", verdict.score)
-        metrics.child(metrics.CACHE_SEMANTIC_VERDICTS, verdict.reason).inc()
+        self._metrics.semantic_verdict(verdict.reason)
         return Lookup("semantic" if verdict.hit else None, verdict.reason, neighbour.entry,
                       neighbour.similarity, vector, verdict.score)
 
@@ -417,7 +419,7 @@ class CacheStage:
             return False
         entry = found.entry
         await self._rt.false_hits.report(scope, pair_id(entry.entry_id, entry.stored_at, key), ttl_s)
-        metrics.child(metrics.CACHE_FALSE_HIT_REPORTS, route, found.tier, source).inc()
+        self._metrics.false_hit_reported(route, found.tier, source)
         log.warning("false hit reported by %s on route %s: a %s hit in scope %s", source, route,
                     found.tier, scope)
         return True
@@ -441,11 +443,11 @@ class CacheStage:
         ticket = await self._rt.inflight.join(scope, key, near)
         if not isinstance(ticket, Follow):
             return ticket, None
-        metrics.CACHE_FOLLOWERS.inc()
+        self._metrics.follower()
         outcome = await ticket.wait(deadlines.follow_for(time.monotonic(), ctx.started, ctx.client_deadline,
                                                          policy.max_dedup_wait_s))
         if isinstance(outcome, Answered):
-            return None, readable(outcome.payload)      # unreadable (None): go upstream alone
+            return None, readable(outcome.payload, self._metrics)      # unreadable (None): go upstream alone
         if isinstance(outcome, Promoted):
             return outcome.lead, None
         return None, None                       # timed out: go upstream alone
@@ -460,8 +462,8 @@ class CacheStage:
         else:
             body = json_body(answer, chat.model, now, ident)
         ctx.outcome, ctx.cache_status = Outcome.ANSWERED, tier
-        metrics.child(metrics.CACHE_LOOKUPS, ctx.route_name, tier).inc()
-        metrics.child(metrics.CACHE_SAVED_TOKENS, ctx.route_name).inc(answer.prompt_tokens + answer.completion_tokens)
+        self._metrics.lookup(ctx.route_name, tier)
+        self._metrics.saved_tokens(ctx.route_name, answer.prompt_tokens + answer.completion_tokens)
         headers = hit_headers(tier, similarity, now - stored_at, stream=chat.stream) + _debug(ctx)
         return Plan(reply=ImmediateReply(200, body, headers))
 
@@ -471,7 +473,7 @@ class CacheStage:
         status, capture = upstream.status, upstream.capture
         ctx.cache_status = status
         if status == "miss" or upstream.untouched:
-            metrics.child(metrics.CACHE_LOOKUPS, ctx.route_name, status).inc()
+            self._metrics.lookup(ctx.route_name, status)
         if plan.reply is not None:                      # refused (e.g. 503): nothing to capture
             upstream.abandon()
             return plan
@@ -537,10 +539,10 @@ class CacheStage:
             asked_at=capture.asked_at))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-        metrics.child(metrics.CACHE_STORED, ctx.route_name).inc()
+        self._metrics.stored(ctx.route_name)
 
     def _refuse(self, ctx: RequestContext, capture: Capture, refusal: Refusal) -> None:
-        metrics.child(metrics.CACHE_NOT_STORED, ctx.route_name, refusal.reason).inc()
+        self._metrics.not_stored(ctx.route_name, refusal.reason)
         # A failure another try may not repeat (a 5xx, 408, 429, an answer cut off or broken)
         # is handed to one follower at a time: no herd on a struggling upstream. An answer that
         # came whole but may not be shared (a 4xx, private, a tool call, too large, ...) would

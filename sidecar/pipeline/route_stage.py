@@ -16,7 +16,8 @@ import time
 from typing import Callable
 
 from sidecar import deadlines, engine_priority
-from sidecar.observability import metrics, tracing
+from sidecar.observability import tracing
+from sidecar.observability.metrics import SCHEDULERS
 from sidecar.admission import Degrade, Permit, Refusal
 from sidecar.pipeline.admission_stage import Admission, RouteAdmission
 from sidecar.cache.answer import compact_json
@@ -25,6 +26,7 @@ from sidecar.request.context import Outcome, RequestContext
 from sidecar.engine_priority import EngineField
 from sidecar.request.decision_record import TimeoutWhy
 from sidecar.extproc.events import BodyMode, Plan
+from sidecar.pipeline.metrics import PrometheusRouteMetrics, RouteMetrics
 from sidecar.pipeline.usage import UsageMeter
 from sidecar.scheduling.gpu import GpuPoller
 from sidecar.extproc.errors import error_reply
@@ -84,11 +86,13 @@ def rewrite_body(body: bytes, model: str | None, strip, write: EngineField | Non
 
 class RouteStage:
     def __init__(self, scheduler: Scheduler | None = None, clock: Callable[[], float] = time.monotonic,
-                 scrape_interval_s: float | None = 2.0, admission: Admission | None = None):
+                 scrape_interval_s: float | None = 2.0, admission: Admission | None = None,
+                 metrics: RouteMetrics | None = None):
         self.admission = admission
+        self._metrics = metrics or PrometheusRouteMetrics()
         self.scheduler = scheduler or Scheduler(on_transition=self._on_transition)
         self.last_scores: dict[str, float] = {}
-        metrics.SCHEDULERS.directors.add(self)
+        SCHEDULERS.directors.add(self)
         self._clock = clock
         self._scraper = (Scraper(self.scheduler.on_upstream_load, scrape_interval_s)
                          if scrape_interval_s else None)
@@ -209,7 +213,7 @@ class RouteStage:
         body = self._body(ctx, plan, decision)
         response_headers = [(CLUSTER_HEADER, decision.cluster), *debug]
         if decision.degraded:
-            metrics.child(metrics.DEGRADED, ctx.route_name).inc()
+            self._metrics.degraded(ctx.route_name)
             response_headers.append(("x-sluice-degraded", "1"))
         request_headers = ((TIMEOUT_HEADER, str(timeout_ms)),)
         first_byte_ms = plan.timeout.first_byte_ms
@@ -275,7 +279,7 @@ class RouteStage:
     def _unavailable(self, ctx: RequestContext, decision: Decision, debug: tuple) -> Plan:
         ctx.outcome = Outcome.REFUSED
         ctx.why.unavailable = decision
-        metrics.child(metrics.UNAVAILABLE, ctx.route_name).inc()
+        self._metrics.unavailable(ctx.route_name)
         retry = str(max(1, math.ceil(decision.retry_after_s or 1)))
         return Plan(reply=error_reply(
             503, "no upstream cluster is available for this route; retry later",
@@ -304,7 +308,7 @@ class RouteStage:
             self.scheduler.void_probe(decision)
         if isinstance(result, Refusal):
             ctx.outcome = Outcome.REFUSED
-            metrics.child(metrics.ADMISSION_REFUSED, ctx.route_name, result.reason).inc()
+            self._metrics.admission_refused(ctx.route_name, result.reason)
             retry = str(max(1, math.ceil(result.retry_after_s or 1)))
             limited = result.status == 429
             return Plan(reply=error_reply(
@@ -410,8 +414,7 @@ class RouteStage:
         for cluster, breakdown in decision.scores.items():
             self.last_scores[cluster] = breakdown.total
 
-    @staticmethod
-    def _on_transition(t: BreakerTransition) -> None:
+    def _on_transition(self, t: BreakerTransition) -> None:
         log.warning("circuit breaker of %s: %s -> %s (%s: %s)", t.cluster, t.previous.value,
                     t.state.value, t.trigger, t.detail)
-        metrics.child(metrics.BREAKER_TRANSITIONS, t.cluster, t.state.value).inc()
+        self._metrics.breaker_transition(t.cluster, t.state.value)

@@ -20,9 +20,7 @@ from grpc_health.v1 import _async as health_async
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from sidecar.extproc import codec
-
 from sidecar.observability import logs, metrics
-
 from sidecar.service import reload
 from sidecar.observability.access_log import FLUSH_S, AccessLog
 from sidecar.service.admin import AdminService, DrainStarted, admin_parts
