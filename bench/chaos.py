@@ -559,7 +559,7 @@ async def run_scenario(scenario: Scenario, duration: float, clients: int, workdi
     redis = None
     extra: dict = {}
     if scenario.redis:
-        from tests.redis_server import RedisServer
+        from tests.support.redis_server import RedisServer
         redis = RedisServer(workdir / "redis").start()
         env.update(SLUICE_REDIS_URL=redis.url, SLUICE_CACHE_SECRET="chaos-suite-secret-0123456789")
         extra["_redis"] = redis

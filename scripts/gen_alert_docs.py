@@ -1,6 +1,6 @@
 """Generate docs/alerts.md from deploy/prometheus/alerts.yaml: each alert, when it fires and
 what to do (its summary and description), so the page and the rules cannot drift. `--check`
-fails when the committed page is stale (tests/test_docs.py runs it)."""
+fails when the committed page is stale (tests/deploy/test_docs.py runs it)."""
 from __future__ import annotations
 
 import pathlib
@@ -21,7 +21,7 @@ def render() -> str:
              "Generated from `deploy/prometheus/alerts.yaml` by `scripts/gen_alert_docs.py`; do not edit "
              "by hand. Load the file with `rule_files:`, or paste its groups into a PrometheusRule's "
              "`spec.groups`. `make test` checks the rules with `promtool check rules` and fires each "
-             "alert in `promtool test rules` (`tests/test_manifests.py`). Metric names: "
+             "alert in `promtool test rules` (`tests/deploy/test_manifests.py`). Metric names: "
              "`deploy/metrics.txt`; what each means: [Metrics](metrics.md).", ""]
     for group in spec["groups"]:
         lines += [f"## {group['name']}", ""]

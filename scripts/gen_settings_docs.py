@@ -5,7 +5,7 @@ Read from the declarations, not a list kept here: every dataclass under sidecar/
 each of its fields is the variable ENV_PREFIX + FIELD, its type and default are the field's, its
 effect the comments on and just above the field line. Variables read one by one
 (`environ.get("SLUICE_...")`) are listed too, with the `help=` of the flag they default or their
-line's comment. `--check` fails when the committed page is stale (tests/test_docs.py runs it).
+line's comment. `--check` fails when the committed page is stale (tests/deploy/test_docs.py runs it).
 """
 from __future__ import annotations
 

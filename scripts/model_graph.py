@@ -2,7 +2,7 @@
 
 The source model is sha256-pinned, so its names are known: layer N's attention is
 `inner.encoder.layer.N.attention.*`. The rewrites give the same vectors up to float rounding
-(cosine 0.9999 to the unrewritten graph), alone or in a batch (tests/test_embedding.py):
+(cosine 0.9999 to the unrewritten graph), alone or in a batch (tests/unit/embedding/test_embedding.py):
 
 `rewrite` runs them in turn:
 

@@ -15,7 +15,7 @@
         SLUICE_DRAIN_DELAY_S, then gives open streams SLUICE_GRACE_S.
 
 The pod's terminationGracePeriodSeconds must exceed envoy --max-wait + SLUICE_DRAIN_DELAY_S +
-SLUICE_GRACE_S (tests/test_manifests.py checks it). A hook never fails the shutdown: every error
+SLUICE_GRACE_S (tests/deploy/test_manifests.py checks it). A hook never fails the shutdown: every error
 ends the wait.
 """
 from __future__ import annotations

@@ -41,7 +41,7 @@ _NEAREST_TRIES = 4
 # Bytes an entry holds besides its strings and vector row: its Entry and slot, its nodes in
 # the two LRU orders, its expiry-heap tuples (stale ones included, up to two per entry), and
 # with a vector its key's place in the index.  Measured with tracemalloc on CPython 3.11
-# (tests/test_cache_store.py checks the account against it).
+# (tests/unit/cache/test_cache_store.py checks the account against it).
 ENTRY_BYTES = 480
 INDEX_ROW_BYTES = 240
 # A scope's own structures (its LRU order, index object, dict entry), and while its index has
