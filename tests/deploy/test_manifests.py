@@ -817,7 +817,7 @@ def test_dockerfile_copies_existing_sources_that_dockerignore_keeps():
             assert top not in ignored and source.rstrip("/") not in ignored, f"COPY {source} is ignored"
     # The test stage runs `make test-fast`: every top-level folder the tests read is in the image.
     copied = {source.rstrip("/").split("/")[0] for words in copies for source in words[:-1]}
-    read_by_tests = {match for path in (ROOT / "tests").glob("test_*.py")
+    read_by_tests = {match for path in (ROOT / "tests").rglob("test_*.py")
                      for match in re.findall(r'ROOT / "(\w+)"', path.read_text()) if (ROOT / match).is_dir()}
     made_in_the_image = {"build"}                                   # by `make all`
     assert read_by_tests and read_by_tests - made_in_the_image <= copied, read_by_tests - copied
