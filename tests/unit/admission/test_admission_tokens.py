@@ -33,7 +33,7 @@ from tests.unit.extproc.test_processor import BODY, new_director
 
 
 def admitting_director(gate: Gate | None = None) -> RouteStage:
-    """The routing director with admission: a gate and a local token limiter."""
+    """The route stage with admission: a gate and a local token limiter."""
     director = new_director()
     director.admission = Admission(gate or Gate(GateConfig()), LocalTokenLimiter(), b"a test secret of 32 bytes, fixed")
     return director

@@ -248,7 +248,7 @@ async def metered(route, answer: bytes, end: bool = True, response_headers: dict
 
 
 def test_the_answers_usage_is_read_for_token_budgets_whatever_the_cache_does_with_it():
-    """The routing director's usage meter is fed through the caching director: on a route
+    """The route stage's usage meter is fed through the pipeline, with the cache stage: on a route
     without the cache, and for an answer the cache refuses to store (n > 1)."""
     two_choices = json.dumps({"object": "chat.completion", "model": "m", "choices": [
         {"index": i, "message": {"role": "assistant", "content": "x"}, "finish_reason": "stop"} for i in range(2)],
