@@ -7,7 +7,7 @@ for `no-store`, `private` for `private`: a scope may hold many users, an organis
 or a route's tenant header). `no-cache` is no refusal: event-stream servers send it by
 convention, to keep proxies from buffering (OpenAI's streams carry it), and a route that
 turns the cache on has said its answers may be reused. Both capture paths then refuse
-(`Refusal.reason`):
+(`NotCaptured.reason`):
 
 | reason        | JSON body                                  | SSE stream                          |
 |---------------|--------------------------------------------|-------------------------------------|
@@ -53,7 +53,8 @@ _LAST_DONE = (b"[DONE]", b"data: [DONE]", b"data:[DONE]")
 
 
 @dataclass(frozen=True)
-class Refusal:
+class NotCaptured:
+    """Why an answer is not stored (the cache's refusal; admission's is sidecar.admission.Refusal)."""
     reason: str
 
 
@@ -67,19 +68,19 @@ def is_encoded(headers: Mapping[str, str]) -> bool:
     return (headers.get("content-encoding") or "identity").strip().lower() != "identity"
 
 
-def response_refusal(headers: Mapping[str, str], stream: bool) -> Refusal | None:
+def response_refusal(headers: Mapping[str, str], stream: bool) -> NotCaptured | None:
     """Whether a response's headers allow capturing its body at all (None: they do)."""
     if headers.get(":status") != "200":
-        return Refusal("status")
+        return NotCaptured("status")
     if is_encoded(headers):
-        return Refusal("encoded")
+        return NotCaptured("encoded")
     content_type = (headers.get("content-type") or "").split(";")[0].strip().lower()
     if content_type != ("text/event-stream" if stream else "application/json"):
-        return Refusal("content_type")
+        return NotCaptured("content_type")
     directives = cache_directives(headers)
     for name in ("no-store", "private"):
         if name in directives:
-            return Refusal(name.replace("-", "_"))
+            return NotCaptured(name.replace("-", "_"))
     return None
 
 
@@ -121,60 +122,60 @@ def _answer(content: str, finish_reason: str, model: Any, usage: tuple[int, int]
 _KEPT_FIELDS = frozenset(("role", "content"))
 
 
-def _part_refusal(part: Any) -> Refusal | None:
+def _part_refusal(part: Any) -> NotCaptured | None:
     """What in one message or delta makes the answer more than text: tool calls, or any other
     field with a value (audio, refusal, reasoning_content, annotations, ...), which a hit
     would silently drop."""
     if not isinstance(part, dict):
-        return Refusal("invalid_json")
+        return NotCaptured("invalid_json")
     if part.get("tool_calls") or part.get("function_call"):
-        return Refusal("tool_calls")
+        return NotCaptured("tool_calls")
     if part.get("role") not in (None, "assistant"):
-        return Refusal("invalid_json")
+        return NotCaptured("invalid_json")
     for name, value in part.items():
         if name not in _KEPT_FIELDS and value is not None and value != "" and value != [] and value != {}:
-            return Refusal("not_text")
+            return NotCaptured("not_text")
     return None
 
 
-def _finish_refusal(finish_reason: Any) -> Refusal | None:
-    return None if finish_reason in FINISH_REASONS else Refusal("finish_reason")
+def _finish_refusal(finish_reason: Any) -> NotCaptured | None:
+    return None if finish_reason in FINISH_REASONS else NotCaptured("finish_reason")
 
 
-def _parse_object(data: bytes | str) -> dict | Refusal:
+def _parse_object(data: bytes | str) -> dict | NotCaptured:
     value = read_json(data)
     if not isinstance(value, dict):
-        return Refusal("invalid_json")
+        return NotCaptured("invalid_json")
     if value.get("error") is not None:
-        return Refusal("error")
+        return NotCaptured("error")
     if not isinstance(value.get("choices", []), list):
-        return Refusal("invalid_json")
+        return NotCaptured("invalid_json")
     return value
 
 
 def capture_json(body: bytes, now: float, *, prompt_text: str = "",
-                 max_bytes: int = MAX_BYTES) -> CachedAnswer | Refusal:
+                 max_bytes: int = MAX_BYTES) -> CachedAnswer | NotCaptured:
     """A `chat.completion` body to an answer stored at `now`, or why not."""
     if len(body) > max_bytes:
-        return Refusal("too_large")
+        return NotCaptured("too_large")
     value = _parse_object(body)
-    if isinstance(value, Refusal):
+    if isinstance(value, NotCaptured):
         return value
     choices = value.get("choices", [])
     if not choices:
-        return Refusal("no_choice")
+        return NotCaptured("no_choice")
     if len(choices) > 1:
-        return Refusal("n_gt_1")
+        return NotCaptured("n_gt_1")
     choice = choices[0]
     if not isinstance(choice, dict):
-        return Refusal("invalid_json")
+        return NotCaptured("invalid_json")
     message = choice.get("message")
     refusal = _part_refusal(message) or _finish_refusal(choice.get("finish_reason"))
     if refusal:
         return refusal
     content = message.get("content")
     if not isinstance(content, str) or not content:
-        return Refusal("no_content")
+        return NotCaptured("no_content")
     return _answer(content, choice["finish_reason"], value.get("model"),
                    usage_of(value.get("usage")), now, prompt_text)
 
@@ -192,10 +193,10 @@ class SseCapture:
         self._usage: tuple[int, int] | None = None
         self._saw_choice = False
         self._done = False
-        self._refusal: Refusal | None = None
+        self._refusal: NotCaptured | None = None
 
     @property
-    def refused(self) -> Refusal | None:
+    def refused(self) -> NotCaptured | None:
         """Set as soon as the stream cannot be stored; the caller may stop feeding."""
         return self._refusal
 
@@ -216,22 +217,22 @@ class SseCapture:
             if self._refusal or self._done:
                 return
 
-    def finish(self, now: float, *, prompt_text: str = "") -> CachedAnswer | Refusal:
+    def finish(self, now: float, *, prompt_text: str = "") -> CachedAnswer | NotCaptured:
         if self._refusal:
             return self._refusal
         if not self._done and self._events.pending.strip() in _LAST_DONE:
             self._done = True                # "[DONE]" without the blank line after it
         if not self._done or self._finish_reason is None:
-            return Refusal("no_choice" if self._done and not self._saw_choice else "partial")
+            return NotCaptured("no_choice" if self._done and not self._saw_choice else "partial")
         content = "".join(self._content)
         if not content:
-            return Refusal("no_content")
+            return NotCaptured("no_content")
         return _answer(content, self._finish_reason, self._model, self._usage, now, prompt_text)
 
     # ------------------------------------------------------------ internals
 
     def _refuse(self, reason: str) -> None:
-        self._refusal = Refusal(reason)
+        self._refusal = NotCaptured(reason)
         self._events, self._content = SseEvents(), []
 
     def _on_event(self, event: bytes, data: bytes) -> None:
@@ -244,7 +245,7 @@ class SseCapture:
 
     def _on_chunk(self, data: bytes) -> None:
         value = _parse_object(data)
-        if isinstance(value, Refusal):
+        if isinstance(value, NotCaptured):
             self._refuse(value.reason)
             return
         if self._model is None:

@@ -86,7 +86,8 @@ class Released:
 
 
 RELEASED = Released()
-Outcome = Answered | Promoted | Released | TimedOut
+# What a follower's wait ends with.
+WaitResult = Answered | Promoted | Released | TimedOut
 
 
 class Lead(abc.ABC):
@@ -126,7 +127,7 @@ class Follow(abc.ABC):
     similarity: float  # 1.0 for the same key, else the cosine to the leader's prompt
 
     @abc.abstractmethod
-    async def wait(self, timeout_s: float) -> Outcome:
+    async def wait(self, timeout_s: float) -> WaitResult:
         """Answered, Promoted (now lead: complete or abandon) or TimedOut (go upstream alone)."""
 
 
@@ -243,7 +244,7 @@ class _LocalFollow(Follow):
         self._owner, self._waiter = owner, waiter
         self._waited = False
 
-    async def wait(self, timeout_s: float) -> Outcome:
+    async def wait(self, timeout_s: float) -> WaitResult:
         if self._waited:
             raise RuntimeError("Follow.wait may be called once")
         self._waited = True

@@ -35,7 +35,7 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from sidecar.cache.inflight import (
-    TIMED_OUT, Answered, Follow, InFlight, Lead, Near, Outcome, Promoted)
+    TIMED_OUT, Answered, Follow, InFlight, Lead, Near, WaitResult, Promoted)
 from sidecar.cache.store import PURGE_MEMORY_S
 from sidecar.redis_retry import once_more_on_a_closed_connection
 
@@ -218,7 +218,7 @@ class RedisInFlight:
             return _RedisLead(self, local, names, token)
         return None
 
-    async def _wait_remote(self, local: Lead, names, deadline: float) -> Outcome:
+    async def _wait_remote(self, local: Lead, names, deadline: float) -> WaitResult:
         """Hold the local flight until another replica's leader answers, or this one leads."""
         loop = asyncio.get_running_loop()
         queue, ready = self._channels.add(names[2])
@@ -315,7 +315,7 @@ class _RemoteFollow(Follow):
         self._owner, self._local, self._names = owner, local, names
         self._waited = False
 
-    async def wait(self, timeout_s: float) -> Outcome:
+    async def wait(self, timeout_s: float) -> WaitResult:
         if self._waited:
             raise RuntimeError("Follow.wait may be called once")
         self._waited = True
@@ -330,7 +330,7 @@ class _RelayFollow(Follow):
         self.similarity = follow.similarity
         self._owner, self._follow = owner, follow
 
-    async def wait(self, timeout_s: float) -> Outcome:
+    async def wait(self, timeout_s: float) -> WaitResult:
         deadline = asyncio.get_running_loop().time() + timeout_s
         outcome = await self._follow.wait(timeout_s)
         if not isinstance(outcome, Promoted) or not outcome.lead.registered \
@@ -348,7 +348,7 @@ class _Done(Follow):
     def __init__(self, answer: Answered):
         self._answer = answer
 
-    async def wait(self, timeout_s: float) -> Outcome:
+    async def wait(self, timeout_s: float) -> WaitResult:
         return self._answer
 
 

@@ -29,7 +29,7 @@ from sidecar.observability import tracing
 from sidecar.pipeline.metrics import CacheMetrics, PrometheusCacheMetrics
 from sidecar.cache.answer import CachedAnswer, decode_answer
 from sidecar.cache.budget import BytePool
-from sidecar.cache.capture import IDENTITY_ENCODING, Refusal, SseCapture, capture_json, response_refusal
+from sidecar.cache.capture import IDENTITY_ENCODING, NotCaptured, SseCapture, capture_json, response_refusal
 from sidecar.cache.equivalence import EquivalenceSettings, Verdict, candidate_floor, same_question
 from sidecar.cache.false_hits import FEEDBACK_HEADER, MemoryFalseHits, pair_id
 from sidecar.cache.inflight import Answered, Follow, Lead, Near, Promoted
@@ -480,7 +480,7 @@ class CacheStage:
         if capture is not None and ctx.decision is not None and ctx.decision.degraded:
             # A fallback's answer (often another model's) must not be served later as the
             # answer of the model asked for, nor relayed to twins: they go on their own.
-            self._refuse(ctx, capture, Refusal("degraded"))
+            self._refuse(ctx, capture, NotCaptured("degraded"))
             capture = upstream.capture = None
         extra = ((CACHE_HEADER, status), *_debug(ctx))
         if capture is None:
@@ -512,7 +512,7 @@ class CacheStage:
         elif not end_of_stream or len(capture.body) + len(chunk) > self._rt.max_capture_bytes:
             # JSON comes BUFFERED_PARTIAL: one message, and one without the end only when the
             # answer outgrew Envoy's buffer (the rest flows on to the client, not to us).
-            return self._refuse(ctx, capture, Refusal("too_large"))
+            return self._refuse(ctx, capture, NotCaptured("too_large"))
         else:
             capture.body += chunk
         # A stream is complete at `data: [DONE]`: the end of the body may reach us only after
@@ -526,7 +526,7 @@ class CacheStage:
         answer = (capture.sse.finish(now, prompt_text=prompt) if capture.sse is not None
                   else capture_json(bytes(capture.body), now, prompt_text=prompt,
                                     max_bytes=self._rt.max_capture_bytes))
-        if isinstance(answer, Refusal):
+        if isinstance(answer, NotCaptured):
             return self._refuse(ctx, capture, answer)
         capture.finished = True
         if ctx.usage is None:           # no token budget read it (sidecar/pipeline/usage.py): for the metadata
@@ -541,7 +541,7 @@ class CacheStage:
         task.add_done_callback(self._tasks.discard)
         self._metrics.stored(ctx.route_name)
 
-    def _refuse(self, ctx: RequestContext, capture: Capture, refusal: Refusal) -> None:
+    def _refuse(self, ctx: RequestContext, capture: Capture, refusal: NotCaptured) -> None:
         self._metrics.not_stored(ctx.route_name, refusal.reason)
         # A failure another try may not repeat (a 5xx, 408, 429, an answer cut off or broken)
         # is handed to one follower at a time: no herd on a struggling upstream. An answer that
@@ -556,4 +556,4 @@ class CacheStage:
 
     def on_finish(self, ctx: RequestContext, capture: Capture) -> None:
         if not capture.finished:                            # partial, reset or client gone
-            self._refuse(ctx, capture, Refusal("incomplete"))
+            self._refuse(ctx, capture, NotCaptured("incomplete"))

@@ -31,7 +31,7 @@ from sidecar.pipeline.usage import UsageMeter
 from sidecar.scheduling.gpu import GpuPoller
 from sidecar.extproc.errors import error_reply
 from sidecar.extproc.processor import CLUSTER_HEADER
-from sidecar.pipeline.route_plan import RoutePlan, build_route_plan
+from sidecar.pipeline.route_config import RouteConfig, build_route_config
 from sidecar.route_settings import PerSettings, RouteSettings, RouteSettingsError
 from sidecar.scheduling import BreakerTransition, Decision, Scheduler
 from sidecar.scheduling.overdue import FirstByteWatch
@@ -97,7 +97,7 @@ class RouteStage:
         self._scraper = (Scraper(self.scheduler.on_upstream_load, scrape_interval_s)
                          if scrape_interval_s else None)
         self._gpus = GpuPoller(self.scheduler.on_gpu_load) if scrape_interval_s else None
-        self._plan_of = PerSettings()
+        self._configs = PerSettings()
         self._first_byte = FirstByteWatch()
         self._streams_read = 0
 
@@ -107,7 +107,7 @@ class RouteStage:
         """The plan when deciding needs no waiting (the route has no admission), else None and
         the server awaits `decide` in a task. Most requests are decided here, without one."""
         route = self._resolve(ctx)
-        if not isinstance(route, RoutePlan):
+        if not isinstance(route, RouteConfig):
             return route
         if self._admission_settings(ctx) is not None:
             return None
@@ -115,7 +115,7 @@ class RouteStage:
 
     async def decide(self, ctx: RequestContext) -> Plan:
         route = self._resolve(ctx)
-        if not isinstance(route, RoutePlan):
+        if not isinstance(route, RouteConfig):
             return route
         admission = self._admission_settings(ctx)
         if admission is None:
@@ -126,79 +126,79 @@ class RouteStage:
         """Read this request's answer? Always where something needs it (admission's slots and
         token budgets, the debug header, a breaker that is not closed, a route that does not
         steer), else as the route's feedback sampler says. Asked at the request headers."""
-        plan = self._plan(ctx)
-        if not isinstance(plan, RoutePlan) or plan.debug_header or self._admission_settings(ctx) is not None:
+        config = self._config(ctx)
+        if not isinstance(config, RouteConfig) or config.debug_header or self._admission_settings(ctx) is not None:
             return True
-        return not self.scheduler.breakers_closed(plan.candidates) or plan.feedback.read(self._clock())
+        return not self.scheduler.breakers_closed(config.candidates) or config.feedback.read(self._clock())
 
-    def _resolve(self, ctx: RequestContext) -> RoutePlan | Plan:
-        """The route's plan, or the (empty) Plan that keeps Envoy's default cluster."""
-        route = self._plan(ctx)
-        if isinstance(route, RoutePlan):
+    def _resolve(self, ctx: RequestContext) -> RouteConfig | Plan:
+        """The route's config, or the (empty) Plan that keeps Envoy's default cluster."""
+        route = self._config(ctx)
+        if isinstance(route, RouteConfig):
             self._keep_polled(route)
         if isinstance(route, RouteSettingsError):
             ctx.outcome = Outcome.INVALID_ROUTE
             return Plan()
-        if not isinstance(route, RoutePlan):
+        if not isinstance(route, RouteConfig):
             ctx.outcome = Outcome.DEFAULT
             return Plan()
         return route
 
-    def _plan(self, ctx: RequestContext) -> RoutePlan | RouteSettingsError | None:
-        """The plan of a route that steers; its error when its settings are invalid; None for
+    def _config(self, ctx: RequestContext) -> RouteConfig | RouteSettingsError | None:
+        """The config of a route that steers; its error when its settings are invalid; None for
         a route without candidates (or without settings)."""
         route = ctx.route
         if isinstance(route, RouteSettings):
-            return self._plan_of.get(route, self._build_plan, ctx.route_name) if route.candidates else None
+            return self._configs.get(route, self._build_config, ctx.route_name) if route.candidates else None
         return route if isinstance(route, RouteSettingsError) else None
 
-    def _keep_polled(self, plan: RoutePlan) -> None:
-        """The plan's clusters' load sources stay polled (a poller drops a target that fails;
+    def _keep_polled(self, config: RouteConfig) -> None:
+        """The route's clusters' load sources stay polled (a poller drops a target that fails;
         the next request adds it back). Once per decision, not per lookup."""
         if self._scraper is not None:
-            for cluster, url in plan.metrics_urls:
+            for cluster, url in config.metrics_urls:
                 self._scraper.ensure(cluster, url)
         if self._gpus is not None:
-            for cluster, index in plan.gpu_indices:
+            for cluster, index in config.gpu_indices:
                 self._gpus.ensure(cluster, index)
 
-    def _build_plan(self, route: RouteSettings, route_name: str) -> RoutePlan | RouteSettingsError:
+    def _build_config(self, route: RouteSettings, route_name: str) -> RouteConfig | RouteSettingsError:
         try:
-            plan = build_route_plan(route, route_name)
+            config = build_route_config(route, route_name)
         except ValueError as exc:
             log.error("invalid route settings of route %s, using its default cluster: %s", route_name, exc)
             return RouteSettingsError(str(exc))
-        for spec in plan.candidates:
-            self.scheduler.set_breaker_config(spec.cluster, plan.breaker)
-        return plan
+        for spec in config.candidates:
+            self.scheduler.set_breaker_config(spec.cluster, config.breaker)
+        return config
 
-    def _pick(self, plan: RoutePlan, candidates, now: float) -> tuple[Decision, tuple]:
+    def _pick(self, config: RouteConfig, candidates, now: float) -> tuple[Decision, tuple]:
         """The scheduler's decision and, when the route asks, its debug header."""
         self._judge_overdue(now)
         with tracing.span("sluice.schedule"):
-            decision = self.scheduler.pick(candidates, now, plan.policy)
-        return decision, (("x-sluice-debug", decision.debug_header()),) if plan.debug_header else ()
+            decision = self.scheduler.pick(candidates, now, config.policy)
+        return decision, (("x-sluice-debug", decision.debug_header()),) if config.debug_header else ()
 
-    def _schedule(self, ctx: RequestContext, plan: RoutePlan) -> Plan:
+    def _schedule(self, ctx: RequestContext, config: RouteConfig) -> Plan:
         now = self._clock()
-        decision, debug = self._pick(plan, plan.candidates, now)
+        decision, debug = self._pick(config, config.candidates, now)
         if not decision.available:
             return self._unavailable(ctx, decision, debug)
-        return self._routed(ctx, plan, decision, now, debug)
+        return self._routed(ctx, config, decision, now, debug)
 
-    async def _schedule_admitted(self, ctx: RequestContext, plan: RoutePlan, admission: RouteAdmission) -> Plan:
-        decision, debug = self._pick(plan, plan.unbounded_candidates, self._clock())
+    async def _schedule_admitted(self, ctx: RequestContext, config: RouteConfig, admission: RouteAdmission) -> Plan:
+        decision, debug = self._pick(config, config.unbounded_candidates, self._clock())
         if not decision.available:
             return self._unavailable(ctx, decision, debug)
-        decision = await self._admit(ctx, plan, decision, admission)
+        decision = await self._admit(ctx, config, decision, admission)
         if not isinstance(decision, Decision):
             return decision                      # a refusal (Plan with a reply)
         if not decision.available:               # degraded with no fallback to go to: a 503
             self.admission.refund(ctx)
             return self._unavailable(ctx, decision, debug)
-        return self._routed(ctx, plan, decision, self._clock(), debug)
+        return self._routed(ctx, config, decision, self._clock(), debug)
 
-    def _routed(self, ctx: RequestContext, plan: RoutePlan, decision: Decision, now: float, debug: tuple) -> Plan:
+    def _routed(self, ctx: RequestContext, config: RouteConfig, decision: Decision, now: float, debug: tuple) -> Plan:
         """The request goes to decision.cluster now: signals, timeout, headers."""
         self.scheduler.on_send(decision, now)
         if ctx.response_read:          # only a read answer's first byte is seen
@@ -207,20 +207,20 @@ class RouteStage:
         ctx.decision, ctx.outcome, ctx.cluster = decision, Outcome.ROUTED, decision.cluster
         self._remember_scores(decision)
         timeout_ms, source = deadlines.upstream_timeout_ms(*self.scheduler.timeout(
-            decision, estimate_tokens(ctx.chat.text), ctx.chat.max_tokens, ctx.chat.model, now, plan.timeout),
+            decision, estimate_tokens(ctx.chat.text), ctx.chat.max_tokens, ctx.chat.model, now, config.timeout),
             now, ctx.client_deadline)
         ctx.why.timeout = TimeoutWhy(timeout_ms, source)
-        body = self._body(ctx, plan, decision)
+        body = self._body(ctx, config, decision)
         response_headers = [(CLUSTER_HEADER, decision.cluster), *debug]
         if decision.degraded:
             self._metrics.degraded(ctx.route_name)
             response_headers.append(("x-sluice-degraded", "1"))
         request_headers = ((TIMEOUT_HEADER, str(timeout_ms)),)
-        first_byte_ms = plan.timeout.first_byte_ms
+        first_byte_ms = config.timeout.first_byte_ms
         if first_byte_ms and first_byte_ms < timeout_ms:   # Envoy ignores one past the whole timeout
             request_headers += ((FIRST_BYTE_TIMEOUT_HEADER, str(first_byte_ms)),)
         cluster = decision.cluster
-        retry = self._retry_to(ctx, plan, decision)
+        retry = self._retry_to(ctx, config, decision)
         if retry is not None:
             ctx.retry_cluster = retry.cluster
             cluster = retry_cluster_name(decision.cluster, retry.cluster)
@@ -235,19 +235,19 @@ class RouteStage:
         return Plan(cluster=cluster, body=body, request_headers=request_headers,
                     response_headers=tuple(response_headers), response_body=response_body)
 
-    def _retry_to(self, ctx: RequestContext, plan: RoutePlan, decision: Decision):
+    def _retry_to(self, ctx: RequestContext, config: RouteConfig, decision: Decision):
         """The candidate Envoy retries on, or None: the route does not ask; an admission slot
         holds the request to its cluster; no other healthy candidate takes the same body."""
-        if not plan.retry_other_cluster or ctx.permit is not None:
+        if not config.retry_other_cluster or ctx.permit is not None:
             return None
-        chosen_field = plan.engine_field(decision.cluster)
+        chosen_field = config.engine_field(decision.cluster)
 
         def model(cluster_model: str | None) -> str | None:
-            return cluster_model if plan.rewrite_model and cluster_model else ctx.chat.model
+            return cluster_model if config.rewrite_model and cluster_model else ctx.chat.model
 
         def same_body(spec) -> bool:
-            return model(spec.model) == model(decision.model_rewrite) and plan.engine_field(spec.cluster) == chosen_field
-        return retry_candidate(decision, plan.candidates, lambda spec: self.scheduler.breakers_closed((spec,)),
+            return model(spec.model) == model(decision.model_rewrite) and config.engine_field(spec.cluster) == chosen_field
+        return retry_candidate(decision, config.candidates, lambda spec: self.scheduler.breakers_closed((spec,)),
                                same_body)
 
     def _checks_end(self, ctx: RequestContext) -> bool:
@@ -259,22 +259,22 @@ class RouteStage:
         self._streams_read += 1
         return self._streams_read % STREAM_END_CHECK_ONE_IN == 0
 
-    def _body(self, ctx: RequestContext, plan: RoutePlan, decision: Decision) -> bytes | None:
+    def _body(self, ctx: RequestContext, config: RouteConfig, decision: Decision) -> bytes | None:
         """The body to send instead of the client's, or None: the model the chosen cluster
         serves, and the request's class in its engine's priority field (the client's own value
         in any candidate's field removed)."""
         model = decision.model_rewrite
-        if not (plan.rewrite_model and model and model != ctx.chat.model):
+        if not (config.rewrite_model and model and model != ctx.chat.model):
             model = None
-        if model is None and not plan.engine_fields:
+        if model is None and not config.engine_fields:
             return None
-        write = plan.engine_field(decision.cluster)
+        write = config.engine_field(decision.cluster)
         settings = self._admission_settings(ctx) if write is not None else None
         priority = None
         if settings is not None and ctx.priority_class in settings.engine_ranks:
             ranks = settings.engine_ranks
             priority = write.value(ranks[ctx.priority_class], max(ranks.values()))
-        return rewrite_body(ctx.body, model, (f for _, f in plan.engine_fields), write, priority)
+        return rewrite_body(ctx.body, model, (f for _, f in config.engine_fields), write, priority)
 
     def _unavailable(self, ctx: RequestContext, decision: Decision, debug: tuple) -> Plan:
         ctx.outcome = Outcome.REFUSED
@@ -290,13 +290,13 @@ class RouteStage:
             return None
         return self.admission.settings(ctx.route, ctx.route_name)
 
-    async def _admit(self, ctx: RequestContext, plan: RoutePlan, decision: Decision,
+    async def _admit(self, ctx: RequestContext, config: RouteConfig, decision: Decision,
                      settings: RouteAdmission) -> Decision | Plan:
         """A slot on the scheduler's choice, else on the next best cluster of the same tier
         that has one; waits in the priority queue when all are at their limit."""
         ranked = sorted((c for c in decision.scores if c not in decision.dropped),
                         key=lambda c: (c != decision.cluster, -decision.scores[c].total))
-        fallbacks = [c for c in plan.candidates if c.role == "fallback"]
+        fallbacks = [c for c in config.candidates if c.role == "fallback"]
         healthy_fallback = decision.role != "fallback" and any(self.scheduler.breakers_closed([c]) for c in fallbacks)
         with tracing.span("sluice.queue"):
             try:
@@ -318,11 +318,11 @@ class RouteStage:
         if isinstance(result, Degrade):
             if not fallbacks:
                 return Decision.unavailable(1.0, {})
-            return self.scheduler.pick(fallbacks, self._clock(), plan.policy)
+            return self.scheduler.pick(fallbacks, self._clock(), config.policy)
         ctx.permit = result
         if result.cluster == decision.cluster:
             return decision
-        spec = next(c for c in plan.candidates if c.cluster == result.cluster)
+        spec = next(c for c in config.candidates if c.cluster == result.cluster)
         return dataclasses.replace(decision, cluster=result.cluster, model_rewrite=spec.model, probe=False)
 
     # --- feedback -----------------------------------------------------------------------

@@ -354,8 +354,8 @@ def route_checks():
     field: what the routing, cache and admission stages build from them at the first request."""
     from sidecar.pipeline.admission_stage import route_admission
     from sidecar.pipeline.cache_stage import cache_policy
-    from sidecar.pipeline.route_plan import build_route_plan
-    return (lambda s: build_route_plan(s, "lint"), route_admission, cache_policy)
+    from sidecar.pipeline.route_config import build_route_config
+    return (lambda s: build_route_config(s, "lint"), route_admission, cache_policy)
 
 
 def _unknown_fields(raw: dict, descriptor, where: str):

@@ -4,7 +4,7 @@ import pytest
 
 from sidecar.cache.answer import CachedAnswer
 from sidecar.cache.capture import (
-    Refusal,
+    NotCaptured,
     SseCapture,
     capture_json,
     response_refusal,
@@ -132,7 +132,7 @@ def test_json_without_usage_is_estimated():
     (completion(choice("x", role="user")), "invalid_json"),
 ])
 def test_json_refusals(body, reason):
-    assert capture_json(body, NOW) == Refusal(reason)
+    assert capture_json(body, NOW) == NotCaptured(reason)
 
 
 def test_empty_extra_fields_are_plain_text():
@@ -143,7 +143,7 @@ def test_empty_extra_fields_are_plain_text():
 
 def test_json_too_large():
     body = completion(choice("x" * 100))
-    assert capture_json(body, NOW, max_bytes=len(body) - 1) == Refusal("too_large")
+    assert capture_json(body, NOW, max_bytes=len(body) - 1) == NotCaptured("too_large")
     assert isinstance(capture_json(body, NOW, max_bytes=len(body)), CachedAnswer)
 
 
@@ -168,15 +168,15 @@ def test_json_too_large():
     (sse(chunk(role="assistant", content=""), chunk(finish_reason="stop")), "no_content"),
 ])
 def test_sse_refusals(body, reason):
-    assert capture_sse(body) == Refusal(reason)
+    assert capture_sse(body) == NotCaptured(reason)
 
 
 def test_sse_refusal_is_known_early_and_sticks():
     capture = SseCapture()
     capture.feed(sse(chunk("a", "content_filter"), done=False))
-    assert capture.refused == Refusal("finish_reason")
+    assert capture.refused == NotCaptured("finish_reason")
     capture.feed(sse(chunk("b", "stop")))
-    assert capture.finish(NOW) == Refusal("finish_reason")
+    assert capture.finish(NOW) == NotCaptured("finish_reason")
 
 
 def test_sse_too_large_across_feeds():
@@ -185,7 +185,7 @@ def test_sse_too_large_across_feeds():
     capture.feed(body[:40])
     assert capture.refused is None
     capture.feed(body[40:])
-    assert capture.finish(NOW) == Refusal("too_large")
+    assert capture.finish(NOW) == NotCaptured("too_large")
     assert isinstance(capture_sse(body, max_bytes=len(body)), CachedAnswer)
 
 
@@ -225,7 +225,7 @@ def test_sse_ignores_anything_after_done():
     ({":status": "200"}, False, "content_type"),
 ])
 def test_response_refusal(headers, stream, expected):
-    assert response_refusal(headers, stream) == (Refusal(expected) if expected else None)
+    assert response_refusal(headers, stream) == (NotCaptured(expected) if expected else None)
 
 
 JSON_200 = {":status": "200", "content-type": "application/json"}
@@ -243,7 +243,7 @@ JSON_200 = {":status": "200", "content-type": "application/json"}
 ])
 def test_the_upstreams_cache_control_is_obeyed(cache_control, expected):
     headers = {**JSON_200, "cache-control": cache_control}
-    assert response_refusal(headers, False) == (Refusal(expected) if expected else None)
+    assert response_refusal(headers, False) == (NotCaptured(expected) if expected else None)
 
 
 # --- upstream answers are untrusted input ----------------------------------------------------
@@ -272,10 +272,10 @@ def test_token_counts_past_any_model_are_no_usage_and_the_estimate_stands(usage)
     b'{"usage": {"prompt_tokens": ' + b"9" * 5000 + b"}}",      # past int()'s digit limit
 ])
 def test_an_answer_that_cannot_be_decoded_is_refused_not_raised(body):
-    assert capture_json(body, NOW) == Refusal("invalid_json")
+    assert capture_json(body, NOW) == NotCaptured("invalid_json")
     stream = SseCapture()
     stream.feed(b"data: " + body + b"\n\n")
-    assert stream.refused == Refusal("invalid_json")
+    assert stream.refused == NotCaptured("invalid_json")
 
 
 def test_a_stored_answer_with_counts_past_the_bound_is_unreadable():

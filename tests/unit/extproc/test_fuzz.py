@@ -4,7 +4,7 @@ The fast slice of the fuzzing (`make fuzz` runs the long one, bench/fuzz.py): th
 and what reads a parsed request, the processor under any order of Envoy's events, and the
 answer capture and usage meter under any upstream body. Each property allows only the
 outcomes the code promises (a ChatRequest or a BadRequest; a reply or a ProtocolError; an
-answer or a Refusal), so any other exception fails the test with the input that raised it.
+answer or a NotCaptured), so any other exception fails the test with the input that raised it.
 """
 import asyncio
 import json

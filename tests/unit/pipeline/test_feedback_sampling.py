@@ -11,7 +11,7 @@ from sidecar.pipeline.admission_stage import Admission
 from sidecar.request.context import RequestContext
 from sidecar.extproc.events import Continue, ModeOverride, Phase, RequestBody, RequestHeaders, SkipResponse
 from sidecar.extproc.processor import RequestProcessor
-from sidecar.pipeline.route_plan import build_route_plan
+from sidecar.pipeline.route_config import build_route_config
 from sidecar.openai.chat import parse_chat_request
 from sidecar.route_settings import parse_route_settings
 from sidecar.pipeline.route_stage import RouteStage
@@ -49,12 +49,12 @@ def test_one_in_one_reads_every_answer():
 
 
 def test_route_settings_set_the_sampler_and_a_bad_value_names_the_field():
-    plan = build_route_plan(route(feedback={"read_all_per_s": 7, "then_one_in": 3}), "chat")
-    assert (plan.feedback.read_all_per_s, plan.feedback.then_one_in) == (7, 3)
-    assert (build_route_plan(route(), "chat").feedback.read_all_per_s,
-            build_route_plan(route(), "chat").feedback.then_one_in) == (50, 8)
+    config = build_route_config(route(feedback={"read_all_per_s": 7, "then_one_in": 3}), "chat")
+    assert (config.feedback.read_all_per_s, config.feedback.then_one_in) == (7, 3)
+    assert (build_route_config(route(), "chat").feedback.read_all_per_s,
+            build_route_config(route(), "chat").feedback.then_one_in) == (50, 8)
     with pytest.raises(ValueError, match="feedback.then_one_in"):
-        build_route_plan(route(feedback={"then_one_in": 0}), "chat")
+        build_route_config(route(feedback={"then_one_in": 0}), "chat")
 
 
 # --- the route stage's choice ---------------------------------------------------------
@@ -86,7 +86,7 @@ def test_a_breaker_that_is_not_closed_makes_every_answer_read():
     settings = route(feedback=RARELY,
                      breaker={"min_requests": 2, "window_s": 30})
     assert reads(d, settings, 10) == 0
-    d.scheduler.set_breaker_config("a", build_route_plan(settings, "chat").breaker)
+    d.scheduler.set_breaker_config("a", build_route_config(settings, "chat").breaker)
     for _ in range(3):
         d.scheduler.on_complete(Decision("a"), 0.01, False, 100.0)
     assert reads(d, settings, 10) == 10

@@ -12,7 +12,7 @@ from sidecar.scheduling.scheduler import DEFAULT_SCORER_WEIGHTS
 
 
 @dataclass(frozen=True)
-class RoutePlan:
+class RouteConfig:
     candidates: tuple[CandidateSpec, ...]
     policy: RoutePolicy
     breaker: BreakerConfig
@@ -22,7 +22,7 @@ class RoutePlan:
     metrics_urls: tuple[tuple[str, str], ...]   # (cluster, url)
     gpu_indices: tuple[tuple[str, int], ...] = ()  # (cluster, local GPU index)
     engine_fields: tuple[tuple[str, EngineField], ...] = ()  # (cluster, where its engine reads a priority)
-    # Mutable: counts the route's requests (one plan per route settings object).
+    # Mutable: counts the route's requests (one config per route settings object).
     feedback: FeedbackSampler = field(default_factory=FeedbackSampler, compare=False)
     retry_other_cluster: bool = False   # Envoy retries once on the runner-up (scheduling/retry.py)
 
@@ -39,7 +39,7 @@ def _set(message, field: str, default):
     return getattr(message, field) if message.HasField(field) else default
 
 
-def build_route_plan(route: RouteSettings, route_name: str) -> RoutePlan:
+def build_route_config(route: RouteSettings, route_name: str) -> RouteConfig:
     """Raises ValueError naming the field when a value is out of range."""
     s = route.scheduling
     candidates = tuple(
@@ -72,7 +72,7 @@ def build_route_plan(route: RouteSettings, route_name: str) -> RoutePlan:
     engine_fields = tuple(
         (c.cluster, f) for c in route.candidates
         if (f := engine_field(c.engine_priority.kind, c.engine_priority.field, c.engine_priority.higher_first)))
-    return RoutePlan(candidates=candidates, engine_fields=engine_fields, policy=policy, breaker=breaker, timeout=timeout,
+    return RouteConfig(candidates=candidates, engine_fields=engine_fields, policy=policy, breaker=breaker, timeout=timeout,
                      rewrite_model=_set(s, "rewrite_model", True), debug_header=s.debug_header,
                      metrics_urls=tuple((c.cluster, c.metrics_url) for c in route.candidates
                                         if c.metrics_url),
