@@ -9,6 +9,8 @@ import enum
 from dataclasses import dataclass, field
 from typing import Mapping
 
+from sidecar.route_settings import RouteSettings, RouteSettingsError
+
 
 class Phase(enum.Enum):
     REQUEST_HEADERS = "request_headers"
@@ -23,7 +25,7 @@ class Phase(enum.Enum):
 class RequestHeaders:
     headers: Mapping[str, str]          # lower-case names; repeated headers joined with ","
     end_of_stream: bool
-    route: object = None  # RouteSettings of the matched route, a RouteSettingsError, or None
+    route: RouteSettings | RouteSettingsError | None = None  # the matched route's settings
     route_name: str = ""  # Envoy's name of the matched route
 
 

@@ -13,6 +13,7 @@ from typing import Mapping
 from sidecar import deadlines
 from sidecar.openai.chat import ChatRequest
 from sidecar.request.decision_record import Why
+from sidecar.route_settings import RouteSettings, RouteSettingsError
 
 
 # The model name is the client's own text, logged and traced: its length must not be.
@@ -34,7 +35,7 @@ class Outcome(enum.Enum):
 @dataclass
 class RequestContext:
     headers: Mapping[str, str] = field(default_factory=dict)
-    route: object = None               # RouteSettings, RouteSettingsError or None
+    route: RouteSettings | RouteSettingsError | None = None   # the matched route's settings
     route_name: str = "default"
     chat: ChatRequest | None = None
     body: bytes = b""                  # the raw request body, as the client sent it
