@@ -108,6 +108,11 @@ class CircuitBreaker:
         if self.state is HALF_OPEN:
             self._since_probe = self.config.probe_interval
 
+    @property
+    def settled(self) -> bool:
+        """Closed, and its last judged answer did not fail: nothing to watch closely."""
+        return self.state is CLOSED and self._failures_in_a_row == 0
+
     def record(self, ok: bool, latency_s: float | None, now: float, probe: bool = False) -> BreakerTransition | None:
         """A request to this cluster ended. While half-open only probes count."""
         if self.state is CLOSED:

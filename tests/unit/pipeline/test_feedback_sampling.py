@@ -92,6 +92,19 @@ def test_a_breaker_that_is_not_closed_makes_every_answer_read():
     assert reads(d, settings, 10) == 10
 
 
+def test_a_failure_streak_makes_every_answer_read_until_a_success():
+    # A busy route reads one answer in many; a streak counted on that sample would let a
+    # cluster failing every request fail many more before the breaker's count is reached.
+    d = new_director()
+    settings = route(feedback=RARELY)
+    d.scheduler.set_breaker_config("a", build_route_config(settings, "chat").breaker)
+    assert reads(d, settings, 10) == 0
+    d.scheduler.on_complete(Decision("a"), 0.01, False, 100.0)      # one failure: closed still
+    assert reads(d, settings, 10) == 10
+    d.scheduler.on_complete(Decision("a"), 0.01, True, 100.1)       # the streak ends
+    assert reads(d, settings, 10) == 0
+
+
 def test_routes_that_do_not_steer_read_every_answer():
     no_candidates = parse_route_settings({"name": "plain"})
     assert reads(new_director(), no_candidates, 20) == 20
