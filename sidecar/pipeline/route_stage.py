@@ -124,12 +124,12 @@ class RouteStage:
 
     def reads_response(self, ctx: RequestContext) -> bool:
         """Read this request's answer? Always where something needs it (admission's slots and
-        token budgets, the debug header, a breaker that is not closed, a route that does not
+        token budgets, the debug header, a breaker not closed or a failure streak, a route that does not
         steer), else as the route's feedback sampler says. Asked at the request headers."""
         config = self._config(ctx)
         if not isinstance(config, RouteConfig) or config.debug_header or self._admission_settings(ctx) is not None:
             return True
-        return not self.scheduler.breakers_closed(config.candidates) or config.feedback.read(self._clock())
+        return not self.scheduler.breakers_settled(config.candidates) or config.feedback.read(self._clock())
 
     def _resolve(self, ctx: RequestContext) -> RouteConfig | Plan:
         """The route's config, or the (empty) Plan that keeps Envoy's default cluster."""

@@ -232,9 +232,12 @@ class Scheduler:
             self._emit(self._breaker(decision.cluster).record(False, None, now, probe=decision.probe))
 
     def breakers_closed(self, candidates: Sequence[CandidateSpec]) -> bool:
-        """Every candidate's breaker closed and its last judged answer a success: no probe
-        due, no recovery to watch, no failure streak to follow. While a streak runs every
-        answer is read, so a busy route's sampling does not stretch it past its count."""
+        """Every candidate's breaker closed: no probe due, no recovery to watch."""
+        return all(self._breaker(c.cluster).state is BreakerState.CLOSED for c in candidates)
+
+    def breakers_settled(self, candidates: Sequence[CandidateSpec]) -> bool:
+        """Closed, and no failure streak to follow either: while one runs every answer is
+        read, so a busy route's sampling does not stretch it past its count."""
         return all(self._breaker(c.cluster).settled for c in candidates)
 
     def on_abandon(self, decision: Decision) -> None:
