@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 
 from sidecar.cache.alignment import unaligned
+from sidecar.cache.lexicon import lexicon
 from sidecar.cache.stopwords import STOPWORDS
 from sidecar.embedding.normalize import normalize_text
 
@@ -165,220 +166,35 @@ class Profile:
 
 # ---------------------------------------------------------------- word tables
 
-_UNITS = {w: i for i, w in enumerate(
-    "zero one two three four five six seven eight nine ten eleven twelve thirteen "
-    "fourteen fifteen sixteen seventeen eighteen nineteen".split())}
-# Two to ten in Spanish, French, German, Italian, Portuguese and Russian, less those that are
-# also common words elsewhere: "dos" (dos and don'ts), "sept" (Sept.), "neuf" (new), "due",
-# "sei", "otto".
-_UNITS.update({w: n for n, words in {
-    2: "deux zwei dois duas два две", 3: "tres trois drei tre três три", 4: "cuatro quatre vier quattro четыре",
-    5: "cinco cinq fünf cinque пять", 6: "seis sechs шесть", 7: "siete sieben sette sete семь",
-    8: "ocho huit acht oito восемь", 9: "nueve neun nove девять", 10: "diez dix zehn dieci dez десять",
-}.items() for w in words.split()})
-_TENS = {w: 10 * i for i, w in enumerate(
-    "_ _ twenty thirty forty fifty sixty seventy eighty ninety".split()) if w != "_"}
-_SCALES = {"hundred": 100, "thousand": 10**3, "k": 10**3, "million": 10**6, "mn": 10**6,
-           "billion": 10**9, "bn": 10**9, "trillion": 10**12, "tn": 10**12}
-_ORDINALS = {w: i + 1 for i, w in enumerate(
-    "first second third fourth fifth sixth seventh eighth ninth tenth eleventh twelfth thirteenth "
-    "fourteenth fifteenth sixteenth seventeenth eighteenth nineteenth twentieth".split())}
-_ORDINALS.update({w: 10 * i for i, w in enumerate(
-    "_ _ _ thirtieth fortieth fiftieth sixtieth seventieth eightieth ninetieth".split()) if w != "_"})
-_ORDINALS.update(hundredth=100, thousandth=1000)
+# Which words count is data (sidecar/cache/lexicon.toml, each table with why it is as it is);
+# read and checked once, at import.
+_LEX = lexicon()
+_UNITS = _LEX.numbered["cardinals"]
+_TENS = _LEX.numbered["tens"]
+_SCALES = _LEX.numbered["scales"]
+_ORDINALS = _LEX.numbered["ordinals"]
+# "dozen", "percent" and "per cent" are read by _numbers.
 _NUMBER_WORDS = frozenset(_UNITS) | frozenset(_TENS) | frozenset(_SCALES) | {"dozen", "percent", "per", "cent"}
-
-_NEGATIONS = frozenset(
-    "not no never none nobody nothing nowhere neither nor without cannot "
-    "nicht kein keine keinen keiner nie niemals jamais pas nunca nada nadie ningún ninguna "
-    # "free" as in "gluten-free", "gluten free", "free of sugar": "without", spelled another way.
-    "non mai sans free dont cant wont isnt doesnt didnt aint".split())
-
-# Interrogative -> class.  "what", "which" and "how" often ask the same thing
-# ("what is the best way to ..." / "how do I ..."), so they share a class.
-_INTERROGATIVES = {
-    "what": "what", "what's": "what", "whats": "what", "which": "what", "how": "what",
-    "how's": "what", "why": "why", "when": "when", "when's": "when", "where": "where",
-    "where's": "where", "who": "who", "who's": "who", "whom": "who", "whose": "who",
-    # Other languages: only forms that are not also common words elsewhere
-    # (German "was", French "que"/"qui", unaccented Spanish "que"/"como" are left out).
-    "qué": "what", "cómo": "what", "cuál": "what", "cuáles": "what", "por qué": "why",
-    "cuándo": "when", "dónde": "where", "adónde": "where", "quién": "who", "quiénes": "who",
-    "pourquoi": "why", "quand": "when", "où": "where", "quel": "what", "quelle": "what",
-    "quels": "what", "quelles": "what", "warum": "why", "wieso": "why", "weshalb": "why",
-    "wie": "what", "wann": "when", "wo": "where", "wer": "who", "wen": "who", "wem": "who",
-    "welche": "what", "welcher": "what", "welches": "what",
-    "perché": "why", "quando": "when", "dove": "where", "onde": "where",
-}
-# These also introduce relative clauses ("the man who ..."), so they count as a
-# question word only at the start of a sentence.
-_RELATIVES = frozenset({"which", "who", "whom", "whose", "when", "where", "quando", "onde"})
-
-# Words whose swap for a counterpart flips the answer, by class: "+good"/"-good"
-# are opposites, words in one class are near enough ("good"/"best"/"top").
-_COMPARISONS = {w: cls for cls, words in {
-    "+good": "good great best better top nice excellent",
-    "-good": "bad worst worse poor terrible awful bottom",
-    "+more": "more most higher highest greater greatest increase increased increases maximum max",
-    "-more": "less least fewer fewest lower lowest decrease decreased decreases minimum min",
-    "+big": "big bigger biggest large larger largest huge",
-    "-big": "small smaller smallest tiny",
-    "+long": "long longer longest",
-    "-long": "short shorter shortest",
-    "+fast": "fast faster fastest quick quicker quickest quickly",
-    "-fast": "slow slower slowest slowly",
-    "+easy": "easy easier easiest simple layman",
-    "-easy": "hard harder hardest difficult technical",
-    "+cheap": "cheap cheaper cheapest",
-    "-cheap": "expensive costly",
-    "+after": "after later late afterwards après después dopo",
-    "-after": "before earlier early avant antes prima",
-    "+old": "old older oldest",
-    "-old": "young younger youngest new newer newest",
-    "+buy": "buy buying bought comprar compra acheter comprare kaufen",
-    "-buy": "sell selling sold vender vende vendre vendere verkaufen",
-    "+import": "import imports",
-    "-import": "export exports",
-    "+win": "win wins winning won",
-    "-win": "lose loses losing lost",
-    "+pro": "pros advantage advantages benefits",
-    "-pro": "cons disadvantage disadvantages drawbacks",
-    "+positive": "positive",
-    "-positive": "negative",
-    "+male": "male men man boy boys",
-    "-male": "female women woman girl girls",
-    "+legal": "legal",
-    "-legal": "illegal",
-    "+safe": "safe",
-    "-safe": "dangerous unsafe",
-    "+true": "true",
-    "-true": "false",
-    # Lower-case opposites of everyday chat and code questions: a word and its opposite
-    # differ; unlike the gradable classes above, two unrelated ones do not.
-    "+left": "left", "-left": "right",
-    "+asc": "ascending asc", "-asc": "descending desc",
-    "+inclusive": "inclusive", "-inclusive": "exclusive",
-    "+keep": "keep keeping kept", "-keep": "discard discarding",
-    "+enable": "enable enabled enabling", "-enable": "disable disabled disabling",
-    "+allow": "allow allowed allowing", "-allow": "deny denied block blocked forbid",
-    "+encrypt": "encrypt encrypted encryption", "-encrypt": "decrypt decrypted decryption",
-    "+encode": "encode encoded encoding", "-encode": "decode decoded decoding",
-    "+upload": "upload uploading", "-upload": "download downloading",
-    "+north": "north northern", "-north": "south southern",
-    "+east": "east eastern", "-east": "west western",
-    "+input": "input inputs", "-input": "output outputs",
-    "+formal": "formal", "-formal": "informal casual",
-    "+polite": "polite", "-polite": "rude",
-    "+brief": "brief briefly concise", "-brief": "detail detailed",
-    "+inner": "inner", "-inner": "outer",
-    "+horizontal": "horizontal horizontally", "-horizontal": "vertical vertically",
-    "+upper": "uppercase upper", "-upper": "lowercase",
-    "+open": "open opening", "-open": "close closing",
-    "+start": "start starting", "-start": "stop stopping",
-    "+push": "push", "-push": "pull",
-    "+read": "read reading", "-read": "write writing",
-    "+get": "getter", "-get": "setter",
-    "+local": "local locally", "-local": "remote remotely",
-    "+add": "add adding insert", "-add": "remove removing delete deleting",
-    "+accept": "accept accepted", "-accept": "reject rejected",
-    "+include": "include including", "-include": "exclude excluding",
-    "+internal": "internal", "-internal": "external",
-    "+public": "public", "-public": "private",
-    "+client": "client", "-client": "server",
-    "+sync": "sync synchronous synchronously", "-sync": "async asynchronous asynchronously",
-    "+static": "static", "-static": "dynamic",
-    "+mutable": "mutable", "-mutable": "immutable",
-    "+head": "head prefix", "-head": "tail suffix",
-    "+above": "above", "-above": "below",
-    "+inside": "inside", "-inside": "outside",
-    "+hot": "hot", "-hot": "cold",
-    "+high": "high", "-high": "low",
-    "+rise": "rise rises rising", "-rise": "fall falls falling",
-    "+dark": "dark", "-dark": "light",
-    "+ascend": "subir sube monter", "-ascend": "bajar baja descendre",
-    "+plus": "plus addition", "-plus": "minus subtract subtraction",
-    "+multiply": "multiply multiplied multiplication", "-multiply": "divide divided division",
-    "+recursive": "recursive recursion recursively", "-recursive": "iterative iteration iteratively",
-    "+hire": "hire hiring", "-hire": "fire firing",
-    "+compress": "compress compressed compression zip", "-compress": "decompress decompressed decompression unzip",
-    "+lock": "lock", "-lock": "unlock",
-    "+install": "install installing", "-install": "uninstall uninstalling",
-    "+connect": "connect connecting", "-connect": "disconnect disconnecting",
-    "+serialize": "serialize serialization", "-serialize": "deserialize deserialization",
-    "+valid": "valid", "-valid": "invalid",
-    "+success": "success successful", "-success": "failure failed",
-    "+show": "show", "-show": "hide",
-    "+exact": "exactly",
-}.items() for w in words.split()}
-
-# Particles that turn a verb into its opposite ("turn on"/"turn off", "log in"/"log out",
-# "people over 16"/"under 16", "arguments for"/"against"): opposed only after the same word,
-# as "out" and "in" also fill unrelated roles ("find out the size of a list in Python").
-_PARTICLES = {w: cls for cls, words in {
-    "+on": "on", "-on": "off", "+in": "in", "-in": "out", "+up": "up", "-up": "down",
-    "+over": "over", "-over": "under", "+for": "for", "-for": "against",
-}.items() for w in words.split()}
-
-# The tense an auxiliary marks: "who is the CEO" and "who was the CEO" have other answers.
-_TENSES = {**dict.fromkeys("is are am do does has have".split(), "present"),
-           **dict.fromkeys("was were did had".split(), "past"),
-           **dict.fromkeys("will shall won't going gonna".split(), "future")}
-# Quantifiers of one class ask the same; of the other, another question ("do all cats" /
-# "do some cats").
-_QUANTIFIERS = {**dict.fromkeys("all every each always".split(), "all"),
-                **dict.fromkeys("some any sometimes".split(), "some")}
-# Pronouns by person, for swapped roles ("bite me when I pet her" / "bite her when she pets me").
-_PERSONS = {**dict.fromkeys("i me my mine myself".split(), "1"), **dict.fromkeys("we us our ours".split(), "1p"),
-            **dict.fromkeys("you your yours yourself".split(), "2"), **dict.fromkeys("he him his himself".split(), "3m"),
-            **dict.fromkeys("she her hers herself".split(), "3f"), **dict.fromkeys("they them their theirs".split(), "3p")}
-# One-letter words that are words, not labels: English "a" and "I" (also "i", typed fast; "u"
-# for "you"); Spanish, Italian and Portuguese "y", "e", "o" (and, or). A capital "A" is a label.
-_NOT_LABELS = frozenset("a i I u y e o".split())
-
-# "lose" is in "-win"; it is also the opposite of "keep" ("keeping the changes").
-_KEEP_LOSE = {"+keep", "-win"}
-# Classes of which any two differ: "the fastest" and "the cheapest" are different questions.
-_GRADABLE = frozenset("good more big long fast easy cheap after old buy import win pro positive male legal safe "
-                      "true exact".split())
-
+_NEGATIONS = _LEX.words["negations"]
+_INTERROGATIVES = _LEX.classes["interrogatives"]
+_RELATIVES = _LEX.words["relatives"]
+_COMPARISONS = _LEX.classes["comparisons"]
+_PARTICLES = _LEX.classes["particles"]
+_TENSES = _LEX.classes["tenses"]
+_QUANTIFIERS = _LEX.classes["quantifiers"]
+_PERSONS = _LEX.classes["persons"]
+_NOT_LABELS = _LEX.words["not_labels"]
+_OPPOSED_CLASSES = frozenset(frozenset(pair) for pair in _LEX.pairs["opposed_classes"])
+_GRADABLE = _LEX.words["gradable"]
 _STOPWORDS = STOPWORDS
-
-# "A to B", "from A", "better than B", "A against B": swapping A and B changes the question.
-_DIRECTIONS = frozenset("from to into in than vs versus against en nach".split())   # en, nach: "miles en kilomètres"
-# "how to center a div": an infinitive, not a direction.
-_INFINITIVE_AFTER = frozenset("how want wants need needs have has going able trying try way ways like".split())
-# Numbers may trade places under these ("3 + 5", "the sum of 3 and 5"), nowhere else
-# ("10 minus 3", "2 to the power of 10").
-_SYMMETRIC = frozenset("and or between vs versus compare sum plus times product".split())
+_DIRECTIONS = _LEX.words["directions"]
+_INFINITIVE_AFTER = _LEX.words["infinitive_after"]
+_SYMMETRIC = _LEX.words["symmetric"]
 _SYMMETRIC_SIGN = re.compile(r"\d\s*[+*×xX]\s*\d")
-
-# Units after a number, by canonical name: "30 seconds" is not "30 minutes".
-_UNIT_NAMES = {
-    "s": "s sec secs second seconds", "ms": "ms millisecond milliseconds", "us": "microsecond microseconds",
-    "ns": "ns nanosecond nanoseconds", "min": "min mins minute minutes", "h": "h hr hrs hour hours",
-    "day": "day days", "week": "week weeks", "month": "month months", "year": "year years yr yrs",
-    "mm": "mm millimeter millimeters millimetre millimetres", "cm": "cm centimeter centimeters centimetre centimetres",
-    "m": "m meter meters metre metres", "km": "km kilometer kilometers kilometre kilometres kilometer kilometern",
-    "in": "inch inches", "ft": "ft foot feet", "yd": "yd yard yards", "mi": "mi mile miles meilen",
-    "mg": "mg milligram milligrams", "g": "g gram grams", "kg": "kg kilogram kilograms kilo kilos",
-    "lb": "lb lbs pound pounds", "oz": "oz ounce ounces", "t": "ton tons tonne tonnes",
-    "ml": "ml milliliter milliliters millilitre millilitres", "l": "l liter liters litre litres",
-    "gal": "gallon gallons", "cup": "cup cups", "tbsp": "tbsp tablespoon tablespoons", "tsp": "tsp teaspoon teaspoons",
-    "kb": "kb kilobyte kilobytes", "mb": "mb megabyte megabytes", "gb": "gb gigabyte gigabytes",
-    "tb": "tb terabyte terabytes", "byte": "byte bytes", "bit": "bit bits",
-    "mph": "mph", "kmh": "kmh kph", "c": "celsius centigrade", "f": "fahrenheit", "k": "kelvin",
-    "usd": "usd dollar dollars", "eur": "eur euro euros", "gbp": "gbp", "jpy": "jpy yen",
-    "am": "am", "pm": "pm", "mbps": "mbps", "gbps": "gbps", "kbps": "kbps",
-    "j": "joule joules", "kj": "kj kilojoule kilojoules", "kcal": "kcal calorie calories kilocalorie kilocalories",
-    "w": "watt watts", "kw": "kw kilowatt kilowatts", "kwh": "kwh", "v": "volt volts",
-    "hz": "hz hertz", "khz": "khz", "mhz": "mhz", "ghz": "ghz", "px": "px pixel pixels",
-}
-_UNITS_OF = {name: unit for unit, names in _UNIT_NAMES.items() for name in names.split()}
-
-# Titles and company suffixes: present or absent, they name the same thing.
-_NOT_ENTITIES = frozenset(
-    "mr mrs ms miss dr prof sir gov sen rep st jr sr inc corp co ltd plc llc gmbh "
-    "i i'm i've i'd i'll".split())
+_UNITS_OF = _LEX.classes["unit_names"]
+_NOT_ENTITIES = _LEX.words["not_entities"]
+_NEGATING_PREFIXES = _LEX.lengths["negating_prefixes"]
+_SWAPPED_PREFIXES = _LEX.pairs["swapped_prefixes"]
 
 
 # ---------------------------------------------------------------- tokens
@@ -784,16 +600,9 @@ def _numbers_differ(a: Profile, b: Profile) -> bool:
     return any(value not in units_b for value in a.suffixed) or any(value not in units_a for value in b.suffixed)
 
 
-# A word and its opposite by prefix, in several languages: able/unable, aktivieren/
-# deaktivieren, activer/désactiver, encrypt/decrypt (swapped prefixes). The prefixes that
-# also begin unrelated words (play/display, form/inform) need a longer rest.
-_NEGATING_PREFIXES = {"un": 4, "non": 4, "anti": 4, "il": 4, "ir": 4, "des": 4, "dés": 4, "απ": 4,
-                      "dis": 5, "de": 5, "in": 5, "im": 5}
-_SWAPPED_PREFIXES = (("en", "de"), ("en", "dis"), ("in", "ex"), ("im", "ex"))
-
-
 def _prefix_opposite_in(word: str, others: set[str]) -> bool:
-    """`others` holds `word` negated by a prefix, or `word` with its prefix swapped."""
+    """`others` holds `word` negated by a prefix (able/unable, aktivieren/deaktivieren), or
+    `word` with its prefix swapped (encrypt/decrypt); the prefixes are the lexicon's."""
     for prefix, shortest in _NEGATING_PREFIXES.items():
         if len(word) >= shortest and (prefix + word in others or f"{prefix}-{word}" in others):
             return True
@@ -820,8 +629,8 @@ def _compared_differently(a: Profile, b: Profile) -> bool:
     "read" a file, "drop"/"remove" a column ask one)."""
     only_a = a.comparisons - b.comparisons
     only_b = b.comparisons - a.comparisons if only_a else ()
-    return any(x[1:] == y[1:] or (x[1:] in _GRADABLE and y[1:] in _GRADABLE) or {x, y} == _KEEP_LOSE
-               for x in only_a for y in only_b)
+    return any(x[1:] == y[1:] or (x[1:] in _GRADABLE and y[1:] in _GRADABLE)
+               or frozenset((x, y)) in _OPPOSED_CLASSES for x in only_a for y in only_b)
 
 
 def _particles_opposed(a: Profile, b: Profile) -> bool:
