@@ -684,7 +684,8 @@ def markdown(report: dict) -> str:
                                 "comparison_differs", "entities_differ", "order_differs", "symbols_differ",
                                 "tense_differs", "quantifiers_differ", "content_differs")]),
         "",
-        "One check switched off at a time (overall):",
+        "One check switched off at a time (overall, all pairs; per held-out set with intervals, and on the "
+        "generated frames and the chat suite: [each check, measured](semantic-check-ablation.md)):",
         "",
         *_table(["switched off", "overall"],
                 [["(none)", _prf(full["checks"][ALL])]]
@@ -805,7 +806,7 @@ def caveats(report: dict) -> list[str]:
         "theirs from a model hub at run time, and MS MARCO rerankers score relevance, not equivalence); "
         "one of MiniLM-L6's size would cost one more model run over both prompts per candidate.",
         "- **Overfitting.** Six values were chosen on the tune half (τ, three content-word knobs and two "
-        "token-alignment knobs); the held-out figures are the ones to quote. The word lists (negations, interrogatives, polar words, "
+        "token-alignment knobs); the held-out figures are the ones to quote. The word lists (`sidecar/cache/lexicon.toml`: negations, interrogatives, polar words, "
         "stop words, titles) were written from general English, not mined from the pairs, but reading "
         "the pairs did shape which rules exist (that `what`/`how`/`which` are usually interchangeable, "
         "that a swapped `good`/`best` is not a different question), so the tune/held-out gap understates "
