@@ -1,9 +1,12 @@
 """The lexicon file of the same-question checks: the shipped one loads, a malformed one is
 refused at load with an error naming the table."""
 
+import fnmatch
 import re
 import subprocess
 import sys
+import tomllib
+from pathlib import Path
 
 import pytest
 
@@ -83,3 +86,11 @@ def test_a_malformed_shipped_lexicon_stops_the_checks_at_import(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode != 0
     assert "LexiconError" in out.stderr and "[tens].twenty: the key must be an integer" in out.stderr
+
+
+def test_an_installed_wheel_ships_the_lexicon():
+    """pyproject's package data takes the file into the wheel (without it: 'cannot read')."""
+    root = Path(__file__).resolve().parents[3]
+    patterns = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["sidecar"]
+    relative = LEXICON_PATH.relative_to(root / "sidecar").as_posix()
+    assert any(fnmatch.fnmatch(relative, p) for p in patterns), patterns
