@@ -559,7 +559,10 @@ def markdown(report: dict) -> str:
         "## The decision",
         "",
         "`sidecar.cache.equivalence.same_question(a, b, cosine, settings) -> Verdict(hit, reason)`. A hit "
-        "needs cosine ≥ τ and every check below to agree; the first that disagrees is the reason.",
+        "needs cosine ≥ τ and every check below to agree; the first that disagrees is the reason."
+        " The checks' word lists (number words, units, negations, question words, polar words, tenses, "
+        "quantifiers, stop words, …) are data, `sidecar/cache/lexicon.toml`, one table per list with why it "
+        "is as it is; the sidecar refuses to start on a malformed file, naming the table.",
         "",
         *_table(["reason", "check"], [
             ["`below_threshold`", "cosine < τ"],
