@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
 import json
 import os
@@ -70,6 +71,9 @@ class DemoUpstream:
         self.last: tuple[Any, Any] | None = None  # (headers, parsed body) of the last chat request
         self._ids = itertools.count(1)
         self._id_prefix = os.urandom(4).hex()
+        # The last requests whose client left before their answer: how long they had been
+        # here, whether they held a slot and how often they were preempted (bounded).
+        self.disconnects: collections.deque[dict] = collections.deque(maxlen=100)
 
     def app(self) -> web.Application:
         # Prompts can be long; aiohttp's 1 MiB default would reject real traffic.
@@ -96,17 +100,25 @@ class DemoUpstream:
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         self.stats.requests += 1
+        arrived = time.monotonic()
         try:
             return await self._chat(request)
         except asyncio.CancelledError:
             # The runner cancels a handler when its client disconnects; this
             # covers queued requests and ones waiting for a token alike.
-            self.stats.disconnected += 1
+            self._disconnected(request, arrived)
             raise
         except ConnectionResetError:
             # A write raced the disconnect notice; the reply goes nowhere.
-            self.stats.disconnected += 1
+            self._disconnected(request, arrived)
             return web.Response()
+
+    def _disconnected(self, request: web.Request, arrived: float) -> None:
+        self.stats.disconnected += 1
+        run: Run | None = request.get("run")
+        self.disconnects.append({"after_s": round(time.monotonic() - arrived, 3), "ran": run is not None,
+                                 "preemptions": run.preemptions if run is not None else 0,
+                                 "priority": run.priority if run is not None else None})
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         try:
@@ -135,6 +147,7 @@ class DemoUpstream:
             await asyncio.Event().wait()  # a stuck server: ends only when the client leaves
 
         async with self.slots.run(plan.priority) as run:
+            request["run"] = run
             try:
                 if plan.stream:
                     return await self._stream(request, plan, run, cut=failure == "midstream")
@@ -282,11 +295,13 @@ class DemoUpstream:
                 "waiting": self.slots.waiting,
                 "disconnected": s.disconnected,
                 "preempted": s.preempted,
+                "disconnects": list(self.disconnects),
             }
         )
 
     async def reset_stats(self, request: web.Request) -> web.Response:
         self.stats.reset()
+        self.disconnects.clear()
         return await self.get_stats(request)
 
     async def get_last(self, request: web.Request) -> web.Response:
