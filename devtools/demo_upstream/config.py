@@ -19,6 +19,7 @@ class Config:
     error_rate: float = 0.0
     error_mode: str = "500"
     capacity: int = 0
+    kv_tokens: int = 0
     slowdown_per_running: float = 0.0
     tail_rate: float = 0.0
     tail_factor: float = 10.0
@@ -84,6 +85,8 @@ OPTIONS: dict[str, tuple[Callable[[Any], Any], str]] = {
     "error_rate": (_number(float, 0, 1), "share of chat requests that fail (0..1)"),
     "error_mode": (_error_mode, "how a failing request fails: 500, reset (before headers), midstream (reset mid-body) or hang (no answer until the client leaves)"),
     "capacity": (_number(int, 0), "requests served at once, the rest queue FIFO; 0 = unlimited"),
+    "kv_tokens": (_number(int, 0), "tokens the running batch holds at most (each request: prompt + completion "
+                                   "budget), the rest queue; 0 = unlimited"),
     "slowdown_per_running": (
         _number(float, 0),
         "per-token time grows by this factor for each running request above capacity/2",

@@ -8,6 +8,11 @@ latest arrival among equals) goes back to the waiting queue, its KV cache lost. 
 again it pays a prefill over its prompt and the tokens it already produced (vLLM's recompute
 preemption) and redoes the step it was in; the tokens it had sent stay sent.
 
+`kv_tokens` (0 = unlimited) bounds the running batch in tokens as well: each request holds its
+prompt plus its whole completion budget while it runs (as TGI's max_batch_total_tokens), and
+the head of the waiting queue waits until it fits, holding up those behind it; a request alone
+always runs. One long-context request can thus hold the room of many short ones.
+
 A request's engine time goes through `Run.until`, which is where a preemption takes effect.
 A waiter whose task is cancelled (its client left) leaves the queue and is never served;
 capacity may change at any time.
@@ -24,8 +29,8 @@ POLICIES = ("fcfs", "priority")
 class Run:
     """One request's hold on a slot."""
 
-    def __init__(self, slots: Slots, priority: int, seq: int) -> None:
-        self.priority, self.seq = priority, seq
+    def __init__(self, slots: Slots, priority: int, seq: int, tokens: int = 0) -> None:
+        self.priority, self.seq, self.tokens = priority, seq, tokens
         self.preemptions = 0
         self._slots = slots
         self._admitted: asyncio.Future[None] | None = None  # while waiting for a slot
@@ -81,10 +86,11 @@ def _settle(future: asyncio.Future, value: object) -> None:
 
 
 class Slots:
-    def __init__(self, capacity: int, policy: str = "fcfs") -> None:
+    def __init__(self, capacity: int, policy: str = "fcfs", kv_tokens: int = 0) -> None:
         if policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
         self._capacity = capacity
+        self._kv_tokens = kv_tokens
         self.policy = policy
         self._running: set[Run] = set()
         self._waiting: list[Run] = []   # a heap on (priority, seq); fcfs: priority 0 for all
@@ -107,17 +113,35 @@ class Slots:
         self._capacity = value
         self._schedule()
 
-    def run(self, priority: int = 0) -> _Hold:
-        """`async with slots.run(priority) as run:` holds a slot for the block."""
-        return _Hold(self, Run(self, priority if self.policy == "priority" else 0, next(self._seq)))
+    @property
+    def kv_tokens(self) -> int:
+        return self._kv_tokens
 
-    def _has_room(self) -> bool:
-        return not self._capacity or len(self._running) < self._capacity
+    @kv_tokens.setter
+    def kv_tokens(self, value: int) -> None:
+        self._kv_tokens = value
+        self._schedule()
+
+    @property
+    def tokens_running(self) -> int:
+        return sum(r.tokens for r in self._running)
+
+    def run(self, priority: int = 0, tokens: int = 0) -> _Hold:
+        """`async with slots.run(priority, tokens) as run:` holds a slot (and `tokens` of the
+        batch's token room) for the block."""
+        return _Hold(self, Run(self, priority if self.policy == "priority" else 0, next(self._seq), tokens))
+
+    def _has_room(self, run: Run) -> bool:
+        if not self._running:
+            return True
+        if self._capacity and len(self._running) >= self._capacity:
+            return False
+        return not self._kv_tokens or self.tokens_running + run.tokens <= self._kv_tokens
 
     def _schedule(self) -> None:
         while self._waiting:
             head = self._waiting[0]
-            if not self._has_room():
+            if not self._has_room(head):
                 if self.policy != "priority" or not self._running:
                     return
                 victim = max(self._running, key=lambda r: r.key)

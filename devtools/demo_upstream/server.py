@@ -65,7 +65,7 @@ class DemoUpstream:
         self.name = name
         self.config = config
         self.stats = Stats()
-        self.slots = Slots(config.capacity, config.scheduling_policy)
+        self.slots = Slots(config.capacity, config.scheduling_policy, config.kv_tokens)
         self.rng = random.Random(config.seed)
         self.started = int(time.time())
         self.last: tuple[Any, Any] | None = None  # (headers, parsed body) of the last chat request
@@ -146,7 +146,7 @@ class DemoUpstream:
             self.stats.errors += 1
             await asyncio.Event().wait()  # a stuck server: ends only when the client leaves
 
-        async with self.slots.run(plan.priority) as run:
+        async with self.slots.run(plan.priority, plan.prompt_tokens + len(plan.tokens)) as run:
             request["run"] = run
             try:
                 if plan.stream:
@@ -247,11 +247,13 @@ class DemoUpstream:
     async def metrics(self, request: web.Request) -> web.Response:
         running, waiting, capacity = self.slots.running, self.slots.waiting, self.config.capacity
         usage = min(1.0, running / capacity) if capacity else 0.0
+        if self.slots.kv_tokens:
+            usage = max(usage, min(1.0, self.slots.tokens_running / self.slots.kv_tokens))
         labels = '{model_name="%s"}' % self.config.model.replace("\\", "\\\\").replace('"', '\\"')
         series = (
             ("vllm:num_requests_running", "gauge", "Requests in the batch now.", running),
             ("vllm:num_requests_waiting", "gauge", "Requests queued for a batch slot.", waiting),
-            ("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage, 1 = full (running/capacity).", usage),
+            ("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage, 1 = full (running/capacity, or tokens/kv_tokens).", usage),
             # Pre-v0.10 name, still scraped by some routers.
             ("vllm:gpu_cache_usage_perc", "gauge", "KV-cache usage, legacy name.", usage),
             ("vllm:request_success_total", "counter", "Requests answered in full.", self.stats.completed),
@@ -278,6 +280,8 @@ class DemoUpstream:
             setattr(self.config, name, value)
         if "capacity" in changes:
             self.slots.capacity = self.config.capacity  # may admit waiters
+        if "kv_tokens" in changes:
+            self.slots.kv_tokens = self.config.kv_tokens
         if "scheduling_policy" in changes:
             self.slots.policy = self.config.scheduling_policy  # for requests arriving from now
         if "seed" in changes:

@@ -29,6 +29,7 @@ BASELINE = {
     "error_rate": 0,
     "error_mode": "500",
     "capacity": 0,
+    "kv_tokens": 0,
     "slowdown_per_running": 0,
     "seed": None,
     "scheduling_policy": "fcfs",
@@ -374,6 +375,27 @@ def test_capacity_queues_requests_fifo(up):
     assert latencies[2] >= 0.55  # the last one waited for the other two
     up.wait_stats(completed=3, running=0, waiting=0)
     assert up.metric("vllm:request_success_total") == 3
+
+
+def test_kv_tokens_queue_a_request_that_does_not_fit_and_those_behind_it(up):
+    # 0.2 s prefill + 100 tokens at 500/s: 0.4 s; a long request holds 101 of the 150 tokens.
+    up.configure(kv_tokens=150, ttft_ms=200, tokens=100, tokens_per_s=500)
+
+    def call(delay, max_tokens):
+        def run():
+            time.sleep(delay)
+            return timed(lambda: up.chat("long", max_tokens=max_tokens))()
+        return run
+
+    threads, latencies = run_concurrently([call(0, 100), call(0.05, 100), call(0.1, 5)])
+    for t in threads:
+        t.join()
+    first, second, short = latencies
+    assert first < 0.55
+    assert second >= 0.7                  # 101 + 101 > 150: after the first
+    assert short >= 0.5                   # 6 tokens would fit, but it is behind the second
+    up.configure(kv_tokens=10)
+    assert up.chat(max_tokens=100).choices[0].message.content   # alone it runs, however long
 
 
 def test_priority_policy_orders_the_waiting_queue(up):
