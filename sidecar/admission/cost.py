@@ -6,8 +6,10 @@ the mean ratio of answered completion tokens to the max_tokens asked (requests w
 max_tokens: the mean answer length). Until a route has answers the bound itself counts (or
 `default_answer_tokens` without one), which over-counts: safe for admission.
 
-A cluster's slots count in units of its mean expected cost, so the limit (in requests) keeps
-its meaning on average, while an 8k-token request takes as many slots as it is larger than the
+A cluster's slots count in units of the mean expected cost of the requests offered to it (all
+that ask, admitted or not: a mean over the admitted alone drifts to whatever the limit lets
+through, small requests under load, until a large one counts for the whole cluster and never
+finds it empty), so the limit (in requests) keeps its meaning on average, while an 8k-token request takes as many slots as it is larger than the
 mean, and a 100-token one a fraction (never more than the whole limit: a lone large request
 still runs). Pure: no clock, no I/O.
 """
@@ -23,7 +25,7 @@ from sidecar.scheduling._validate import count, positive, require
 class CostConfig:
     default_answer_tokens: int = 256  # a request with no max_tokens on a route with no answers yet
     alpha: float = 0.05               # weight of the newest answer in a route's means
-    cluster_alpha: float = 0.02       # weight of the newest admission in a cluster's mean cost
+    cluster_alpha: float = 0.02       # weight of the newest request in a cluster's mean cost
     min_slots: float = 0.05           # the least a request counts for, in slots
     max_routes: int = 1024            # routes remembered (least recently used forgotten)
 
@@ -74,7 +76,7 @@ class AnswerLengths:
 
 
 class ClusterCosts:
-    """Each cluster's mean expected cost of its admitted requests, and a request's cost in its slots."""
+    """Each cluster's mean expected cost of the requests offered to it, and a request's cost in its slots."""
 
     def __init__(self, config: CostConfig | None = None) -> None:
         self.config = config or CostConfig()
@@ -87,7 +89,8 @@ class ClusterCosts:
             return 1.0
         return min(float(max(1, limit)), max(self.config.min_slots, tokens / mean))
 
-    def admitted(self, cluster: str, tokens: float | None) -> None:
+    def offered(self, cluster: str, tokens: float | None) -> None:
+        """A request of `tokens` expected tokens asks for a slot on `cluster`."""
         if tokens is None:
             return
         mean = self._mean.get(cluster)

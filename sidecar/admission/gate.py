@@ -209,6 +209,7 @@ class Gate:
         clusters = tuple(dict.fromkeys(candidates))
         for cluster in clusters:
             self._limiter(cluster)
+            self._costs.offered(cluster, tokens)
         chooser = chooser or self._chooser
         free = [c for c in clusters if self._has_slot(c, cls, tokens)]
         wait = 0.0 if free else self._expected_wait(cls, tenant, clusters, now, tenant_weight)
@@ -410,7 +411,6 @@ class Gate:
     def _grant(self, cluster: str, cls: str, tenant: str, waited_s: float, queued: bool,
                tokens: float | None = None) -> Permit:
         slots = self._costs.slots(cluster, tokens, self._limiters[cluster].limit)
-        self._costs.admitted(cluster, tokens)
         self._in_flight[cluster] += 1
         self._used[cluster] = self._used.get(cluster, 0.0) + slots
         by_class = self._in_flight_by_class.setdefault(cluster, {})

@@ -32,7 +32,7 @@ def test_answer_lengths_remember_a_bounded_number_of_routes():
 def test_slots_count_in_units_of_the_clusters_mean_cost():
     costs = ClusterCosts(CostConfig(cluster_alpha=1.0, min_slots=0.05))
     assert costs.slots("a", 8000, limit=4) == 1.0                    # no mean yet
-    costs.admitted("a", 500)
+    costs.offered("a", 500)
     assert costs.slots("a", None, limit=4) == 1.0
     assert costs.slots("a", 1000, limit=4) == 2.0
     assert costs.slots("a", 8000, limit=4) == 4.0                    # never more than the whole limit
@@ -55,6 +55,24 @@ async def test_a_large_request_takes_the_slots_of_many_small_ones():
     assert not tiny.done()                                           # the cluster is full in tokens
     permit.release()
     assert isinstance(await asyncio.wait_for(tiny, 1), Permit)
+
+
+async def test_the_mean_cost_is_of_the_requests_offered_not_only_of_those_admitted():
+    gate = Gate(GateConfig(limiter=LimiterConfig(initial_limit=4, min_limit=4, max_limit=4),
+                           queue=QueueConfig(max_queued_per_tenant=100)), metrics=NullMetrics())
+    held = [await gate.acquire(["a"], "standard", "t", tokens=100) for _ in range(4)]     # full
+    large = [asyncio.create_task(gate.acquire(["a"], "standard", "u", tokens=1000)) for _ in range(40)]
+    await asyncio.sleep(0)
+    for permit in held[:2]:
+        permit.release()
+    # Large requests are most of what asks (mean ~600 tokens): one takes ~1.7 slots and fits in
+    # the two freed. A mean of the admitted (small) ones would make it the whole cluster, and
+    # while small ones keep running it would never find the cluster empty.
+    admitted = await asyncio.wait_for(large[0], 1)
+    assert isinstance(admitted, Permit) and admitted.slots == pytest.approx(1.67, abs=0.05)
+    for task in large[1:]:
+        task.cancel()
+    await asyncio.gather(*large[1:], return_exceptions=True)
 
 
 def test_queue_shares_count_costs_not_requests():
