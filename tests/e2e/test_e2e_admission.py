@@ -9,7 +9,8 @@ import pytest
 
 from devtools.envoy_config import chat_route
 from devtools.stack import http_get
-from tests.support.e2e import metric, upstream_stats
+from tests.support.e2e import ask, metric, upstream_stats
+from tests.support.e2e import client as e2e_client
 from tests.support.redis_server import RedisServer
 
 BODY = {"model": "demo-model", "messages": [{"role": "user", "content": "hello"}]}
@@ -279,3 +280,70 @@ def test_two_sidecars_share_one_tenant_budget_through_redis(make_stack, tmp_path
             assert 'sluice_requests_total{' in metrics, name
     finally:
         redis.stop()
+
+
+# -- cost-aware admission ----------------------------------------------------------------------
+# Both engines hold 56 tokens at once (kv_tokens) and decode 20 tokens/s; the gate lets 4
+# requests through to each. A "typical" request is 14 tokens (prompt 1 + 13 of answer: 4 of
+# them fill the engine), a large one 42 (2 s), a small one 12 (0.55 s). The engine fits a large
+# and one small, not two larges.
+COST_ENGINE = ["--ttft-ms", "0", "--tokens", "100", "--tokens-per-s", "20", "--kv-tokens", "56"]
+COST_ROUTES = [admission_route(f"cost_{arm}", f"/cost-{arm}/", {"count_tokens": arm == "on"}, max_in_flight=4,
+                               candidates=[{"cluster": cluster, "max_in_flight": 4}])
+               for arm, cluster in (("on", "upstream_a"), ("off", "upstream_b"))]
+
+
+@pytest.fixture(scope="module")
+def cost_stack(make_module_stack):
+    return make_module_stack(routes=COST_ROUTES, upstream_args={"a": COST_ENGINE, "b": COST_ENGINE})
+
+
+def large_then_small(stack, arm):
+    """A typical request first (the cluster's mean cost), then two large requests and three
+    small ones, in this order, 50-100 ms apart. Returns each one's latency and the most seen
+    at once: queued in the sidecar, running and waiting in the engine."""
+    sdk = e2e_client(stack, f"/cost-{arm}/v1")
+    ask(sdk, "hi", max_tokens=13)
+    name = "a" if arm == "on" else "b"
+    plan = [("large1", 41, 0.0), ("large2", 41, 0.1), ("small1", 11, 0.2), ("small2", 11, 0.25), ("small3", 11, 0.3)]
+    latencies = {}
+    start = time.monotonic()
+
+    def call(label, max_tokens, at):
+        time.sleep(max(0.0, start + at - time.monotonic()))
+        sent = time.monotonic()
+        completion, _ = ask(sdk, "hi", max_tokens=max_tokens)
+        assert completion.usage.completion_tokens == max_tokens
+        latencies[label] = time.monotonic() - sent
+
+    threads = [threading.Thread(target=call, args=step) for step in plan]
+    for t in threads:
+        t.start()
+    seen = {"queued": 0, "running": 0, "waiting": 0}
+    while any(t.is_alive() for t in threads):
+        stats = upstream_stats(stack, name)
+        queued = metric(stack, "sluice_admission_queue_depth", **{"class": "standard"})
+        seen = {"queued": max(seen["queued"], queued), "running": max(seen["running"], stats["running"]),
+                "waiting": max(seen["waiting"], stats["waiting"])}
+        time.sleep(0.02)
+    for t in threads:
+        t.join()
+    assert len(latencies) == len(plan), latencies
+    return latencies, seen
+
+
+def test_counting_tokens_a_large_request_takes_the_slots_of_several_small_ones(cost_stack):
+    latencies, seen = large_then_small(cost_stack, "on")
+    # The first large request counts for 3 of the 4 slots: one small one runs beside it, the
+    # second large one and two small ones wait in the sidecar, and the engine never queues.
+    assert seen["queued"] >= 3 and seen["running"] <= 2 and seen["waiting"] == 0, seen
+    # So a small request is answered while the first large one still runs, not behind the second.
+    assert latencies["small1"] < 1.5 and latencies["small1"] < latencies["large1"], latencies
+
+
+def test_counting_requests_a_large_request_holds_small_ones_up_in_the_engine(cost_stack):
+    latencies, seen = large_then_small(cost_stack, "off")
+    # Four requests of one slot each: the second large one does not fit the engine beside the
+    # first, and the small ones wait behind it there, past the first large one's end.
+    assert seen["waiting"] >= 1, seen
+    assert latencies["small1"] > latencies["large1"], latencies
