@@ -522,7 +522,8 @@ def test_admin_last_shows_forwarded_headers_and_body(up):
 def test_reset_stats(up):
     up.chat()
     assert up.stats()["completed"] == 1
-    assert up.post("/admin/reset-stats").json()["completed"] == 0
+    reset = up.post("/admin/reset-stats").json()
+    assert reset["completed"] == 0 and reset["disconnects"] == []
     up.wait_stats(requests=0, completed=0, errors=0, disconnected=0)
 
 
@@ -531,7 +532,9 @@ def test_disconnect_while_generating_frees_slot(up):
     sock = up.raw_chat({"messages": HELLO})
     up.wait_stats(running=1)
     sock.close()
-    up.wait_stats(disconnected=1, running=0, completed=0)
+    stats = up.wait_stats(disconnected=1, running=0, completed=0)
+    [left] = stats["disconnects"]                          # what the client left behind
+    assert left["ran"] and left["preemptions"] == 0 and 0 < left["after_s"] < 5
     up.configure(ttft_ms=0)
     assert up.chat().choices[0].finish_reason == "stop"  # the slot is free again
 
@@ -553,7 +556,8 @@ def test_queued_request_whose_client_left_is_not_served(up):
     queued = up.raw_chat({"messages": HELLO})
     up.wait_stats(waiting=1)
     queued.close()
-    up.wait_stats(disconnected=1, waiting=0, running=1)
+    stats = up.wait_stats(disconnected=1, waiting=0, running=1)
+    assert [left["ran"] for left in stats["disconnects"]] == [False]   # it never had a slot
     first.settimeout(3)
     assert first.recv(65536).startswith(b"HTTP/1.1 200")
     first.close()
