@@ -43,11 +43,10 @@ from sidecar.scheduling.windows import SampleWindow
 HOLD_EWMA_ALPHA = 0.1
 # Weight of the newest admission in each class's share of recent admissions (about the last 50).
 SHARE_EWMA_ALPHA = 0.02
-# A lower class's time to first token on a preempting cluster: the worst of its requests there
-# in the last wait_stats_window_s. How often a request is preempted is up to the higher class's
-# arrivals; one sent with less time left than the worst its class met is the one whose work is
-# lost when its client leaves, and a tail quantile sends one in twenty of those.
-CLASS_TTFT_QUANTILE = 1.0
+# A class's own time-to-first-token on a preempting cluster: this quantile of its recent answers,
+# from this many answers. High: a request sent past it is likely to outlive its client.
+CLASS_TTFT_QUANTILE = P95
+MIN_CLASS_TTFT_SAMPLES = 20
 
 Chooser = Callable[[Sequence[str]], str]  # clusters with a free slot, in the caller's order -> one of them
 TtftEstimate = Callable[[str], "float | None"]  # cluster -> expected time to first token (s), None if unknown
@@ -353,23 +352,18 @@ class Gate:
     def _ttft(self, clusters: Sequence[str], cls: str | None = None) -> float:
         """The best expected time to first token among these clusters for a request of class
         `cls`; 0 when none is known. On a cluster whose engine preempts, a lower class may be
-        preempted on the way to its first token: the worst it recently met there counts when
-        higher (the cluster's mean spans every class and hides that tail)."""
+        preempted on the way to its first token: its own recent tail there counts when higher
+        (the cluster's mean spans every class and hides that tail)."""
         known = []
         for cluster in clusters:
             t = self._expected_ttft(cluster)
             if t is not None and math.isfinite(t) and t >= 0:
                 window = self._class_ttft.get((cluster, cls)) if cluster in self._preempting else None
-                if window is not None:
-                    t = max(t, window.quantile(CLASS_TTFT_QUANTILE, self._clock()) or 0.0)
+                now = self._clock()
+                if window is not None and window.count(now) >= MIN_CLASS_TTFT_SAMPLES:
+                    t = max(t, window.quantile(CLASS_TTFT_QUANTILE, now) or 0.0)
                 known.append(t)
         return min(known, default=0.0)
-
-    def _class_tail(self, cluster: str, cls: str) -> SampleWindow:
-        window = self._class_ttft.get((cluster, cls))
-        if window is None:
-            window = self._class_ttft[(cluster, cls)] = SampleWindow(self.config.wait_stats_window_s, 1024)
-        return window
 
     def _rate(self, clusters: Sequence[str] | None, now: float) -> float | None:
         """How fast queued requests get slots. A queue only forms while its clusters are at
@@ -439,11 +433,12 @@ class Gate:
             sample = None
         if sample is not None or not ok:
             limiter.on_sample(sample, ok, permit._in_flight, now, upstream_waiting)
-        if cluster in self._preempting and permit.priority != self.config.queue.names[0]:
-            # One that got no answer in time (its client left, or the deadline cut it) took
-            # longer than it was held: its hold counts, or the tail would be the survivors'.
-            answered = latency_s is not None and ok
-            self._class_tail(cluster, permit.priority).add(now, latency_s if answered else now - permit._granted_at)
+        if latency_s is not None and ok and cluster in self._preempting:
+            key = (cluster, permit.priority)
+            window = self._class_ttft.get(key)
+            if window is None:
+                window = self._class_ttft[key] = SampleWindow(self.config.wait_stats_window_s, 1024)
+            window.add(now, latency_s)
         if latency_s is not None and ok:  # answered: the slot was held for a whole request
             held = max(0.0, now - permit._granted_at)
             mean = self._hold_s.get(cluster)

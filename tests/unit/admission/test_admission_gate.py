@@ -538,21 +538,6 @@ async def test_a_preempted_class_keeps_its_own_first_token_tail_on_a_preempting_
     assert isinstance(await gate.acquire(["a"], "standard", "t", deadline=clock.t + 0.8), Permit)
 
 
-async def test_a_lower_class_request_that_got_no_answer_in_time_counts_as_long_as_it_was_held():
-    clock = Clock()
-    gate, _ = gate_with(limiter=fixed(4), clock=clock, expected_ttft=lambda c: 0.4,
-                        queue=QueueConfig(max_queued_per_tenant=100))
-    gate.cap_route("r", {}, preempting={"a"})
-    for _ in range(30):                      # answered after 0.5 s: the survivors' tail
-        (await gate.acquire(["a"], "standard", "t", deadline=clock.t + 10)).release(0.5, True)
-    lost = await gate.acquire(["a"], "standard", "t", deadline=clock.t + 10)
-    clock.t += 1.5
-    lost.release(None, True)                 # preempted until its client left, 1.5 s after it was sent
-    tight = await gate.acquire(["a"], "standard", "t", deadline=clock.t + 1.0)
-    assert isinstance(tight, Refusal) and tight.reason == "deadline"
-    assert isinstance(await gate.acquire(["a"], "vip", "u", deadline=clock.t + 1.0), Permit)  # vip is never preempted
-
-
 async def test_on_a_preempting_cluster_only_the_top_class_latency_moves_the_limit():
     aimd = LimiterConfig(algorithm="aimd", initial_limit=4, min_limit=1, max_limit=8, latency_target_s=1.0,
                          backoff_interval_s=0)
