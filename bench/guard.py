@@ -3,7 +3,8 @@
 - injection: detection and false alarms on the held-out test splits (bench/guard_data.py) at the
   thresholds a route gets for false_alarm_rate 0.01, 0.005 and 0.001 and at the goal's operating
   points (each threshold set on validation prompts), per source and language, with Wilson 95%
-  intervals; prompts the model does not embed count as passed;
+  intervals; prompts the model does not embed are judged, as in the sidecar, by the n-gram model
+  at its own threshold, which is also reported alone, per language;
 - words: planted denied words (with zero-width characters, full-width letters, case and CJK
   spacing tricks) in paraphrase prompts, and false matches on clean ones, per squeeze mode;
 - personal data: per detector, precision and recall on data/guard/pii.jsonl (generated) and
@@ -37,11 +38,13 @@ def wilson(hits: int, n: int) -> dict:
 
 # --- injection -------------------------------------------------------------------------------
 
-def _scores(head, examples) -> np.ndarray:
-    """The head's score of each example as the sidecar computes it; -1 where the model does not
-    embed the text (the sidecar lets such a prompt pass unchecked)."""
+def _scores(head, examples) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per example, as the sidecar computes them: whether the model embeds the text, the full
+    model's score (NaN where it does not) and the n-gram model's score (every example)."""
     vectors = embed_all([e.text for e in examples])
-    return np.array([head.score(v, e.text) if not np.isnan(v).any() else -1.0 for v, e in zip(vectors, examples)])
+    embedded = ~np.isnan(vectors).any(axis=1)
+    full = np.array([head.score(v, e.text) if ok else np.nan for v, e, ok in zip(vectors, examples, embedded)])
+    return embedded, full, np.array([head.score(None, e.text) for e in examples])
 
 
 def _threshold_for(benign_scores: np.ndarray, rate: float) -> float:
@@ -72,13 +75,38 @@ def _appended(head) -> dict:
     for size in (500, 2000):
         texts = [document(size) + "\n\n" + a for a in attacks] + [document(size) for _ in range(200)]
         vectors = embed_all(texts)
-        scores = np.array([head.score(v, t) if not np.isnan(v).any() else -1.0 for v, t in zip(vectors, texts)])
+        embedded = ~np.isnan(vectors).any(axis=1)
+        scores = np.array([head.score(v if ok else None, t) for v, t, ok in zip(vectors, texts, embedded)])
         for rate in (0.01, 0.001):
-            flagged = scores >= head.threshold(rate)
+            flagged = scores >= np.where(embedded, head.threshold(rate), head.threshold(rate, embedded=False))
             out[f"{size}_chars_false_alarm_rate_{rate}"] = {
                 "detection": wilson(int(flagged[:len(attacks)].sum()), len(attacks)),
                 "false_alarms": wilson(int(flagged[len(attacks):].sum()), len(texts) - len(attacks))}
     return out
+
+
+def _rates(flagged: np.ndarray, test: list, by_language: bool = True) -> dict:
+    """Detection (attacks) and false alarms (hard look-alikes; paraphrase prompts apart) of
+    `flagged`, per source and per language of the Sluice prompts."""
+    def group(pred) -> tuple[dict, dict]:
+        idx = [i for i, e in enumerate(test) if pred(e)]
+        attacks = [i for i in idx if test[i].label == 1]
+        benign = [i for i in idx if test[i].label == 0]
+        return (wilson(int(flagged[attacks].sum()), len(attacks)),
+                wilson(int(flagged[benign].sum()), len(benign)))
+
+    detect, fa = group(lambda e: e.source != "paraphrase")
+    result = {"detection": detect, "false_alarms": fa,
+              "false_alarms_paraphrase": group(lambda e: e.source == "paraphrase")[1], "by_source": {}}
+    for source in ("deepset", "sluice"):
+        d, f = group(lambda e, s=source: e.source == s)
+        result["by_source"][source] = {"detection": d, "false_alarms": f}
+    if by_language:
+        result["by_language"] = {}
+        for lang in sorted({e.lang for e in test if e.source == "sluice"}):
+            d, f = group(lambda e, lang=lang: e.source == "sluice" and e.lang == lang)
+            result["by_language"][lang] = {"detection": d, "false_alarms": f}
+    return result
 
 
 def injection() -> dict:
@@ -87,42 +115,39 @@ def injection() -> dict:
     examples = injection_examples()
     test = [e for e in examples if e.split == "test"]
     val = [e for e in examples if e.split == "val"]
-    scores, val_scores = _scores(head, test), _scores(head, val)
-    out: dict = {"not_embedded": int((scores < 0).sum())}
+    embedded, full, text = _scores(head, test)
+    val_embedded, val_full, val_text = _scores(head, val)
+    out: dict = {"not_embedded": int((~embedded).sum()),
+                 "not_embedded_by_language": {lang: int(sum(1 for e, ok in zip(test, embedded) if not ok and e.lang == lang))
+                                              for lang in sorted({e.lang for e, ok in zip(test, embedded) if not ok})}}
 
-    def section(threshold: float) -> dict:
-        flagged = scores >= threshold
+    def section(threshold: float, text_threshold: float) -> dict:
+        # As the sidecar judges: the full model where there is an embedding, else the n-gram model.
+        flagged = np.where(embedded, np.nan_to_num(full, nan=-1.0) >= threshold, text >= text_threshold)
+        return {"threshold": round(threshold, 4), "text_threshold": round(text_threshold, 4), **_rates(flagged, test)}
 
-        def group(pred) -> tuple[dict, dict]:
-            idx = [i for i, e in enumerate(test) if pred(e)]
-            attacks = [i for i in idx if test[i].label == 1]
-            benign = [i for i in idx if test[i].label == 0]
-            return (wilson(int(flagged[attacks].sum()), len(attacks)),
-                    wilson(int(flagged[benign].sum()), len(benign)))
-
-        detect, fa = group(lambda e: e.source != "paraphrase")
-        result = {"threshold": round(threshold, 4), "detection": detect, "false_alarms": fa,
-                  "false_alarms_paraphrase": group(lambda e: e.source == "paraphrase")[1], "by_source": {}, "by_language": {}}
-        for source in ("deepset", "sluice"):
-            d, f = group(lambda e, s=source: e.source == s)
-            result["by_source"][source] = {"detection": d, "false_alarms": f}
-        for lang in sorted({e.lang for e in test if e.source == "sluice"}):
-            d, f = group(lambda e, lang=lang: e.source == "sluice" and e.lang == lang)
-            result["by_language"][lang] = {"detection": d, "false_alarms": f}
-        return result
-
-    # What a route gets: the threshold for a share of all benign validation prompts.
+    # What a route gets: the threshold for a share of the ordinary validation prompts.
     for rate in (0.01, 0.005, 0.001):
-        out[f"false_alarm_rate_{rate}"] = section(head.threshold(rate))
+        out[f"false_alarm_rate_{rate}"] = section(head.threshold(rate), head.threshold(rate, embedded=False))
     # The goal's operating points, each threshold set on one kind of benign validation prompt:
     # the hard look-alikes (written to resemble attacks) and the ordinary paraphrase prompts.
     hard = np.array([e.label == 0 and e.source != "paraphrase" for e in val])
     ordinary = np.array([e.source == "paraphrase" for e in val])
+
+    def point(benign: np.ndarray, rate: float) -> dict:
+        return section(_threshold_for(val_full[benign & val_embedded], rate), _threshold_for(val_text[benign], rate))
+
     out["appended"] = _appended(head)
-    out["operating_points"] = {
-        "hard_lookalikes_0.01": section(_threshold_for(val_scores[hard], 0.01)),
-        "paraphrase_0.01": section(_threshold_for(val_scores[ordinary], 0.01)),
-        "paraphrase_0.001": section(_threshold_for(val_scores[ordinary], 0.001))}
+    out["operating_points"] = {"hard_lookalikes_0.01": point(hard, 0.01), "paraphrase_0.01": point(ordinary, 0.01),
+                               "paraphrase_0.001": point(ordinary, 0.001)}
+    # The n-gram model alone, on every test prompt (as if none had an embedding), and on those
+    # the model does not embed (the prompts it judges in the sidecar).
+    out["text_only"] = {}
+    for rate in (0.01, 0.001):
+        threshold = head.threshold(rate, embedded=False)
+        out["text_only"][f"false_alarm_rate_{rate}"] = {
+            "threshold": round(threshold, 4), "all_prompts": _rates(text >= threshold, test),
+            "not_embedded": _rates(text[~embedded] >= threshold, [e for e, ok in zip(test, embedded) if not ok])}
     return out
 
 
@@ -271,6 +296,19 @@ def main() -> int:
     print(f"\nroute default (false_alarm_rate 0.001, threshold {inj['threshold']}), Sluice prompts by language:")
     print(report.table([{"language": k, "detection": _cell(v["detection"]), "false alarms": _cell(v["false_alarms"])}
                         for k, v in inj["by_language"].items()], ["language", "detection", "false alarms"]))
+    text_only = data["injection"]["text_only"]
+    print(f"\nn-gram model alone (prompts without an embedding: {data['injection']['not_embedded_by_language']}), "
+          "Sluice prompts by language, every test prompt scored by it:")
+    rows = []
+    for rate, v in text_only.items():
+        for lang, w in v["all_prompts"]["by_language"].items():
+            rows.append({"route rate": rate.rsplit("_", 1)[1], "language": lang, "detection": _cell(w["detection"]),
+                         "false alarms": _cell(w["false_alarms"])})
+        rows.append({"route rate": rate.rsplit("_", 1)[1], "language": "all (+deepset)", "detection": _cell(v["all_prompts"]["detection"]),
+                     "false alarms": _cell(v["all_prompts"]["false_alarms"]) + " paraphrase " + _cell(v["all_prompts"]["false_alarms_paraphrase"])})
+        rows.append({"route rate": rate.rsplit("_", 1)[1], "language": "not embedded", "detection": _cell(v["not_embedded"]["detection"]),
+                     "false alarms": _cell(v["not_embedded"]["false_alarms"])})
+    print(report.table(rows, ["route rate", "language", "detection", "false alarms"]))
     for name, sets in data["personal_data"].items():
         print(f"\npersonal data, {name} set (test split):")
         print(report.table([{"detector": d, "precision": _cell(v["precision"]), "recall": _cell(v["recall"])}

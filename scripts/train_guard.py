@@ -6,8 +6,10 @@ Data and splits: bench/guard_data.py. One logistic model over the prompt's MiniL
 its hashed character n-grams (sidecar/guard/lexical.py), trained jointly by full-batch Adam with
 L2 (stronger on the embedding's 384 dense weights than on the sparse n-gram ones) and class
 weights (attacks are few); the epoch count is chosen on the val split by recall at low
-false-alarm rates. The scores of the ordinary (paraphrase) val prompts are saved with the
-weights: they turn a route's false-alarm rate into a threshold. The test splits are not read. Deterministic: the same data
+false-alarm rates. A second logistic over the n-grams alone, trained the same way on every
+prompt (those the model cannot embed included), judges prompts without an embedding. The scores
+of the ordinary (paraphrase) val prompts under each model are saved with the weights: they turn
+a route's false-alarm rate into a threshold per model. The test splits are not read. Deterministic: the same data
 gives the same weights.
 """
 from __future__ import annotations
@@ -22,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.guard_data import embed_all, injection_examples  # noqa: E402
 from sidecar.guard import lexical  # noqa: E402
-from sidecar.guard.injection import WEIGHTS, InjectionHead  # noqa: E402
+from sidecar.guard.injection import WEIGHTS, InjectionHead, TextHead  # noqa: E402
 
 EPOCHS, LR, L2_LEXICAL, L2_EMBEDDING = 600, 0.02, 1e-5, 1e-4
 
@@ -83,12 +85,29 @@ def train(vectors, ngrams, y, train_rows, val_rows):
     return best_params, best_epoch, best
 
 
+def train_text_head(examples) -> TextHead:
+    """The n-gram model for prompts without an embedding, on every train prompt."""
+    ngrams = Ngrams([e.text for e in examples])
+    y = np.array([e.label for e in examples], np.float64)
+    is_train = np.array([e.split == "train" for e in examples])
+    params, epoch, quality = train(np.zeros((len(examples), 0)), ngrams, y, is_train, ~is_train)
+    head = TextHead(params["lexical"].astype(np.float16).astype(np.float32), float(params["bias"]), np.zeros(0, np.float32))
+    val = [e for e, t in zip(examples, is_train) if not t]
+    sv = np.array([head.score(e.text) for e in val])
+    ordinary = np.array([e.source == "paraphrase" for e in val])
+    print(f"n-gram model: best epoch {epoch}; val recall at 0.1/0.5/1/2% false alarms (mean) {quality:.3f}; "
+          f"at 1%: {recall_at(sv, y[~is_train], 0.01):.3f}")
+    return TextHead(head.lexical, head.bias, np.sort(sv[ordinary]).astype(np.float32))
+
+
 def main() -> int:
     examples = [e for e in injection_examples() if e.split != "test"]
     print(f"embedding {len(examples)} train and val prompts (cached in build/guard/)")
     vectors = embed_all([e.text for e in examples])
     usable = ~np.isnan(vectors).any(axis=1)
-    print(f"{int((~usable).sum())} prompts the model does not embed (too many unknown tokens): left out")
+    text_head = train_text_head(examples)
+    print(f"{int((~usable).sum())} prompts the model does not embed (too many unknown tokens): "
+          "left out of the full model")
     examples = [e for e, ok in zip(examples, usable) if ok]
     vectors = vectors[usable].astype(np.float64)
     ngrams = Ngrams([e.text for e in examples])
@@ -108,7 +127,7 @@ def main() -> int:
     # A route's false_alarm_rate is a share of ordinary prompts: the threshold comes from the
     # ordinary (paraphrase) validation prompts only, not the look-alikes written to be hard.
     ordinary = np.array([e.source == "paraphrase" for _, e in val])
-    head = InjectionHead(head.embedding, head.lexical, head.bias, np.sort(sv[ordinary]).astype(np.float32))
+    head = InjectionHead(head.embedding, head.lexical, head.bias, np.sort(sv[ordinary]).astype(np.float32), text_head)
     head.save(WEIGHTS)
     print(f"best epoch {epoch}; val recall at 0.1/0.5/1/2% false alarms (mean) {quality:.3f}; "
           f"at 1%: {recall_at(sv, yv, 0.01):.3f}")

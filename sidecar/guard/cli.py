@@ -69,8 +69,8 @@ def _run(args: argparse.Namespace) -> int:
             from sidecar.embedding.errors import NothingToEmbed
             try:
                 finding = judge_injection(policy, head.score(encoder.embed([text])[0], text))
-            except NothingToEmbed:
-                finding = None
+            except NothingToEmbed:      # text the model's vocabulary lacks: the n-gram model
+                finding = judge_injection(policy, head.score(None, text), embedded=False)
             if finding is not None:
                 findings.append(finding)
         print(json.dumps({"blocked": any(f.action == "block" for f in findings),

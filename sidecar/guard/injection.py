@@ -1,5 +1,6 @@
 """Prompt-injection classifier: one logistic model over the prompt's MiniLM embedding and its
-hashed character n-grams.
+hashed character n-grams, and a second one over the n-grams alone for prompts without an
+embedding.
 
 The sidecar already embeds the last user turn for the semantic cache; the classifier reads that
 vector (no second model run) and the text itself (sidecar/guard/lexical.py: the words that make
@@ -7,6 +8,11 @@ an order out of a question, which the embedding blurs). Trained by scripts/train
 data/guard/ and ../shared/data (its README). The weights file also holds the scores the
 classifier gave benign validation prompts, so a route's threshold is set as the share of
 ordinary prompts it may flag (`false_alarm_rate`), the unit an operator reasons in.
+
+The model refuses text whose tokens its English vocabulary mostly lacks (much Chinese, Japanese,
+Korean, Arabic) and gives no vector when the embedding queue is full or no model is loaded; such
+a prompt is still judged, by the n-gram model (`TextHead`), at its own threshold for the same
+false-alarm rate.
 """
 from __future__ import annotations
 
@@ -22,40 +28,85 @@ WEIGHTS = Path(__file__).with_name("injection_head.npz")
 DEFAULT_FALSE_ALARM_RATE = 0.001
 
 
+def _quantile(benign_scores: np.ndarray, false_alarm_rate: float) -> float:
+    """The score above which a share `false_alarm_rate` of these benign prompts lie."""
+    if not 0.0 < false_alarm_rate < 1.0:
+        raise ValueError(f"false_alarm_rate must be in (0, 1), got {false_alarm_rate}")
+    return float(np.quantile(benign_scores, 1.0 - false_alarm_rate, method="higher"))
+
+
+def _logistic(logit: float) -> float:
+    return 0.5 * (1.0 + math.tanh(logit / 2))     # without overflow
+
+
+@dataclass(frozen=True)
+class TextHead:
+    """The n-gram part alone: the judge of a prompt that has no embedding."""
+    lexical: np.ndarray         # [lexical.DIM] weights of the n-gram buckets
+    bias: float
+    benign_scores: np.ndarray   # sorted scores of benign validation prompts (calibration)
+
+    def score(self, text: str) -> float:
+        return _logistic(lexical.score(self.lexical, text) + self.bias)
+
+    def threshold(self, false_alarm_rate: float) -> float:
+        return _quantile(self.benign_scores, false_alarm_rate)
+
+
+def _sparse(prefix: str, weights: np.ndarray) -> dict:
+    used = np.flatnonzero(weights)     # most buckets never occur in training: stored sparse
+    return {f"{prefix}lexical_index": used.astype(np.int32), f"{prefix}lexical_weight": weights[used].astype(np.float16)}
+
+
+def _dense(data, prefix: str) -> np.ndarray:
+    weights = np.zeros(lexical.DIM, np.float32)
+    weights[data[f"{prefix}lexical_index"]] = data[f"{prefix}lexical_weight"].astype(np.float32)
+    return weights
+
+
 @dataclass(frozen=True)
 class InjectionHead:
     embedding: np.ndarray       # [dim] weights of the unit embedding
     lexical: np.ndarray         # [lexical.DIM] weights of the n-gram buckets
     bias: float
     benign_scores: np.ndarray   # sorted scores of benign validation prompts (calibration)
+    text: TextHead | None = None
 
     @classmethod
     def load(cls, path: Path = WEIGHTS) -> "InjectionHead":
         with np.load(path) as data:
             if int(data["lexical_dim_bits"]) != lexical.DIM_BITS or tuple(data["lexical_orders"]) != lexical.ORDERS:
                 raise ValueError(f"{path} was trained with other lexical features: run `make guard-model`")
-            weights = np.zeros(lexical.DIM, np.float32)
-            weights[data["lexical_index"]] = data["lexical_weight"].astype(np.float32)
-            return cls(data["embedding"].astype(np.float32), weights, float(data["bias"]),
-                       np.sort(data["benign_scores"].astype(np.float32)))
+            text = None
+            if "text_bias" in data:
+                text = TextHead(_dense(data, "text_"), float(data["text_bias"]),
+                                np.sort(data["text_benign_scores"].astype(np.float32)))
+            return cls(data["embedding"].astype(np.float32), _dense(data, ""), float(data["bias"]),
+                       np.sort(data["benign_scores"].astype(np.float32)), text)
 
     def save(self, path: Path) -> None:
-        used = np.flatnonzero(self.lexical)     # most buckets never occur in training: stored sparse
+        text = {}
+        if self.text is not None:
+            text = {**_sparse("text_", self.text.lexical), "text_bias": np.float32(self.text.bias),
+                    "text_benign_scores": self.text.benign_scores.astype(np.float32)}
         np.savez_compressed(path, embedding=self.embedding.astype(np.float16), bias=np.float32(self.bias),
-                            lexical_index=used.astype(np.int32), lexical_weight=self.lexical[used].astype(np.float16),
+                            **_sparse("", self.lexical), **text,
                             lexical_dim_bits=lexical.DIM_BITS, lexical_orders=np.array(lexical.ORDERS),
                             benign_scores=self.benign_scores.astype(np.float32))
 
-    def score(self, vector: np.ndarray, text: str) -> float:
-        """A probability-like score in [0, 1] for a prompt's unit embedding and its text."""
-        logit = float(vector @ self.embedding) + lexical.score(self.lexical, text) + self.bias
-        return 0.5 * (1.0 + math.tanh(logit / 2))     # the logistic function, without overflow
+    def score(self, vector: np.ndarray | None, text: str) -> float | None:
+        """A probability-like score in [0, 1] for a prompt's unit embedding and its text; for a
+        prompt without an embedding (vector None), the n-gram model's score (None without one)."""
+        if vector is None:
+            return None if self.text is None else self.text.score(text)
+        return _logistic(float(vector @ self.embedding) + lexical.score(self.lexical, text) + self.bias)
 
-    def threshold(self, false_alarm_rate: float) -> float:
-        """The score above which a share `false_alarm_rate` of benign validation prompts lie."""
-        if not 0.0 < false_alarm_rate < 1.0:
-            raise ValueError(f"false_alarm_rate must be in (0, 1), got {false_alarm_rate}")
-        return float(np.quantile(self.benign_scores, 1.0 - false_alarm_rate, method="higher"))
+    def threshold(self, false_alarm_rate: float, embedded: bool = True) -> float | None:
+        """The score above which a share `false_alarm_rate` of benign validation prompts lie,
+        for the full model or (embedded=False) the n-gram model (None without one)."""
+        if embedded:
+            return _quantile(self.benign_scores, false_alarm_rate)
+        return None if self.text is None else self.text.threshold(false_alarm_rate)
 
 
 _loaded: InjectionHead | None = None

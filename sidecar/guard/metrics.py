@@ -10,8 +10,13 @@ FINDINGS = Counter(
     ["route", "detector", "action"])
 UNCHECKED = Counter(
     "sluice_guard_unchecked_total",
-    "Requests the injection classifier could not check (no embedding: model off, queue full, no user "
-    "text); they pass. By route and reason.",
+    "Requests the injection classifier could not check (no user text, or no embedding and no n-gram "
+    "model); they pass. By route and reason.",
+    ["route", "reason"])
+TEXT_ONLY = Counter(
+    "sluice_guard_text_only_total",
+    "Requests the injection classifier judged by their character n-grams alone, without an embedding "
+    "(NothingToEmbed: text the model's vocabulary lacks; QueueFull; no_model). By route and reason.",
     ["route", "reason"])
 SECONDS = Histogram(
     "sluice_guard_seconds", "Guard time per request, words and personal data (not the embedding).",

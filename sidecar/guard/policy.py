@@ -29,6 +29,7 @@ class InjectionRule:
     action: str
     threshold: float
     false_alarm_rate: float
+    text_threshold: float | None = None    # the n-gram model's, for prompts without an embedding
 
 
 @dataclass(frozen=True)
@@ -91,9 +92,11 @@ def build_policy(guard, injection_head=None) -> GuardPolicy | None:
             injection_head = default_head()
         try:
             threshold = injection_head.threshold(rate)
+            text_threshold = injection_head.threshold(rate, embedded=False)
         except ValueError as exc:
             raise ValueError(f"guard.injection.{exc}") from None
-        injection = InjectionRule(_choice(spec.action, INJECTION_ACTIONS, "injection.action", "block"), threshold, rate)
+        injection = InjectionRule(_choice(spec.action, INJECTION_ACTIONS, "injection.action", "block"),
+                                  threshold, rate, text_threshold)
     if not rules and not pii and injection is None:
         return None
     return GuardPolicy(messages, tuple(rules), WordMatcher(lists) if rules else None, pii,

@@ -148,22 +148,28 @@ class GuardStage:
             metrics.UNCHECKED.labels(ctx.route_name, "no_user_text").inc()
             return None
         if self._embedder is None:
-            metrics.UNCHECKED.labels(ctx.route_name, "no_model").inc()
-            return None
+            return self._text_only(ctx, policy, parts.text, "no_model")
         # Longer prompts are embedded for the guard alone (the cache compares no prompt past
         # its max_prompt_chars): the model reads their last 256 tokens, where an order
         # appended to a pasted document sits. Their vector is not kept for the cache.
         keep = may_keep(ctx.headers) and len(parts.text) <= _CACHE_MAX_PROMPT_CHARS
         try:
             vector = await self._embedder.embed(parts.text, keep=keep)
-        except Exception as exc:   # EmbeddingUnavailable (queue full, not ready) and any other: pass
-            metrics.UNCHECKED.labels(ctx.route_name, type(exc).__name__).inc()
-            return None
-        head = self._head
-        if head is None:
+        except Exception as exc:   # NothingToEmbed, EmbeddingUnavailable (queue full, not ready), any other
+            return self._text_only(ctx, policy, parts.text, type(exc).__name__)
+        return judge_injection(policy, self._injection_head().score(vector, parts.text))
+
+    def _text_only(self, ctx: RequestContext, policy: GuardPolicy, text: str, reason: str) -> Finding | None:
+        """No embedding: the n-gram model judges the prompt alone, at its own threshold."""
+        score = self._injection_head().score(None, text)
+        (metrics.UNCHECKED if score is None else metrics.TEXT_ONLY).labels(ctx.route_name, reason).inc()
+        return judge_injection(policy, score, embedded=False)
+
+    def _injection_head(self):
+        if self._head is None:
             from sidecar.guard.injection import default_head
-            head = self._head = default_head()
-        return judge_injection(policy, head.score(vector, parts.text))
+            self._head = default_head()
+        return self._head
 
     @staticmethod
     def _count(ctx: RequestContext, finding: Finding) -> None:

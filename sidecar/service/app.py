@@ -60,8 +60,8 @@ def build(config: SidecarConfig) -> App:
     routing = RouteStage()
     routing.admission = _admission(config, routing, secret, redis)
     if not config.cache:
-        # No embedding model without the cache: the guard's injection classifier counts its
-        # requests as unchecked (sluice_guard_unchecked_total) and lets them pass.
+        # No embedding model without the cache: the guard's injection classifier judges its
+        # requests by their n-grams alone (sluice_guard_text_only_total).
         return App(Pipeline(routing, guard=_guard(None)), closers=shared, scheduler=routing.scheduler)
     from sidecar.cache.budget import BytePool
     from sidecar.cache.equivalence import forget_profiles
