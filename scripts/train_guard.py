@@ -59,13 +59,18 @@ def logits(params: dict, vectors: np.ndarray, ngrams: Ngrams) -> np.ndarray:
     return vectors @ params["embedding"] + ngrams.dot(params["lexical"]) + params["bias"]
 
 
-def train(vectors, ngrams, y, train_rows, val_rows):
-    params = {"embedding": np.zeros(vectors.shape[1]), "lexical": np.zeros(lexical.DIM), "bias": np.zeros(())}
-    l2 = {"embedding": L2_EMBEDDING, "lexical": L2_LEXICAL, "bias": 0.0}
-    moments = {k: (np.zeros_like(v), np.zeros_like(v)) for k, v in params.items()}
+def class_weights(y, train_rows) -> np.ndarray:
+    """Attacks and benign prompts weigh half each (attacks are few); val rows weigh 0."""
     yt = y[train_rows]
-    # Class weights, and only training rows count: the val rows get weight 0.
-    weight = np.where(y == 1, 0.5 / yt.mean(), 0.5 / (1 - yt.mean())) * train_rows / train_rows.sum()
+    return np.where(y == 1, 0.5 / yt.mean(), 0.5 / (1 - yt.mean())) * train_rows / train_rows.sum()
+
+
+def train(vectors, ngrams, y, train_rows, val_rows, weight=None, l2_embedding=L2_EMBEDDING, l2_lexical=L2_LEXICAL):
+    params = {"embedding": np.zeros(vectors.shape[1]), "lexical": np.zeros(lexical.DIM), "bias": np.zeros(())}
+    l2 = {"embedding": l2_embedding, "lexical": l2_lexical, "bias": 0.0}
+    moments = {k: (np.zeros_like(v), np.zeros_like(v)) for k, v in params.items()}
+    if weight is None:
+        weight = class_weights(y, train_rows)
     best, best_params, best_epoch = -1.0, None, 0
     for epoch in range(1, EPOCHS + 1):
         z = logits(params, vectors, ngrams)
