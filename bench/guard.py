@@ -24,7 +24,7 @@ import time
 import numpy as np
 
 from bench import report
-from bench.guard_data import ROOT, embed_all, injection_examples, pii_examples, pii_handwritten
+from bench.guard_data import ORDINARY_SOURCES, ROOT, embed_all, injection_examples, pii_examples, pii_handwritten
 
 
 def wilson(hits: int, n: int) -> dict:
@@ -86,8 +86,9 @@ def _appended(head) -> dict:
 
 
 def _rates(flagged: np.ndarray, test: list, by_language: bool = True) -> dict:
-    """Detection (attacks) and false alarms (hard look-alikes; paraphrase prompts apart) of
-    `flagged`, per source and per language of the Sluice prompts."""
+    """Detection (attacks) and false alarms (hard look-alikes; ordinary prompts apart: the
+    English paraphrase set, the CJK ordinary set) of `flagged`, per source and per language of
+    the Sluice prompts."""
     def group(pred) -> tuple[dict, dict]:
         idx = [i for i, e in enumerate(test) if pred(e)]
         attacks = [i for i in idx if test[i].label == 1]
@@ -95,9 +96,10 @@ def _rates(flagged: np.ndarray, test: list, by_language: bool = True) -> dict:
         return (wilson(int(flagged[attacks].sum()), len(attacks)),
                 wilson(int(flagged[benign].sum()), len(benign)))
 
-    detect, fa = group(lambda e: e.source != "paraphrase")
+    detect, fa = group(lambda e: e.source not in ORDINARY_SOURCES)
     result = {"detection": detect, "false_alarms": fa,
-              "false_alarms_paraphrase": group(lambda e: e.source == "paraphrase")[1], "by_source": {}}
+              "false_alarms_paraphrase": group(lambda e: e.source == "paraphrase")[1],
+              "false_alarms_ordinary_cjk": group(lambda e: e.source == "ordinary")[1], "by_source": {}}
     for source in ("deepset", "sluice"):
         d, f = group(lambda e, s=source: e.source == s)
         result["by_source"][source] = {"detection": d, "false_alarms": f}
@@ -105,7 +107,9 @@ def _rates(flagged: np.ndarray, test: list, by_language: bool = True) -> dict:
         result["by_language"] = {}
         for lang in sorted({e.lang for e in test if e.source == "sluice"}):
             d, f = group(lambda e, lang=lang: e.source == "sluice" and e.lang == lang)
-            result["by_language"][lang] = {"detection": d, "false_alarms": f}
+            ordinary = group(lambda e, lang=lang: e.source == "ordinary" and e.lang == lang)[1]
+            result["by_language"][lang] = {"detection": d, "false_alarms": f,
+                                           **({"false_alarms_ordinary": ordinary} if ordinary["n"] else {})}
     return result
 
 
@@ -130,16 +134,16 @@ def injection() -> dict:
     for rate in (0.01, 0.005, 0.001):
         out[f"false_alarm_rate_{rate}"] = section(head.threshold(rate), head.threshold(rate, embedded=False))
     # The goal's operating points, each threshold set on one kind of benign validation prompt:
-    # the hard look-alikes (written to resemble attacks) and the ordinary paraphrase prompts.
-    hard = np.array([e.label == 0 and e.source != "paraphrase" for e in val])
-    ordinary = np.array([e.source == "paraphrase" for e in val])
+    # the hard look-alikes (written to resemble attacks) and the ordinary prompts.
+    hard = np.array([e.label == 0 and e.source not in ORDINARY_SOURCES for e in val])
+    ordinary = np.array([e.source in ORDINARY_SOURCES for e in val])
 
     def point(benign: np.ndarray, rate: float) -> dict:
         return section(_threshold_for(val_full[benign & val_embedded], rate), _threshold_for(val_text[benign], rate))
 
     out["appended"] = _appended(head)
-    out["operating_points"] = {"hard_lookalikes_0.01": point(hard, 0.01), "paraphrase_0.01": point(ordinary, 0.01),
-                               "paraphrase_0.001": point(ordinary, 0.001)}
+    out["operating_points"] = {"hard_lookalikes_0.01": point(hard, 0.01), "ordinary_0.01": point(ordinary, 0.01),
+                               "ordinary_0.001": point(ordinary, 0.001)}
     # The n-gram model alone, on every test prompt (as if none had an embedding), and on those
     # the model does not embed (the prompts it judges in the sidecar).
     out["text_only"] = {}
@@ -282,20 +286,22 @@ def main() -> int:
     points = data["injection"]["operating_points"]
     print("injection (test splits; each threshold set on validation prompts):")
     rows = []
-    for name, label in (("hard_lookalikes_0.01", "1% of hard look-alikes"), ("paraphrase_0.01", "1% of paraphrase"),
-                        ("paraphrase_0.001", "0.1% of paraphrase")):
+    for name, label in (("hard_lookalikes_0.01", "1% of hard look-alikes"), ("ordinary_0.01", "1% of ordinary"),
+                        ("ordinary_0.001", "0.1% of ordinary")):
         p = points[name]
         rows.append({"threshold set for": label, "detection": _cell(p["detection"]), "fa hard look-alikes": _cell(p["false_alarms"]),
-                     "fa paraphrase": _cell(p["false_alarms_paraphrase"]),
+                     "fa paraphrase": _cell(p["false_alarms_paraphrase"]), "fa ordinary CJK": _cell(p["false_alarms_ordinary_cjk"]),
                      "deepset / sluice attacks": f'{p["by_source"]["deepset"]["detection"]["rate"]} / {p["by_source"]["sluice"]["detection"]["rate"]}'})
     print(report.table(rows, list(rows[0])))
     print("\nattacks appended to an ordinary document, and such documents alone:")
     print(report.table([{"document, route rate": k, "detection": _cell(v["detection"]), "false alarms": _cell(v["false_alarms"])}
                         for k, v in data["injection"]["appended"].items()], ["document, route rate", "detection", "false alarms"]))
     inj = data["injection"]["false_alarm_rate_0.001"]
-    print(f"\nroute default (false_alarm_rate 0.001, threshold {inj['threshold']}), Sluice prompts by language:")
-    print(report.table([{"language": k, "detection": _cell(v["detection"]), "false alarms": _cell(v["false_alarms"])}
-                        for k, v in inj["by_language"].items()], ["language", "detection", "false alarms"]))
+    print(f"\nroute default (false_alarm_rate 0.001, thresholds {inj['threshold']} / n-grams alone {inj['text_threshold']}), "
+          "Sluice prompts by language (false alarms: hard look-alikes; ordinary CJK prompts):")
+    print(report.table([{"language": k, "detection": _cell(v["detection"]), "false alarms": _cell(v["false_alarms"]),
+                         "fa ordinary": _cell(v["false_alarms_ordinary"]) if "false_alarms_ordinary" in v else ""}
+                        for k, v in inj["by_language"].items()], ["language", "detection", "false alarms", "fa ordinary"]))
     text_only = data["injection"]["text_only"]
     print(f"\nn-gram model alone (prompts without an embedding: {data['injection']['not_embedded_by_language']}), "
           "Sluice prompts by language, every test prompt scored by it:")
@@ -303,11 +309,12 @@ def main() -> int:
     for rate, v in text_only.items():
         for lang, w in v["all_prompts"]["by_language"].items():
             rows.append({"route rate": rate.rsplit("_", 1)[1], "language": lang, "detection": _cell(w["detection"]),
-                         "false alarms": _cell(w["false_alarms"])})
+                         "false alarms": _cell(w["false_alarms"]) + (" ordinary " + _cell(w["false_alarms_ordinary"])
+                                                                     if "false_alarms_ordinary" in w else "")})
         rows.append({"route rate": rate.rsplit("_", 1)[1], "language": "all (+deepset)", "detection": _cell(v["all_prompts"]["detection"]),
                      "false alarms": _cell(v["all_prompts"]["false_alarms"]) + " paraphrase " + _cell(v["all_prompts"]["false_alarms_paraphrase"])})
         rows.append({"route rate": rate.rsplit("_", 1)[1], "language": "not embedded", "detection": _cell(v["not_embedded"]["detection"]),
-                     "false alarms": _cell(v["not_embedded"]["false_alarms"])})
+                     "false alarms": _cell(v["not_embedded"]["false_alarms"]) + " ordinary CJK " + _cell(v["not_embedded"]["false_alarms_ordinary_cjk"])})
     print(report.table(rows, ["route rate", "language", "detection", "false alarms"]))
     for name, sets in data["personal_data"].items():
         print(f"\npersonal data, {name} set (test split):")

@@ -6,6 +6,8 @@ Injection data (label 1 = attack):
     split is held out; its `train` split is cut 80/20 into train and val by a hash of the id;
   - data/guard/injections.jsonl (written for Sluice, many languages): train / val / test as
     the file says;
+  - data/guard/ordinary.jsonl (ordinary Chinese, Japanese and Korean requests, every one
+    benign: the paraphrase set is English): train / val / test as the file says;
   - ../shared/data/paraphrase/dev.jsonl (every prompt benign): by a hash of the prompt's
     paraphrase group (a prompt and its rewordings, joined through the pairs), 25% train, 7%
     val, 12% test, the rest unused.
@@ -28,6 +30,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = Path(os.environ.get("SLUICE_SHARED_DATA", ROOT.parent / "shared" / "data"))
 OURS = ROOT / "data" / "guard" / "injections.jsonl"
+ORDINARY = ROOT / "data" / "guard" / "ordinary.jsonl"
+# Sources of ordinary prompts (not written to look like attacks): a route's false_alarm_rate is
+# a share of these.
+ORDINARY_SOURCES = ("paraphrase", "ordinary")
 PII = ROOT / "data" / "guard" / "pii.jsonl"
 PII_HANDWRITTEN = ROOT / "data" / "guard" / "pii_handwritten.txt"
 CACHE = ROOT / "build" / "guard" / "embeddings.npz"
@@ -38,7 +44,7 @@ class Example:
     text: str
     label: int
     split: str        # train | val | test
-    source: str       # deepset | sluice | paraphrase
+    source: str       # deepset | sluice (attacks and hard look-alikes) | paraphrase | ordinary
     lang: str
 
 
@@ -59,6 +65,8 @@ def injection_examples(paraphrase_limit: int | None = None) -> list[Example]:
         out.append(Example(row["text"], int(row["label"]), split, "deepset", "en+de"))
     for row in _read(OURS):
         out.append(Example(row["text"], int(row["label"]), row["split"], "sluice", row["lang"]))
+    for row in _read(ORDINARY):
+        out.append(Example(row["text"], 0, row["split"], "ordinary", row["lang"]))
     texts = _paraphrase_texts()
     if paraphrase_limit is not None:
         texts = texts[:paraphrase_limit]

@@ -8,7 +8,7 @@ L2 (stronger on the embedding's 384 dense weights than on the sparse n-gram ones
 weights (attacks are few); the epoch count is chosen on the val split by recall at low
 false-alarm rates. A second logistic over the n-grams alone, trained the same way on every
 prompt (those the model cannot embed included), judges prompts without an embedding. The scores
-of the ordinary (paraphrase) val prompts under each model are saved with the weights: they turn
+of the ordinary val prompts (paraphrase set, data/guard/ordinary.jsonl) under each model are saved with the weights: they turn
 a route's false-alarm rate into a threshold per model. The test splits are not read. Deterministic: the same data
 gives the same weights.
 """
@@ -22,7 +22,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.guard_data import embed_all, injection_examples  # noqa: E402
+from bench.guard_data import ORDINARY_SOURCES, embed_all, injection_examples  # noqa: E402
 from sidecar.guard import lexical  # noqa: E402
 from sidecar.guard.injection import WEIGHTS, InjectionHead, TextHead  # noqa: E402
 
@@ -99,7 +99,7 @@ def train_text_head(examples) -> TextHead:
     head = TextHead(params["lexical"].astype(np.float16).astype(np.float32), float(params["bias"]), np.zeros(0, np.float32))
     val = [e for e, t in zip(examples, is_train) if not t]
     sv = np.array([head.score(e.text) for e in val])
-    ordinary = np.array([e.source == "paraphrase" for e in val])
+    ordinary = np.array([e.source in ORDINARY_SOURCES for e in val])
     print(f"n-gram model: best epoch {epoch}; val recall at 0.1/0.5/1/2% false alarms (mean) {quality:.3f}; "
           f"at 1%: {recall_at(sv, y[~is_train], 0.01):.3f}")
     return TextHead(head.lexical, head.bias, np.sort(sv[ordinary]).astype(np.float32))
@@ -130,8 +130,8 @@ def main() -> int:
     sv = np.array([head.score(v.astype(np.float32), e.text) for v, e in val])
     yv = y[~is_train]
     # A route's false_alarm_rate is a share of ordinary prompts: the threshold comes from the
-    # ordinary (paraphrase) validation prompts only, not the look-alikes written to be hard.
-    ordinary = np.array([e.source == "paraphrase" for _, e in val])
+    # ordinary validation prompts only, not the look-alikes written to be hard.
+    ordinary = np.array([e.source in ORDINARY_SOURCES for _, e in val])
     head = InjectionHead(head.embedding, head.lexical, head.bias, np.sort(sv[ordinary]).astype(np.float32), text_head)
     head.save(WEIGHTS)
     print(f"best epoch {epoch}; val recall at 0.1/0.5/1/2% false alarms (mean) {quality:.3f}; "
