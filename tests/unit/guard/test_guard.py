@@ -87,7 +87,7 @@ def test_mask_spans_reuse_the_scan_and_agree_with_a_fresh_pass(text):
                                   "İstanbul ǅ ﬃ 𝐀𝐁"])
 def test_fold_with_offsets_maps_each_folded_character_to_its_source(text):
     import unicodedata
-    from sidecar.guard.normalize import _KEPT, fold_with_offsets, squeeze_offsets
+    from sidecar.guard.normalize import _KEPT, fold_with_offsets, squeeze, squeeze_offsets
     expected, offsets = "", []
     for index, ch in enumerate(text):        # the definition, one character at a time
         if unicodedata.category(ch) in ("Cf", "Cc"):
@@ -98,6 +98,7 @@ def test_fold_with_offsets_maps_each_folded_character_to_its_source(text):
     folded, got = fold_with_offsets(text)
     assert folded == expected and list(got) == offsets
     assert list(squeeze_offsets(folded)) == [m.start() for m in _KEPT.finditer(folded)]
+    assert squeeze(folded) == "".join(m.group() for m in _KEPT.finditer(folded))
 
 
 def test_fold_drops_invisible_characters_and_folds_case():
