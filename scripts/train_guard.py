@@ -32,10 +32,10 @@ EPOCHS, LR, L2_LEXICAL, L2_EMBEDDING = 600, 0.02, 1e-5, 1e-4
 class Ngrams:
     """The n-gram features of many texts as a sparse matrix (rows, buckets, values)."""
 
-    def __init__(self, texts: list[str]):
+    def __init__(self, texts: list[str], buckets=lexical.buckets):
         rows, cols, values = [], [], []
         for i, text in enumerate(texts):
-            index = lexical.buckets(text)
+            index = buckets(text)
             rows.append(np.full(len(index), i))
             cols.append(index)
             values.append(np.full(len(index), 1 / np.sqrt(max(1, len(index)))))
