@@ -9,12 +9,13 @@ max_tokens: the mean answer length). Until a route has answers the bound itself 
 A cluster's slots count in units of the mean expected cost of the requests offered to it (all
 that ask, admitted or not: a mean over the admitted alone drifts to whatever the limit lets
 through, small requests under load, until a large one counts for the whole cluster and never
-finds it empty), so the limit (in requests) keeps its meaning on average, while an 8k-token request takes as many slots as it is larger than the
-mean, and a 100-token one a fraction (never more than the whole limit: a lone large request
+finds it empty), so the limit (in requests) keeps its meaning on average, while an 8k-token
+request takes as many slots as it is larger than the mean, and a 100-token one a fraction (never more than the whole limit: a lone large request
 still runs). Pure: no clock, no I/O.
 """
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -89,9 +90,16 @@ class ClusterCosts:
             return 1.0
         return min(float(max(1, limit)), max(self.config.min_slots, tokens / mean))
 
-    def offered(self, cluster: str, tokens: float | None) -> None:
-        """A request of `tokens` expected tokens asks for a slot on `cluster`."""
-        if tokens is None:
+    def offered(self, cluster: str, tokens: float | None, limit: int) -> None:
+        """A request of `tokens` expected tokens asks for a slot on `cluster`, whose limit is `limit`.
+
+        A request counts for at most the whole limit, so a sample moves the mean by at most
+        `limit` times it (the first, as `limit` default answers): one huge max_tokens (a client's
+        number, refused or not) cannot shrink every other request to `min_slots` and let the
+        cluster take many times its limit."""
+        if tokens is None or not math.isfinite(tokens) or tokens <= 0:
             return
         mean = self._mean.get(cluster)
+        reference = self.config.default_answer_tokens if mean is None else mean
+        tokens = min(tokens, reference * max(1, limit))
         self._mean[cluster] = tokens if mean is None else mean + self.config.cluster_alpha * (tokens - mean)

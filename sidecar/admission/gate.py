@@ -207,8 +207,8 @@ class Gate:
             deadline = now + self.config.default_deadline_s
         clusters = tuple(dict.fromkeys(candidates))
         for cluster in clusters:
-            self._limiter(cluster)
-            self._costs.offered(cluster, tokens)
+            limiter = self._limiter(cluster)
+            self._costs.offered(cluster, tokens, limiter.limit)
         chooser = chooser or self._chooser
         free = [c for c in clusters if self._has_slot(c, cls, tokens)]
         wait = 0.0 if free else self._expected_wait(cls, tenant, clusters, now, tenant_weight)

@@ -31,6 +31,7 @@ _NOT_OTHER = frozenset({"model", "messages", "tools", "tool_choice", *SAMPLING_F
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 _NUMERIC = ("temperature", "top_p", "presence_penalty", "frequency_penalty")
 _INTEGER = ("max_tokens", "max_completion_tokens", "n", "seed", "top_logprobs")
+_AT_LEAST_ONE = ("max_tokens", "max_completion_tokens", "n")
 # What an upstream can hold (a seed is a 64-bit integer); a bigger max_tokens once crashed
 # the timeout arithmetic (no float holds it) and Envoy failed the request open.
 MAX_INTEGER = 2**63 - 1
@@ -200,6 +201,10 @@ def _parse(body: bytes) -> ChatRequest:
     for name in _INTEGER:
         if name in sampling and not (_is_int(sampling[name]) and abs(sampling[name]) <= MAX_INTEGER):
             raise BadRequest(f"'{name}' must be an integer of at most 64 bits", name)
+    for name in _AT_LEAST_ONE:
+        if name in sampling and sampling[name] < 1:
+            # OpenAI's minimum; a negative bound would also count as negative work in admission.
+            raise BadRequest(f"'{name}' must be at least 1", name)
     stop = sampling.get("stop")
     if stop is not None and not (isinstance(stop, str) or
                                  (isinstance(stop, list) and all(isinstance(s, str) for s in stop))):

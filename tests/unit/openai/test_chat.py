@@ -55,6 +55,9 @@ def test_multipart_content_text():
     (body(max_tokens=1.5), "max_tokens"),
     (body(max_tokens=10 ** 400), "max_tokens"),              # no float holds it: the timeout maths broke
     (body(max_completion_tokens=2 ** 63), "max_completion_tokens"),
+    (body(max_tokens=-5), "max_tokens"),                     # OpenAI's minimum is 1
+    (body(max_completion_tokens=0), "max_completion_tokens"),
+    (body(n=0), "n"),
     (body(seed=-2 ** 64), "seed"),
     (body(stop=[1]), "stop"),
     (body(tools="all"), "tools"),
