@@ -98,6 +98,8 @@ def _parse(name: str, shape: str, table: object, lex: Lexicon) -> None:
         lex.numbered[name] = _inverse(where, table, _number_key)
     else:
         for prefix, length in table.items():
+            if not prefix.strip():  # an empty prefix would make every word its own opposite
+                raise LexiconError(f"{where}: an empty prefix")
             if not isinstance(length, int) or isinstance(length, bool) or length < 1:
                 raise LexiconError(f"{where}.{prefix}: expected a positive integer, got {length!r}")
         lex.lengths[name] = dict(table)

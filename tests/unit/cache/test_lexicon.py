@@ -62,6 +62,7 @@ def test_the_checks_read_the_lexicon():
     (_replace_table("tenses", "present = \"is\"\npast = \"was is\""), "[tenses]: 'is' is in two classes"),
     (_replace_table("tenses", ""), "[tenses]: empty"),
     (_replace_table("negating_prefixes", "un = \"4\""), "[negating_prefixes].un: expected a positive integer"),
+    (_replace_table("negating_prefixes", "\"\" = 4"), "[negating_prefixes]: an empty prefix"),
     (_replace_table("swapped_prefixes", "pairs = [[\"en\"]]"), "[swapped_prefixes]: pairs must be"),
     (_replace_table("comparisons", "\"+good\" = [\"good\", 3]"), "[comparisons].+good: expected a string"),
 ])
