@@ -106,7 +106,7 @@ async def _serve(path: str, port_file: str) -> None:
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     pathlib.Path(port_file).write_text(str(sidecar.port))
     await stop.wait()
-    await sidecar.service.server.stop(0)
+    await sidecar.server.stop(0)
     if app is not None:
         await app.close()
 
