@@ -84,9 +84,10 @@ class AccessLog:
         """Whether anyone reads the lines: stdout, or a `sluice admin tail`."""
         return self.enabled or self.feed.active
 
-    def emit(self, ctx: RequestContext, trace_id: str | None = None) -> None:
+    def emit(self, ctx: RequestContext, trace_id: str | None = None, sent_at: float | None = None) -> None:
+        """sent_at: when the request went upstream (the route stage's), for its time to first byte."""
         if self.wanted:
-            entry = self.entry(ctx, trace_id)
+            entry = self.entry(ctx, trace_id, sent_at)
             line = _ENCODER.encode(entry)
             if not line.isascii() and not _utf8(line):
                 # A lone surrogate (a model name or prompt can carry one) would fail the write
@@ -102,10 +103,10 @@ class AccessLog:
         if flush is not None:
             flush()
 
-    def entry(self, ctx: RequestContext, trace_id: str | None = None) -> dict:
+    def entry(self, ctx: RequestContext, trace_id: str | None = None, sent_at: float | None = None) -> dict:
         now = self._clock()
         chat = ctx.chat
-        sent = getattr(ctx, "sent_at", None) or ctx.started     # when the request went upstream
+        sent = sent_at or ctx.started
         ttfb = ctx.response_headers_at - sent if ctx.response_headers_at is not None else None
         entry = {
             "time": self._time(), "logger": "sluice.access", "message": "request",

@@ -146,7 +146,7 @@ def decision_attributes(ctx: RequestContext) -> dict:
         "gen_ai.request.model": ctx.logged_model,
         "sluice.stream": ctx.chat.stream if ctx.chat is not None else None,
     }
-    decision = ctx.decision
+    decision = ctx.why.picked
     if decision is not None:
         optional.update({"sluice.degraded": getattr(decision, "degraded", None),
                          "sluice.probe": getattr(decision, "probe", None),

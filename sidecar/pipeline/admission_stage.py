@@ -43,6 +43,16 @@ class RouteAdmission:
     count_tokens: bool = False  # slots and shares count expected tokens (admission/cost.py)
 
 
+@dataclass(eq=False, slots=True)
+class AdmissionState:
+    """Admission's piece of one request (the exchange keeps it, sidecar/pipeline/exchange.py)."""
+    tenant: str | None = None            # keyed hash of the caller's credential
+    priority_class: str | None = None    # the class it was admitted in (vip, standard, ...)
+    token_estimate: int | None = None    # prompt tokens charged to the tenant's budget
+    expected_tokens: float | None = None  # its cost, where the route counts tokens (admission/cost.py)
+    permit: Permit | None = None         # a slot held on the cluster, given back at the end
+
+
 def route_admission(route: RouteSettings, classes: Sequence[str] = ("vip", "standard", "batch")) -> RouteAdmission | None:
     a = route.admission
     if not a.enabled:
@@ -109,14 +119,14 @@ class Admission:
             rules = tuple(r for r in limiter.config.rules if not (r.tenant is None and r.route == route_name))
             limiter.config = dataclasses.replace(limiter.config, rules=rules + (RateLimitRule(limits, route=route_name),))
 
-    async def admit(self, ctx: RequestContext, settings: RouteAdmission, clusters: Sequence[str],
-                    can_degrade: bool = False) -> Permit | Refusal | Degrade:
+    async def admit(self, ctx: RequestContext, state: AdmissionState, settings: RouteAdmission,
+                    clusters: Sequence[str], can_degrade: bool = False) -> Permit | Refusal | Degrade:
         """Rate limits, then a slot on one of `clusters` (best first); may wait in the queue.
         `can_degrade`: the route has a healthy fallback, for what the gate would refuse as
         overloaded or what would wait past the route's degrade_after_s."""
         tenant = tenant_of(ctx.headers, self._secret, tenant_header=settings.tenant_header) or ANONYMOUS
-        ctx.tenant = tenant
-        priority = ctx.priority_class = self._priority(ctx, settings)
+        state.tenant = tenant
+        priority = state.priority_class = self._priority(ctx, settings)
         if self._tokens is not None and (settings.limits.requests_per_minute or settings.limits.tokens_per_minute):
             estimate = estimate_tokens(ctx.chat.text)
             decision = await self._tokens.check(tenant, ctx.route_name, estimate)
@@ -124,9 +134,9 @@ class Admission:
                 refusal = decision.refusal()
                 ctx.why.admission = AdmissionWhy(priority, f"refused:{refusal.reason}", 0.0)
                 return refusal
-            ctx.token_estimate = estimate
+            state.token_estimate = estimate
         if settings.count_tokens:
-            ctx.expected_tokens = self.answer_lengths.expected_tokens(
+            state.expected_tokens = self.answer_lengths.expected_tokens(
                 ctx.route_name, estimate_tokens(ctx.chat.text), ctx.chat.max_tokens)
         asked = time.monotonic()
         try:
@@ -139,12 +149,12 @@ class Admission:
                                              allow_degrade=can_degrade and settings.degrade_after_s != 0,
                                              degrade_after_s=settings.degrade_after_s or None,
                                              tenant_weight=self._tenant_weight(ctx, settings),
-                                             tokens=ctx.expected_tokens)
+                                             tokens=state.expected_tokens)
         except BaseException:               # the client left the queue: nothing was served
-            self.refund(ctx)
+            self.refund(ctx, state)
             raise
         if isinstance(result, Refusal):     # refused at the gate: its budget was not spent
-            self.refund(ctx)
+            self.refund(ctx, state)
         ctx.why.admission = self._why(priority, result, time.monotonic() - asked)
         return result
 
@@ -168,23 +178,23 @@ class Admission:
             return 1
         return settings.tenant_weights.get(ctx.headers.get(settings.tenant_header, ""), 1)
 
-    def settle(self, ctx: RequestContext) -> None:
+    def settle(self, ctx: RequestContext, state: AdmissionState) -> None:
         """Learn the route's answer length from a whole answer; correct the tenant's token
         budget with the answer's real usage (in the background)."""
-        if ctx.expected_tokens is not None and ctx.usage is not None and ctx.response_complete and ctx.status == 200:
+        if state.expected_tokens is not None and ctx.usage is not None and ctx.response_complete and ctx.status == 200:
             self.answer_lengths.observe(ctx.route_name, ctx.chat.max_tokens, ctx.usage[1])
-        if self._tokens is None or ctx.token_estimate is None or ctx.usage is None:
+        if self._tokens is None or state.token_estimate is None or ctx.usage is None:
             return
-        delta = sum(ctx.usage) - ctx.token_estimate
-        self._in_background(self._tokens.adjust(ctx.tenant, ctx.route_name, delta))
+        delta = sum(ctx.usage) - state.token_estimate
+        self._in_background(self._tokens.adjust(state.tenant, ctx.route_name, delta))
 
-    def refund(self, ctx: RequestContext) -> None:
+    def refund(self, ctx: RequestContext, state: AdmissionState) -> None:
         """The request and its estimated tokens back to the tenant's budgets (in the background):
         the sidecar refused it after all."""
-        if self._tokens is None or ctx.token_estimate is None:
+        if self._tokens is None or state.token_estimate is None:
             return
-        estimate, ctx.token_estimate = ctx.token_estimate, None        # never settled as well
-        self._in_background(self._tokens.refund(ctx.tenant, ctx.route_name, estimate))
+        estimate, state.token_estimate = state.token_estimate, None    # never settled as well
+        self._in_background(self._tokens.refund(state.tenant, ctx.route_name, estimate))
 
     def _in_background(self, work) -> None:
         task = asyncio.get_running_loop().create_task(work)

@@ -33,10 +33,10 @@ from sidecar.cache.capture import IDENTITY_ENCODING, NotCaptured, SseCapture, ca
 from sidecar.cache.equivalence import EquivalenceSettings, Verdict, candidate_floor, same_question
 from sidecar.cache.false_hits import FEEDBACK_HEADER, MemoryFalseHits, pair_id
 from sidecar.cache.inflight import Answered, Follow, Lead, Near, Promoted
-from sidecar.cache.policy import TIME_SENSITIVE_WORDS, CachePolicy, cache_decision
+from sidecar.cache.policy import TIME_SENSITIVE_WORDS, Bypass, CachePolicy, cache_decision
 from sidecar.cache.replay import completion_id, hit_headers, json_body, sse_body
 from sidecar.cache.request_memo import RequestMemo
-from sidecar.cache.scope import exact_key, exact_key_in, prompt_text, scope_for
+from sidecar.cache.scope import CacheScope, exact_key, exact_key_in, prompt_text, scope_for
 from sidecar.request.context import Outcome, RequestContext
 from sidecar.request.decision_record import CacheWhy
 from sidecar.observability.logs import Throttle
@@ -119,8 +119,8 @@ def cache_policy(route: RouteSettings) -> CachePolicy:
 
 
 class CacheRequest(NamedTuple):
-    bypass: object                   # sidecar.cache.policy.Bypass, or None to serve and store
-    scope: object                    # sidecar.cache.scope.CacheScope; None: not cacheable
+    bypass: Bypass | None            # None: serve and store
+    scope: CacheScope | None         # None: not cacheable
     prompt: str
     key: str | None                  # exact key within the scope
 
@@ -216,6 +216,13 @@ BYPASS = Upstream("bypass")
 UNTOUCHED = Upstream("bypass", untouched=True)
 
 
+@dataclass(eq=False, slots=True)
+class CacheState:
+    """The cache's piece of one request (the exchange keeps it, sidecar/pipeline/exchange.py)."""
+    request: CacheRequest | None = None  # its bypass verdict, scope and key, once worked out
+    upstream: Upstream | None = None     # how it goes upstream, once the cache let it (and its capture)
+
+
 class CacheStage:
     """The cache's stages of the pipeline (sidecar/pipeline/exchange.py): policy, lookup, dedup; then,
     for a request that goes upstream, its answer's capture."""
@@ -234,7 +241,7 @@ class CacheStage:
 
     # --- decision -----------------------------------------------------------------------
 
-    def look_now(self, ctx: RequestContext) -> Plan | Upstream | None:
+    def look_now(self, ctx: RequestContext, state: CacheState) -> Plan | Upstream | None:
         """Without waiting: a bypass on a route without the cache or for a request the cache
         may neither serve nor store (no-store, tools, anonymous, ...), and an exact hit from a
         store that holds its entries in this process. None where a lookup may wait (Redis, the
@@ -243,7 +250,7 @@ class CacheStage:
         if settings is None or not settings.policy.enabled:
             ctx.why.cache = OFF
             return BYPASS
-        request = self._cache_request(ctx, settings)
+        request = self._cache_request(ctx, state, settings)
         if request.untouched:
             ctx.why.cache = _untouched_why(request)
             return UNTOUCHED
@@ -264,7 +271,7 @@ class CacheStage:
         settings = self._route_cache(ctx)
         return settings is not None and settings.policy.enabled
 
-    async def look(self, ctx: RequestContext) -> Plan | Upstream:
+    async def look(self, ctx: RequestContext, state: CacheState) -> Plan | Upstream:
         """Policy, lookup (exact, then semantic), dedup: an answer, or how to go upstream."""
         settings = self._route_cache(ctx)
         if settings is None or not settings.policy.enabled:
@@ -272,7 +279,7 @@ class CacheStage:
             return BYPASS
         policy = settings.policy
         chat = ctx.chat
-        request = self._cache_request(ctx, settings)
+        request = self._cache_request(ctx, state, settings)
         if request.untouched:
             ctx.why.cache = _untouched_why(request)
             return UNTOUCHED
@@ -321,11 +328,11 @@ class CacheStage:
             self._discard(entry.scope, entry.entry_id)
         return answer
 
-    def _cache_request(self, ctx: RequestContext, settings: RouteCache) -> CacheRequest:
+    def _cache_request(self, ctx: RequestContext, state: CacheState, settings: RouteCache) -> CacheRequest:
         """The request's bypass verdict, scope and exact key: worked out once per request
         (decide_now, then decide when it could not answer), and once for byte-identical repeats
         (sidecar/cache/request_memo.py)."""
-        request = ctx.cache_request
+        request = state.request
         if request is None:
             policy = settings.policy
 
@@ -339,7 +346,7 @@ class CacheStage:
                     return CacheRequest(bypass, None, prompt, None)
                 scope = scope_for(chat, ctx.headers, policy, self._rt.secret, route=ctx.route_name)
                 return CacheRequest(bypass, scope, prompt, None if scope is None else exact_key(scope, prompt))
-            request = ctx.cache_request = settings.requests.get(ctx.body, ctx.headers, work_out)
+            request = state.request = settings.requests.get(ctx.body, ctx.headers, work_out)
         return request
 
     def _route_cache(self, ctx: RequestContext) -> RouteCache | None:
@@ -467,9 +474,10 @@ class CacheStage:
         headers = hit_headers(tier, similarity, now - stored_at, stream=chat.stream) + _debug(ctx)
         return Plan(reply=ImmediateReply(200, body, headers))
 
-    def passed_on(self, ctx: RequestContext, upstream: Upstream, plan: Plan) -> Plan:
+    def passed_on(self, ctx: RequestContext, upstream: Upstream, plan: Plan, degraded: bool) -> Plan:
         """The route stage's plan for a request the cache did not answer: its status header,
-        and the answer's body asked for when it is captured (upstream.capture)."""
+        and the answer's body asked for when it is captured (upstream.capture). `degraded`: the
+        route stage sent it to a fallback."""
         status, capture = upstream.status, upstream.capture
         ctx.cache_status = status
         if status == "miss" or upstream.untouched:
@@ -477,7 +485,7 @@ class CacheStage:
         if plan.reply is not None:                      # refused (e.g. 503): nothing to capture
             upstream.abandon()
             return plan
-        if capture is not None and ctx.decision is not None and ctx.decision.degraded:
+        if capture is not None and degraded:
             # A fallback's answer (often another model's) must not be served later as the
             # answer of the model asked for, nor relayed to twins: they go on their own.
             self._refuse(ctx, capture, NotCaptured("degraded"))

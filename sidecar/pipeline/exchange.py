@@ -15,7 +15,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Protocol
 
-from sidecar.pipeline.cache_stage import CacheStage, Upstream
+from sidecar.pipeline.cache_stage import CacheStage, CacheState, Capture
+from sidecar.pipeline.route_stage import RouteState
 from sidecar.request.context import RequestContext
 from sidecar.extproc.events import Continue, Plan, Reply
 from sidecar.pipeline.guard_stage import GuardStage, GuardState
@@ -24,20 +25,20 @@ from sidecar.pipeline.guard_stage import GuardStage, GuardState
 class RouteStage(Protocol):
     """Admission, scheduling, routing and the feedback of what happened (sidecar/pipeline/route_stage.py)."""
 
-    def decide_now(self, ctx: RequestContext) -> Plan | None:
+    def decide_now(self, ctx: RequestContext, state: RouteState) -> Plan | None:
         """The plan when it needs no waiting, else None: the servicer then awaits `decide` in
         a task. (Running `decide`'s first step outside a task would let code in it that
         captures the current task, such as asyncio.timeout, cancel the wrong one.)"""
 
-    async def decide(self, ctx: RequestContext) -> Plan: ...
+    async def decide(self, ctx: RequestContext, state: RouteState) -> Plan: ...
 
     def reads_response(self, ctx: RequestContext) -> bool: ...
 
-    def on_response_headers(self, ctx: RequestContext) -> None: ...
+    def on_response_headers(self, ctx: RequestContext, state: RouteState) -> None: ...
 
-    def on_response_body(self, ctx: RequestContext, chunk: bytes, end_of_stream: bool) -> None: ...
+    def on_response_body(self, ctx: RequestContext, state: RouteState, chunk: bytes, end_of_stream: bool) -> None: ...
 
-    def on_finish(self, ctx: RequestContext) -> None: ...
+    def on_finish(self, ctx: RequestContext, state: RouteState) -> None: ...
 
 
 class Pipeline:
@@ -62,8 +63,15 @@ class Exchange:
     def __init__(self, pipeline: Pipeline, ctx: RequestContext):
         self.ctx = ctx
         self._guard_stage, self._cache_stage, self._route_stage = pipeline.guard, pipeline.cache, pipeline.route
+        # Each stage's piece of the request; the request context keeps only its facts and record.
         self.guard: GuardState | None = None     # the guard's verdict, once scanned
-        self.cache: Upstream | None = None       # how the request goes upstream, once the cache let it
+        self.cache = CacheState()                # the cache's verdict, and how the request goes upstream
+        self.route = RouteState()                # admission's and the scheduler's, and the answer's feedback
+
+    @property
+    def sent_at(self) -> float | None:
+        """When the request went upstream (None: it did not, or no route stage steered it)."""
+        return self.route.sent_at
 
     # --- the request --------------------------------------------------------------------
 
@@ -87,14 +95,14 @@ class Exchange:
                 return self.guard.reply                  # blocked
             if self.guard.injection_due:
                 return None                              # the embedding is awaited
-        if self._cache_stage is not None and self.cache is None:
-            verdict = self._cache_stage.look_now(ctx)
+        if self._cache_stage is not None and self.cache.upstream is None:
+            verdict = self._cache_stage.look_now(ctx, self.cache)
             if verdict is None:
                 return None                              # the lookup may wait
             if isinstance(verdict, Plan):
                 return verdict                           # answered from the cache
-            self.cache = verdict
-        plan = self._route_stage.decide_now(ctx)
+            self.cache.upstream = verdict
+        plan = self._route_stage.decide_now(ctx, self.route)
         return None if plan is None else self._passed_on(plan)
 
     async def decide(self) -> Plan:
@@ -107,23 +115,25 @@ class Exchange:
                 await self._guard_stage.check_injection(ctx, self.guard)
             if self.guard.reply is not None:
                 return self.guard.reply
-        if self._cache_stage is not None and self.cache is None:
-            verdict = await self._cache_stage.look(ctx)
+        if self._cache_stage is not None and self.cache.upstream is None:
+            verdict = await self._cache_stage.look(ctx, self.cache)
             if isinstance(verdict, Plan):
                 return verdict
-            self.cache = verdict
+            self.cache.upstream = verdict
         try:
-            plan = await self._route_stage.decide(ctx)
+            plan = await self._route_stage.decide(ctx, self.route)
         except BaseException:                            # refused by a bug, or the client left
-            if self.cache is not None:
-                self.cache.abandon()
+            if self.cache.upstream is not None:
+                self.cache.upstream.abandon()
             raise
         return self._passed_on(plan)
 
     def _passed_on(self, plan: Plan) -> Plan:
         """The route stage's plan with what the earlier stages add to a request that goes on."""
-        if self.cache is not None:
-            plan = self._cache_stage.passed_on(self.ctx, self.cache, plan)
+        upstream = self.cache.upstream
+        if upstream is not None:
+            decision = self.route.decision
+            plan = self._cache_stage.passed_on(self.ctx, upstream, plan, decision is not None and decision.degraded)
         if self.guard is not None:
             plan = self._guard_stage.passed_on(self.ctx, self.guard, plan)
         return plan
@@ -132,8 +142,8 @@ class Exchange:
 
     def on_response_headers(self) -> None:
         """After the processor recorded them (ctx.status, ctx.response_headers)."""
-        self._route_stage.on_response_headers(self.ctx)         # time to first byte
-        capture = None if self.cache is None else self.cache.capture
+        self._route_stage.on_response_headers(self.ctx, self.route)   # time to first byte
+        capture = self._capture()
         if capture is not None:
             self._cache_stage.on_response_headers(self.ctx, capture)
 
@@ -142,8 +152,8 @@ class Exchange:
         reads its usage, the cache captures it; the end carries the usage to Envoy (dynamic
         metadata) for its access log and rate limits."""
         ctx = self.ctx
-        self._route_stage.on_response_body(ctx, chunk, end_of_stream)
-        capture = None if self.cache is None else self.cache.capture
+        self._route_stage.on_response_body(ctx, self.route, chunk, end_of_stream)
+        capture = self._capture()
         if capture is not None:
             self._cache_stage.on_response_body(ctx, capture, chunk, end_of_stream)
         usage = ctx.usage
@@ -156,7 +166,11 @@ class Exchange:
 
     def finish(self) -> None:
         """Once per request when its stream ends, whatever happened."""
-        self._route_stage.on_finish(self.ctx)
-        capture = None if self.cache is None else self.cache.capture
+        self._route_stage.on_finish(self.ctx, self.route)
+        capture = self._capture()
         if capture is not None:
             self._cache_stage.on_finish(self.ctx, capture)
+
+    def _capture(self) -> Capture | None:
+        upstream = self.cache.upstream
+        return None if upstream is None else upstream.capture

@@ -13,13 +13,14 @@ import json
 import logging
 import math
 import time
+from dataclasses import dataclass
 from typing import Callable
 
 from sidecar import deadlines, engine_priority
 from sidecar.observability import tracing
 from sidecar.observability.metrics import SCHEDULERS
 from sidecar.admission import Degrade, Permit, Refusal
-from sidecar.pipeline.admission_stage import Admission, RouteAdmission
+from sidecar.pipeline.admission_stage import Admission, AdmissionState, RouteAdmission
 from sidecar.cache.answer import compact_json
 from sidecar.cache.capture import IDENTITY_ENCODING, is_encoded
 from sidecar.request.context import Outcome, RequestContext
@@ -52,13 +53,31 @@ RETRY_HEADERS = (("x-envoy-retry-on", "5xx"), ("x-envoy-max-retries", "1"))
 STREAM_END_CHECK_ONE_IN = 8
 
 
-def _ttfb(ctx: RequestContext) -> float | None:
+@dataclass(eq=False, slots=True)
+class RouteState:
+    """The route stage's piece of one request (the exchange keeps it, sidecar/pipeline/exchange.py):
+    what it decided, and what the answer has told it so far."""
+    decision: Decision | None = None     # the scheduler's pick once routed (the retry's, once it answered)
+    sent_at: float | None = None         # when the sidecar let the request go upstream
+    admission: AdmissionState | None = None   # where the route admits: tenant, class, budget, slot
+    usage_meter: UsageMeter | None = None     # reads the answer's usage, for admission's budgets
+    retry_cluster: str | None = None     # where Envoy retries it if it fails before its first byte
+    retried: bool = False                # Envoy's retry answered it (on retry_cluster)
+    first_byte_overdue: bool = False     # judged a failure while waiting for its first byte
+    judged: bool = False                 # its cluster's verdict is given (once: at 5xx headers or the end)
+
+    @property
+    def permit(self) -> Permit | None:
+        return None if self.admission is None else self.admission.permit
+
+
+def _ttfb(ctx: RequestContext, state: RouteState) -> float | None:
     """Time to first byte, from the moment the request left the sidecar: time queued in the
     gate is not the cluster's latency (counting it would shrink the limits that made it wait).
     None after Envoy's retry answered (the failed attempt's time is in it)."""
-    if ctx.response_headers_at is None or ctx.sent_at is None or ctx.retried:
+    if ctx.response_headers_at is None or state.sent_at is None or state.retried:
         return None
-    return ctx.response_headers_at - ctx.sent_at
+    return ctx.response_headers_at - state.sent_at
 
 
 def _attempts(headers) -> int:
@@ -103,7 +122,7 @@ class RouteStage:
 
     # --- decision -----------------------------------------------------------------------
 
-    def decide_now(self, ctx: RequestContext) -> Plan | None:
+    def decide_now(self, ctx: RequestContext, state: RouteState) -> Plan | None:
         """The plan when deciding needs no waiting (the route has no admission), else None and
         the server awaits `decide` in a task. Most requests are decided here, without one."""
         route = self._resolve(ctx)
@@ -111,16 +130,16 @@ class RouteStage:
             return route
         if self._admission_settings(ctx) is not None:
             return None
-        return self._schedule(ctx, route)
+        return self._schedule(ctx, state, route)
 
-    async def decide(self, ctx: RequestContext) -> Plan:
+    async def decide(self, ctx: RequestContext, state: RouteState) -> Plan:
         route = self._resolve(ctx)
         if not isinstance(route, RouteConfig):
             return route
         admission = self._admission_settings(ctx)
         if admission is None:
-            return self._schedule(ctx, route)
-        return await self._schedule_admitted(ctx, route, admission)
+            return self._schedule(ctx, state, route)
+        return await self._schedule_admitted(ctx, state, route, admission)
 
     def reads_response(self, ctx: RequestContext) -> bool:
         """Read this request's answer? Always where something needs it (admission's slots and
@@ -179,38 +198,41 @@ class RouteStage:
             decision = self.scheduler.pick(candidates, now, config.policy)
         return decision, (("x-sluice-debug", decision.debug_header()),) if config.debug_header else ()
 
-    def _schedule(self, ctx: RequestContext, config: RouteConfig) -> Plan:
+    def _schedule(self, ctx: RequestContext, state: RouteState, config: RouteConfig) -> Plan:
         now = self._clock()
         decision, debug = self._pick(config, config.candidates, now)
         if not decision.available:
             return self._unavailable(ctx, decision, debug)
-        return self._routed(ctx, config, decision, now, debug)
+        return self._routed(ctx, state, config, decision, now, debug)
 
-    async def _schedule_admitted(self, ctx: RequestContext, config: RouteConfig, admission: RouteAdmission) -> Plan:
+    async def _schedule_admitted(self, ctx: RequestContext, state: RouteState, config: RouteConfig,
+                                 admission: RouteAdmission) -> Plan:
         decision, debug = self._pick(config, config.unbounded_candidates, self._clock())
         if not decision.available:
             return self._unavailable(ctx, decision, debug)
-        decision = await self._admit(ctx, config, decision, admission)
+        admitted = state.admission = AdmissionState()
+        decision = await self._admit(ctx, admitted, config, decision, admission)
         if not isinstance(decision, Decision):
             return decision                      # a refusal (Plan with a reply)
         if not decision.available:               # degraded with no fallback to go to: a 503
-            self.admission.refund(ctx)
+            self.admission.refund(ctx, admitted)
             return self._unavailable(ctx, decision, debug)
-        return self._routed(ctx, config, decision, self._clock(), debug)
+        return self._routed(ctx, state, config, decision, self._clock(), debug)
 
-    def _routed(self, ctx: RequestContext, config: RouteConfig, decision: Decision, now: float, debug: tuple) -> Plan:
+    def _routed(self, ctx: RequestContext, state: RouteState, config: RouteConfig, decision: Decision,
+                now: float, debug: tuple) -> Plan:
         """The request goes to decision.cluster now: signals, timeout, headers."""
         self.scheduler.on_send(decision, now)
         if ctx.response_read:          # only a read answer's first byte is seen
-            self._first_byte.add(decision.cluster, ctx, now)
-        ctx.sent_at = now
-        ctx.decision, ctx.outcome, ctx.cluster = decision, Outcome.ROUTED, decision.cluster
+            self._first_byte.add(decision.cluster, state, now)
+        state.sent_at, state.decision = now, decision
+        ctx.why.picked, ctx.outcome, ctx.cluster = decision, Outcome.ROUTED, decision.cluster
         self._remember_scores(decision)
         timeout_ms, source = deadlines.upstream_timeout_ms(*self.scheduler.timeout(
             decision, estimate_tokens(ctx.chat.text), ctx.chat.max_tokens, ctx.chat.model, now, config.timeout),
             now, ctx.client_deadline)
         ctx.why.timeout = TimeoutWhy(timeout_ms, source)
-        body = self._body(ctx, config, decision)
+        body = self._body(ctx, state, config, decision)
         response_headers = [(CLUSTER_HEADER, decision.cluster), *debug]
         if decision.degraded:
             self._metrics.degraded(ctx.route_name)
@@ -220,14 +242,15 @@ class RouteStage:
         if first_byte_ms and first_byte_ms < timeout_ms:   # Envoy ignores one past the whole timeout
             request_headers += ((FIRST_BYTE_TIMEOUT_HEADER, str(first_byte_ms)),)
         cluster = decision.cluster
-        retry = self._retry_to(ctx, config, decision)
+        retry = self._retry_to(ctx, state, config, decision)
         if retry is not None:
-            ctx.retry_cluster = retry.cluster
+            state.retry_cluster = retry.cluster
             cluster = retry_cluster_name(decision.cluster, retry.cluster)
             request_headers += RETRY_HEADERS
         response_body = None
-        if ctx.token_estimate is not None or ctx.expected_tokens is not None:   # read the answer's real usage
-            ctx.usage_meter = UsageMeter(ctx.chat.stream, ctx.chat.text)
+        admitted = state.admission
+        if admitted is not None and (admitted.token_estimate is not None or admitted.expected_tokens is not None):
+            state.usage_meter = UsageMeter(ctx.chat.stream, ctx.chat.text)   # read the answer's real usage
             request_headers += (IDENTITY_ENCODING,)
             response_body = BodyMode.STREAMED if ctx.chat.stream else BodyMode.BUFFERED
         elif ctx.response_read and self._checks_end(ctx):
@@ -235,10 +258,10 @@ class RouteStage:
         return Plan(cluster=cluster, body=body, request_headers=request_headers,
                     response_headers=tuple(response_headers), response_body=response_body)
 
-    def _retry_to(self, ctx: RequestContext, config: RouteConfig, decision: Decision):
+    def _retry_to(self, ctx: RequestContext, state: RouteState, config: RouteConfig, decision: Decision):
         """The candidate Envoy retries on, or None: the route does not ask; an admission slot
         holds the request to its cluster; no other healthy candidate takes the same body."""
-        if not config.retry_other_cluster or ctx.permit is not None:
+        if not config.retry_other_cluster or state.permit is not None:
             return None
         chosen_field = config.engine_field(decision.cluster)
 
@@ -259,7 +282,7 @@ class RouteStage:
         self._streams_read += 1
         return self._streams_read % STREAM_END_CHECK_ONE_IN == 0
 
-    def _body(self, ctx: RequestContext, config: RouteConfig, decision: Decision) -> bytes | None:
+    def _body(self, ctx: RequestContext, state: RouteState, config: RouteConfig, decision: Decision) -> bytes | None:
         """The body to send instead of the client's, or None: the model the chosen cluster
         serves, and the request's class in its engine's priority field (the client's own value
         in any candidate's field removed)."""
@@ -271,9 +294,10 @@ class RouteStage:
         write = config.engine_field(decision.cluster)
         settings = self._admission_settings(ctx) if write is not None else None
         priority = None
-        if settings is not None and ctx.priority_class in settings.engine_ranks:
+        priority_class = None if state.admission is None else state.admission.priority_class
+        if settings is not None and priority_class in settings.engine_ranks:
             ranks = settings.engine_ranks
-            priority = write.value(ranks[ctx.priority_class], max(ranks.values()))
+            priority = write.value(ranks[priority_class], max(ranks.values()))
         return rewrite_body(ctx.body, model, (f for _, f in config.engine_fields), write, priority)
 
     def _unavailable(self, ctx: RequestContext, decision: Decision, debug: tuple) -> Plan:
@@ -290,7 +314,7 @@ class RouteStage:
             return None
         return self.admission.settings(ctx.route, ctx.route_name)
 
-    async def _admit(self, ctx: RequestContext, config: RouteConfig, decision: Decision,
+    async def _admit(self, ctx: RequestContext, state: AdmissionState, config: RouteConfig, decision: Decision,
                      settings: RouteAdmission) -> Decision | Plan:
         """A slot on the scheduler's choice, else on the next best cluster of the same tier
         that has one; waits in the priority queue when all are at their limit."""
@@ -300,7 +324,7 @@ class RouteStage:
         healthy_fallback = decision.role != "fallback" and any(self.scheduler.breakers_closed([c]) for c in fallbacks)
         with tracing.span("sluice.queue"):
             try:
-                result = await self.admission.admit(ctx, settings, ranked or [decision.cluster], healthy_fallback)
+                result = await self.admission.admit(ctx, state, settings, ranked or [decision.cluster], healthy_fallback)
             except BaseException:
                 self.scheduler.void_probe(decision)         # the client left the queue
                 raise
@@ -319,7 +343,7 @@ class RouteStage:
             if not fallbacks:
                 return Decision.unavailable(1.0, {})
             return self.scheduler.pick(fallbacks, self._clock(), config.policy)
-        ctx.permit = result
+        state.permit = result
         if result.cluster == decision.cluster:
             return decision
         spec = next(c for c in config.candidates if c.cluster == result.cluster)
@@ -327,68 +351,71 @@ class RouteStage:
 
     # --- feedback -----------------------------------------------------------------------
 
-    def on_response_headers(self, ctx: RequestContext) -> None:
+    def on_response_headers(self, ctx: RequestContext, state: RouteState) -> None:
         now = self._clock()
         ctx.response_headers_at = now
-        if ctx.usage_meter is not None and is_encoded(ctx.response_headers):
-            ctx.usage_meter = None           # compressed after all: the estimate stands
-        if ctx.decision is not None:
-            self._first_byte.remove(ctx.decision.cluster, ctx)
-            if ctx.retry_cluster is not None and _attempts(ctx.response_headers) > 1:
-                self._retried(ctx, now)
+        if state.usage_meter is not None and is_encoded(ctx.response_headers):
+            state.usage_meter = None         # compressed after all: the estimate stands
+        if state.decision is not None:
+            self._first_byte.remove(state.decision.cluster, state)
+            if state.retry_cluster is not None and _attempts(ctx.response_headers) > 1:
+                self._retried(ctx, state, now)
             else:
-                self.scheduler.on_first_byte(ctx.decision, now - ctx.sent_at, now)
+                self.scheduler.on_first_byte(state.decision, now - state.sent_at, now)
             if ctx.status is not None and ctx.status >= 500:
                 # A failure known now. Judged at the stream's end, it could come after the
                 # client, which has its answer by then, sent its next request: a loaded
                 # sidecar let a cluster answering only 5xx keep one or two more in a row.
-                self._complete(ctx, now)
+                self._complete(ctx, state, now)
 
-    def _retried(self, ctx: RequestContext, now: float) -> None:
+    def _retried(self, ctx: RequestContext, state: RouteState, now: float) -> None:
         """Envoy's retry answered: the first attempt failed before its first byte on the chosen
         cluster (a failure now, unless already judged overdue), and the rest of the request is
         the other cluster's. Its time to first byte includes the failed attempt: not a sample."""
-        first = ctx.decision
-        self.scheduler.on_complete(first, now - ctx.sent_at, False, now, judged=ctx.first_byte_overdue)
-        retry = dataclasses.replace(first, cluster=ctx.retry_cluster, probe=False)
+        first = state.decision
+        self.scheduler.on_complete(first, now - state.sent_at, False, now, judged=state.first_byte_overdue)
+        retry = dataclasses.replace(first, cluster=state.retry_cluster, probe=False)
         self.scheduler.on_send(retry, now)
-        ctx.decision, ctx.cluster, ctx.retry_cluster = retry, retry.cluster, None
-        ctx.first_byte_overdue, ctx.retried = False, True
+        state.decision, state.retry_cluster = retry, None
+        ctx.why.picked, ctx.cluster = retry, retry.cluster
+        state.first_byte_overdue, state.retried = False, True
 
-    def on_response_body(self, ctx: RequestContext, chunk: bytes, end_of_stream: bool) -> None:
+    def on_response_body(self, ctx: RequestContext, state: RouteState, chunk: bytes, end_of_stream: bool) -> None:
         """Reads the answer's usage for token limits (any answer: the cache's capture refuses many)."""
-        meter = ctx.usage_meter
+        meter = state.usage_meter
         if meter is None:
             return
         usage = meter.feed(chunk, end_of_stream)
         if usage is not None:
             ctx.usage = usage
 
-    def on_finish(self, ctx: RequestContext) -> None:
-        decision: Decision | None = ctx.decision
-        ttfb = _ttfb(ctx)
-        if ctx.usage is None and ctx.usage_meter is not None:
-            ctx.usage = ctx.usage_meter.cut_short()
-        if self.admission is not None:
-            self.admission.settle(ctx)
-        if ctx.permit is not None:          # the slot goes back whatever happened
-            ok = ctx.status is None or ctx.status < 500
-            ctx.permit.release(ttfb if ctx.status is not None else None, ok)
-        if decision is None or ctx.judged:
+    def on_finish(self, ctx: RequestContext, state: RouteState) -> None:
+        decision = state.decision
+        ttfb = _ttfb(ctx, state)
+        if ctx.usage is None and state.usage_meter is not None:
+            ctx.usage = state.usage_meter.cut_short()
+        admitted = state.admission
+        if admitted is not None:
+            if self.admission is not None:
+                self.admission.settle(ctx, admitted)
+            if admitted.permit is not None:     # the slot goes back whatever happened
+                ok = ctx.status is None or ctx.status < 500
+                admitted.permit.release(ttfb if ctx.status is not None else None, ok)
+        if decision is None or state.judged:
             return
-        self._complete(ctx, self._clock())
+        self._complete(ctx, state, self._clock())
 
-    def _complete(self, ctx: RequestContext, now: float) -> None:
+    def _complete(self, ctx: RequestContext, state: RouteState, now: float) -> None:
         """The request's verdict for its cluster (signals, breaker), given once."""
-        decision: Decision = ctx.decision
-        ctx.judged = True
-        ttfb = _ttfb(ctx)
+        decision: Decision = state.decision
+        state.judged = True
+        ttfb = _ttfb(ctx, state)
         # A client that gave up on a hanging cluster ends its request here: judged first.
         self._judge_overdue(now)
-        self._first_byte.remove(decision.cluster, ctx)
-        if ctx.status is None and ctx.first_byte_overdue:
+        self._first_byte.remove(decision.cluster, state)
+        if ctx.status is None and state.first_byte_overdue:
             # Judged a failure while it hung (the client gave up, or Envoy's answer went unread).
-            self.scheduler.on_complete(decision, now - ctx.sent_at, False, now, judged=True)
+            self.scheduler.on_complete(decision, now - state.sent_at, False, now, judged=True)
         elif ctx.status is None:
             # The client left before any answer (or Envoy never got one): no verdict.
             self.scheduler.on_abandon(decision)
@@ -399,15 +426,15 @@ class RouteStage:
             completion = ctx.usage[1] if streamed and ctx.usage is not None and ctx.response_complete else None
             # A read answer that never reached its end was cut (a reset mid-answer).
             cut = ctx.response_body_read and not ctx.response_complete
-            self.scheduler.on_complete(decision, now - ctx.sent_at, ctx.status < 500 and not cut, now,
-                                       completion_tokens=completion, ttfb_s=ttfb, judged=ctx.first_byte_overdue)
+            self.scheduler.on_complete(decision, now - state.sent_at, ctx.status < 500 and not cut, now,
+                                       completion_tokens=completion, ttfb_s=ttfb, judged=state.first_byte_overdue)
 
     def _judge_overdue(self, now: float) -> None:
         """Requests still without their first byte well past their cluster's usual time count
         as failures now (overdue.py): a hanging cluster trips its breaker within seconds."""
-        for ctx in self._first_byte.take_overdue(now, lambda cluster: self.scheduler.signals.ttfb_p95(cluster, now)):
-            ctx.first_byte_overdue = True
-            self.scheduler.on_overdue(ctx.decision, now)
+        for state in self._first_byte.take_overdue(now, lambda cluster: self.scheduler.signals.ttfb_p95(cluster, now)):
+            state.first_byte_overdue = True
+            self.scheduler.on_overdue(state.decision, now)
 
     def _remember_scores(self, decision: Decision) -> None:
         """Scores for the scrape-time gauges (sidecar.observability.metrics.SchedulerCollector)."""

@@ -40,31 +40,19 @@ class RequestContext:
     chat: ChatRequest | None = None
     body: bytes = b""                  # the raw request body, as the client sent it
     started: float = field(default_factory=time.monotonic)
-    # Filled by the pipeline's stages and by the response.
+    # The request's record, filled by the pipeline's stages and by the response: what the
+    # request log, the metrics and the span read. Each stage's own working state lives in the
+    # exchange (sidecar/pipeline/exchange.py), not here.
     outcome: Outcome | None = None
     cluster: str | None = None
-    decision: object = None            # sidecar.scheduling.Decision, when the scheduler picked
-    permit: object = None              # sidecar.admission.Permit: a slot held on the cluster
-    tenant: str | None = None          # keyed hash of the caller's credential (admission)
-    token_estimate: int | None = None  # prompt tokens charged to the tenant at admission
-    priority_class: str | None = None  # admission's class of the request (vip, standard, ...)
-    expected_tokens: float | None = None  # its cost, where the route counts tokens (admission.cost)
     usage: tuple[int, int] | None = None  # (prompt, completion) tokens of the answer, once read
-    usage_meter: object = None         # sidecar.pipeline.usage.UsageMeter when the usage must be read
     status: int | None = None
     response_headers: Mapping[str, str] = field(default_factory=dict)
-    sent_at: float | None = None       # when the sidecar let the request go upstream
     response_headers_at: float | None = None
     cache_status: str | None = None    # exact|semantic|coalesced|miss|bypass
     cache_scope: str | None = None     # the cache scope key (a hash; for admin purges)
-    cache_request: object = None       # sidecar.pipeline.cache_stage.CacheRequest, once worked out
-    capture: object = None             # sidecar.pipeline.cache_stage.Capture of a cache miss
     response_complete: bool = False
     response_body_read: bool = False   # Envoy sends the answer's body (or its end) to the sidecar
-    first_byte_overdue: bool = False   # judged a failure while waiting for its first byte
-    retry_cluster: str | None = None   # where Envoy retries it if it fails before its first byte
-    retried: bool = False              # Envoy's retry answered it (on retry_cluster)
-    judged: bool = False               # its cluster's verdict is given (routing: once, at 5xx headers or the end)
     response_read: bool = True         # False: Envoy sends no response headers (feedback sampling)
     why: Why = field(default_factory=Why)  # each stage's reasons (sidecar/request/decision_record.py)
 

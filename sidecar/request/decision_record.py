@@ -9,6 +9,27 @@ and the request span. Never the prompt: the request log adds it only with prompt
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Mapping, Protocol
+
+
+class Scored(Protocol):
+    @property
+    def total(self) -> float: ...
+
+
+class Picked(Protocol):
+    """What the record reads of the scheduler's decision (sidecar.scheduling.Decision, a layer
+    above): every candidate's score, the filter that dropped each, the pick's role."""
+    @property
+    def scores(self) -> Mapping[str, Scored]: ...
+    @property
+    def dropped(self) -> Mapping[str, str]: ...
+    @property
+    def role(self) -> str | None: ...
+    @property
+    def degraded(self) -> bool: ...
+    @property
+    def probe(self) -> bool: ...
 
 
 @dataclass(frozen=True)
@@ -38,7 +59,8 @@ class Why:
     cache: CacheWhy | None = None
     admission: AdmissionWhy | None = None
     timeout: TimeoutWhy | None = None
-    unavailable: object = None           # sidecar.scheduling.Decision when no cluster could take it
+    picked: Picked | None = None         # the scheduler's decision the request was routed on
+    unavailable: Picked | None = None    # the scheduler's decision when no cluster could take it
 
 
 def record(ctx) -> dict:
@@ -56,7 +78,7 @@ def record(ctx) -> dict:
         if cache.verifier_score is not None:
             part["verifier_score"] = round(cache.verifier_score, 4)
         out["cache"] = part
-    decision = ctx.decision if ctx.decision is not None else why.unavailable
+    decision = why.picked if why.picked is not None else why.unavailable
     if decision is not None:
         if decision.scores:
             out["scores"] = {cluster: round(s.total, 3) for cluster, s in decision.scores.items()}

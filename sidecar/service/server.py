@@ -159,7 +159,7 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):
             log.exception("exchange.finish failed")
         if ctx.outcome is not None:
             metrics.count_request(ctx.route_name, ctx.cluster or "", ctx.outcome.value, ctx.status, ctx.response_read)
-        self._record(ctx, trace)
+        self._record(exchange, trace)
 
     @staticmethod
     def _decide_now(exchange: Exchange, trace: RequestTrace | None):
@@ -175,13 +175,15 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):
             return trace.start(exchange.decide())
         return asyncio.ensure_future(exchange.decide())
 
-    def _record(self, ctx, trace: RequestTrace | None) -> None:
+    def _record(self, exchange: Exchange, trace: RequestTrace | None) -> None:
         """The request's span and its line in the request log; never fails the stream."""
+        ctx = exchange.ctx
         try:
             if trace is not None:
                 trace.finish(ctx)
             if self._access_log is not None and self._access_log.wanted:
-                self._access_log.emit(ctx, trace.trace_id if trace is not None else trace_id_of(ctx.headers))
+                self._access_log.emit(ctx, trace.trace_id if trace is not None else trace_id_of(ctx.headers),
+                                      exchange.sent_at)
         except Exception:
             log.exception("request log or span failed")
 

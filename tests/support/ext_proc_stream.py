@@ -62,23 +62,23 @@ class FakeRoute:
     def __init__(self, cluster: str = "upstream_a", plan: Plan | None = None, during=None):
         self.cluster, self.plan, self.during = cluster, plan, during
 
-    def decide_now(self, ctx):
+    def decide_now(self, ctx, state):
         return None          # always the awaited path, like a director that waits
 
     def reads_response(self, ctx) -> bool:
         return True
 
-    async def decide(self, ctx) -> Plan:
+    async def decide(self, ctx, state) -> Plan:
         if self.during is not None:
             self.during()
         ctx.outcome, ctx.cluster = Outcome.ROUTED, self.cluster
         return self.plan or Plan(cluster=self.cluster)
 
-    def on_response_headers(self, ctx) -> None:
+    def on_response_headers(self, ctx, state) -> None:
         ctx.response_headers_at = time.monotonic()
 
-    def on_response_body(self, ctx, chunk, end_of_stream) -> None:
+    def on_response_body(self, ctx, state, chunk, end_of_stream) -> None:
         pass
 
-    def on_finish(self, ctx) -> None:
+    def on_finish(self, ctx, state) -> None:
         pass

@@ -6,6 +6,7 @@ from __future__ import annotations
 from sidecar.request.context import RequestContext
 from sidecar.extproc.events import Continue, Phase, Plan
 from sidecar.pipeline import Exchange, Pipeline
+from sidecar.pipeline.route_stage import RouteState
 
 
 class Stages:
@@ -21,6 +22,10 @@ class Stages:
         if kept is None or kept[0] is not ctx:
             kept = self._exchanges[id(ctx)] = (ctx, self.pipeline.exchange(ctx))
         return kept[1]
+
+    def routed(self, ctx: RequestContext) -> RouteState:
+        """The route stage's piece of the request (its decision, admission, feedback)."""
+        return self.exchange(ctx).route
 
     def reads_response(self, ctx: RequestContext) -> bool:
         return self.exchange(ctx).reads_response()

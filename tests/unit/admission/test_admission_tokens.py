@@ -22,21 +22,22 @@ from sidecar.admission.tokens import (
     gcra_adjust,
     redis_keys,
 )
-from sidecar.pipeline.admission_stage import Admission, RouteAdmission
+from sidecar.pipeline.admission_stage import Admission, AdmissionState, RouteAdmission
 from sidecar.openai.chat import parse_chat_request
 from sidecar.request.context import RequestContext
 from sidecar.deadlines import HOLD_LIMIT_S
 from sidecar.token_estimate import estimate_tokens
 from sidecar.route_settings import parse_route_settings
 from sidecar.pipeline.route_stage import RouteStage
+from tests.support.pipeline_driver import Stages
 from tests.unit.extproc.test_processor import BODY, new_director
 
 
-def admitting_director(gate: Gate | None = None) -> RouteStage:
-    """The route stage with admission: a gate and a local token limiter."""
-    director = new_director()
+def admitting_director(gate: Gate | None = None) -> Stages:
+    """The route stage with admission: a gate and a local token limiter (asked per request)."""
+    director: RouteStage = new_director()
     director.admission = Admission(gate or Gate(GateConfig()), LocalTokenLimiter(), b"a test secret of 32 bytes, fixed")
-    return director
+    return Stages(director)
 
 
 class Clock:
@@ -427,7 +428,7 @@ async def test_admission_holds_a_request_no_longer_than_the_sidecar_may_whatever
     ctx = RequestContext(headers={"authorization": "Bearer k1", "x-request-deadline-ms": "600000"},
                          route_name="chat", started=time.monotonic() - HOLD_LIMIT_S + 0.05)
     settings = RouteAdmission("", "standard", 600.0, RateLimits())
-    result = await asyncio.wait_for(admission.admit(ctx, settings, ["a"]), timeout=5)
+    result = await asyncio.wait_for(admission.admit(ctx, AdmissionState(), settings, ["a"]), timeout=5)
     assert (result.status, result.reason) == (503, "expired")
     held.release()
 

@@ -304,11 +304,11 @@ class Inner:
     def __init__(self):
         self.seen = []
 
-    def decide_now(self, ctx):
+    def decide_now(self, ctx, state):
         self.seen.append(ctx.chat)
         return Plan(cluster="c")
 
-    async def decide(self, ctx):
+    async def decide(self, ctx, state):
         self.seen.append(ctx.chat)
         return Plan(cluster="c")
 

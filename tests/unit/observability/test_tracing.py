@@ -180,16 +180,16 @@ def test_adding_the_traceparent_keeps_every_other_field_of_the_plan():
 class WhyDirector(FakeRoute):
     """Decides as a cache miss routed to upstream_a, with its reasons recorded."""
 
-    async def decide(self, ctx):
+    async def decide(self, ctx, state):
         from sidecar.request.decision_record import CacheWhy, TimeoutWhy
         from sidecar.scheduling import Decision
         from sidecar.scheduling.scorers import ScoreBreakdown
         ctx.cache_status = "miss"
         ctx.why.cache = CacheWhy("below_threshold", 0.81)
         ctx.why.timeout = TimeoutWhy(30000, "seed")
-        ctx.decision = Decision("upstream_a", role="primary", scores={"upstream_a": ScoreBreakdown(0.9)},
-                                dropped={"upstream_b": "breaker open"})
-        return await super().decide(ctx)
+        ctx.why.picked = Decision("upstream_a", role="primary", scores={"upstream_a": ScoreBreakdown(0.9)},
+                                  dropped={"upstream_b": "breaker open"})
+        return await super().decide(ctx, state)
 
 
 async def test_request_span_carries_the_decision_record(spans):

@@ -20,6 +20,7 @@ from sidecar.route_settings import parse_route_settings
 from sidecar.pipeline.route_stage import RouteStage
 from sidecar.scheduling import Scheduler
 from sidecar.token_estimate import estimate_tokens
+from sidecar.pipeline.admission_stage import AdmissionState
 from tests.support.pipeline_driver import Stages
 from tests.unit.admission.test_admission_metrics import value
 from tests.unit.cache.test_cache_capture import chunk, sse
@@ -53,7 +54,7 @@ def request(prompt="How do I reset my password?", **headers):
 
 def store_answer(d, prompt="How do I reset my password?"):
     ctx = request(prompt)
-    worked_out = d.cache._cache_request(ctx, d.cache._route_cache(ctx))
+    worked_out = d.cache._cache_request(ctx, d.exchange(ctx).cache, d.cache._route_cache(ctx))
     answer = capture_json(ANSWER, time.time(), prompt_text=worked_out.prompt).to_bytes()
     asyncio.run(d.cache._rt.store.put(worked_out.scope.key, worked_out.key, worked_out.prompt, None, answer, 60))
 
@@ -66,16 +67,16 @@ def test_an_exact_hit_from_an_in_process_store_is_answered_at_once():
     assert plan is not None and plan.reply is not None and plan.reply.status == 200
     assert json.loads(plan.reply.body)["choices"][0]["message"]["content"] == "Use the link."
     assert (ctx.outcome, ctx.cache_status) == (Outcome.ANSWERED, "exact")
-    assert ctx.cache_scope == ctx.cache_request.scope.key
+    assert ctx.cache_scope == d.exchange(ctx).cache.request.scope.key
 
 
 def test_a_miss_waits_for_decide_which_reuses_the_work_done():
     d = director()
     ctx = request()
     assert d.decide_now(ctx) is None
-    worked_out = ctx.cache_request
+    worked_out = d.exchange(ctx).cache.request
     plan = asyncio.run(d.decide(ctx))
-    assert ctx.cache_request is worked_out and ctx.cache_status == "miss" and plan.cluster == "a"
+    assert d.exchange(ctx).cache.request is worked_out and ctx.cache_status == "miss" and plan.cluster == "a"
 
 
 def test_bypassed_requests_and_await_only_stores_are_not_answered_at_once():
@@ -94,17 +95,17 @@ def test_a_repeat_reuses_the_verdict_and_another_caller_gets_its_own_scope():
     first, again = request(), request()
     d.decide_now(first)
     d.decide_now(again)
-    assert again.cache_request is first.cache_request
+    assert d.exchange(again).cache.request is d.exchange(first).cache.request
     other = request(authorization="Bearer k2")
     d.decide_now(other)
-    assert other.cache_request.scope.key != first.cache_request.scope.key
+    assert d.exchange(other).cache.request.scope.key != d.exchange(first).cache.request.scope.key
     elsewhere = request()
     elsewhere.route_name = "chat-eu"                     # the same settings on another route: its own memo
     d.decide_now(elsewhere)
-    assert elsewhere.cache_request.scope.key != first.cache_request.scope.key
+    assert d.exchange(elsewhere).cache.request.scope.key != d.exchange(first).cache.request.scope.key
     no_cache = request(**{"cache-control": "no-cache"})
     d.decide_now(no_cache)
-    assert no_cache.cache_request.bypass is not None and first.cache_request.bypass is None
+    assert d.exchange(no_cache).cache.request.bypass is not None and d.exchange(first).cache.request.bypass is None
 
 
 def test_a_prompt_without_user_text_is_bypassed_not_an_error():
@@ -114,7 +115,7 @@ def test_a_prompt_without_user_text_is_bypassed_not_an_error():
         {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}]}]}).encode()
     ctx.body, ctx.chat = body, parse_chat_request(body)
     plan = d.decide_now(ctx)
-    assert ctx.cache_status == "bypass" and ctx.cache_request.bypass.reason == "not_text" and plan.cluster == "a"
+    assert ctx.cache_status == "bypass" and d.exchange(ctx).cache.request.bypass.reason == "not_text" and plan.cluster == "a"
 
 
 def test_what_the_cache_may_neither_serve_nor_store_is_routed_at_once_like_decide_routes_it():
@@ -129,7 +130,7 @@ def test_what_the_cache_may_neither_serve_nor_store_is_routed_at_once_like_decid
         awaited = asyncio.run(d.decide(later))
         assert value("sluice_cache_requests_total", route="chat", result="bypass") == before + 2
         assert plan.response_headers == awaited.response_headers and ("x-sluice-cache", "bypass") in plan.response_headers
-        assert (now.cache_status, d.exchange(now).cache.capture, now.cache_scope) == (later.cache_status, d.exchange(later).cache.capture,
+        assert (now.cache_status, d.exchange(now).cache.upstream.capture, now.cache_scope) == (later.cache_status, d.exchange(later).cache.upstream.capture,
                                                                     later.cache_scope) == ("bypass", None, None)
 
 
@@ -159,7 +160,7 @@ def test_the_memo_of_a_tenant_header_route_keys_on_that_header():
         ctx = request(**{"x-tenant": tenant})
         ctx.route = route
         d.decide_now(ctx)
-        return ctx.cache_request
+        return d.exchange(ctx).cache.request
 
     a, b, a_again = tenant_request("a"), tenant_request("b"), tenant_request("a")
     assert a.scope.key != b.scope.key
@@ -168,7 +169,7 @@ def test_the_memo_of_a_tenant_header_route_keys_on_that_header():
 
 def test_a_bypass_waits_for_decide_when_routing_cannot_decide_at_once():
     d = director()
-    d.route.decide_now = lambda ctx: None                # e.g. an admission queue to wait in
+    d.route.decide_now = lambda ctx, state: None              # e.g. an admission queue to wait in
     before = value("sluice_cache_requests_total", route="chat", result="bypass")
     ctx = request(**{"cache-control": "no-store"})
     assert d.decide_now(ctx) is None
@@ -182,7 +183,7 @@ UNREADABLE = [json.dumps({"v": 999, "content": "a newer format"}).encode(), b"\x
 
 def store_raw(d, data: bytes, prompt="How do I reset my password?"):
     ctx = request(prompt)
-    worked_out = d.cache._cache_request(ctx, d.cache._route_cache(ctx))
+    worked_out = d.cache._cache_request(ctx, d.exchange(ctx).cache, d.cache._route_cache(ctx))
     asyncio.run(d.cache._rt.store.put(worked_out.scope.key, worked_out.key, worked_out.prompt, None, data, 60))
 
 
@@ -196,8 +197,8 @@ def test_a_stored_answer_this_version_cannot_read_is_a_miss_and_is_replaced():
             assert d.decide_now(ctx) is None
             plan = asyncio.run(d.decide(ctx))
             assert plan.reply is None and plan.cluster == "a" and ctx.cache_status == "miss"
-            assert d.exchange(ctx).cache.capture is not None and value("sluice_cache_unreadable_total") > before
-            d.exchange(ctx).cache.capture.abandon()
+            assert d.exchange(ctx).cache.upstream.capture is not None and value("sluice_cache_unreadable_total") > before
+            d.exchange(ctx).cache.upstream.capture.abandon()
 
 
 def test_a_follower_relayed_an_unreadable_answer_goes_upstream_itself():
@@ -208,10 +209,10 @@ def test_a_follower_relayed_an_unreadable_answer_goes_upstream_itself():
         follower = request()
         waiting = asyncio.ensure_future(d.decide(follower))
         await asyncio.sleep(0.01)
-        d.exchange(leader).cache.capture.lead.complete(UNREADABLE[0])      # as a newer replica would publish it
+        d.exchange(leader).cache.upstream.capture.lead.complete(UNREADABLE[0])      # as a newer replica would publish it
         plan = await waiting
         assert plan.reply is None and plan.cluster == "a" and follower.cache_status == "miss"
-        d.exchange(follower).cache.capture.abandon()
+        d.exchange(follower).cache.upstream.capture.abandon()
     asyncio.run(scenario())
 
 
@@ -226,8 +227,8 @@ def test_a_follower_waits_no_longer_than_its_clients_deadline_allows():
         waited = time.monotonic() - started
         assert plan.reply is None and plan.cluster == "a" and follower.cache_status == "miss"
         assert 0.1 <= waited < 2.0                              # its own budget, not the route's 30 s
-        d.exchange(follower).cache.capture.abandon()
-        d.exchange(leader).cache.capture.abandon()
+        d.exchange(follower).cache.upstream.capture.abandon()
+        d.exchange(leader).cache.upstream.capture.abandon()
     asyncio.run(scenario())
 
 
@@ -238,7 +239,8 @@ async def metered(route, answer: bytes, end: bool = True, response_headers: dict
     """A request on a token-budget route answered with `answer`: (its plan, its usage)."""
     d = director()
     ctx = request(**{"accept-encoding": "gzip, deflate"})           # as the openai SDK sends
-    ctx.route, ctx.token_estimate = route, 7                         # admission charged an estimate
+    ctx.route = route
+    d.routed(ctx).admission = AdmissionState(token_estimate=7)      # admission charged an estimate
     plan = await d.decide(ctx)
     ctx.response_headers = {":status": "200", "content-type": "application/json", **(response_headers or {})}
     d.on_response_headers(ctx)
@@ -469,7 +471,7 @@ def test_a_stored_entry_that_cannot_be_replayed_is_dropped_and_the_request_goes_
     """A 401-digit token count stored by an older version failed every hit on the entry."""
     d = director()
     ctx = request()
-    worked_out = d.cache._cache_request(ctx, d.cache._route_cache(ctx))
+    worked_out = d.cache._cache_request(ctx, d.exchange(ctx).cache, d.cache._route_cache(ctx))
     stored = json.loads(capture_json(ANSWER, time.time()).to_bytes())
     stored["prompt_tokens"] = 10 ** 400
     asyncio.run(d.cache._rt.store.put(worked_out.scope.key, worked_out.key, worked_out.prompt, None,

@@ -58,7 +58,7 @@ def request(prompt, key="k1", **headers):
 
 async def store_answer(d, prompt, key="k1"):
     ctx = request(prompt, key)
-    worked_out = d.cache._cache_request(ctx, d.cache._route_cache(ctx))
+    worked_out = d.cache._cache_request(ctx, d.exchange(ctx).cache, d.cache._route_cache(ctx))
     answer = capture_json(ANSWER, time.time(), prompt_text=worked_out.prompt).to_bytes()
     vector = await d.cache._rt.embedder.embed(worked_out.prompt)
     await d.cache._rt.store.put(worked_out.scope.key, worked_out.key, worked_out.prompt, vector, answer, 60)
@@ -102,7 +102,7 @@ async def test_a_reported_exact_hit_is_replaced_by_the_fresh_answer():
     report = request(STORED, **{FEEDBACK_HEADER: "1"})
     assert d.decide_now(report) is None                    # never answered from cache at once
     plan = await d.decide(report)
-    assert plan.reply is None and report.cache_status == "miss" and d.exchange(report).cache.capture is not None
+    assert plan.reply is None and report.cache_status == "miss" and d.exchange(report).cache.upstream.capture is not None
     assert d.decide_now(request(STORED)) is None           # the wrong entry no longer serves
     again = request(STORED)
     await d.decide(again)
@@ -111,7 +111,7 @@ async def test_a_reported_exact_hit_is_replaced_by_the_fresh_answer():
     await store_answer(d, STORED)                           # the repeat's fresh answer
     fresh = request(STORED)
     assert d.decide_now(fresh).reply is not None and fresh.cache_status == "exact"
-    assert stored.key == fresh.cache_request.key
+    assert stored.key == d.exchange(fresh).cache.request.key
 
 
 async def test_a_report_without_a_hit_reports_nothing():

@@ -14,7 +14,7 @@ from sidecar.extproc.processor import RequestProcessor
 from sidecar.pipeline.route_config import build_route_config
 from sidecar.openai.chat import parse_chat_request
 from sidecar.route_settings import parse_route_settings
-from sidecar.pipeline.route_stage import RouteStage
+from sidecar.pipeline.route_stage import RouteStage, RouteState
 from sidecar.scheduling import Decision, Scheduler
 from sidecar.scheduling.sampling import FeedbackSampler
 from tests.unit.extproc.test_processor import BODY, CHAT, new_director
@@ -129,7 +129,7 @@ def test_an_unread_answer_skips_response_headers_and_its_headers_go_as_metadata(
     first = headers_reply(processor, d, headers_event(settings))
     assert first == Continue(Phase.REQUEST_HEADERS, mode=ModeOverride(response_headers=False))
     decide = processor.handle(RequestBody(BODY, True))
-    reply = processor.apply(asyncio.run(d.decide(decide.context)))
+    reply = processor.apply(asyncio.run(d.decide(decide.context, RouteState())))
     cluster = processor.context.cluster
     assert dict(reply.dynamic_metadata) == {"x-sluice-cluster": cluster}
     assert processor.context.response_read is False
@@ -140,7 +140,7 @@ def test_a_read_answer_sends_no_metadata():
     processor = RequestProcessor()
     assert headers_reply(processor, d, headers_event(route())) == Continue(Phase.REQUEST_HEADERS)
     decide = processor.handle(RequestBody(BODY, True))
-    reply = processor.apply(asyncio.run(d.decide(decide.context)))
+    reply = processor.apply(asyncio.run(d.decide(decide.context, RouteState())))
     # Metadata in this reply with response headers still to come kept Envoy 1.40's ext_proc
     # stream open past the request's end (measured): only unread answers carry it.
     assert reply.dynamic_metadata == ()
@@ -169,7 +169,7 @@ def test_response_headers_that_come_anyway_are_handled_as_read():
     processor = RequestProcessor()
     headers_reply(processor, d, headers_event(settings))
     decide = processor.handle(RequestBody(BODY, True))
-    processor.apply(asyncio.run(d.decide(decide.context)))
+    processor.apply(asyncio.run(d.decide(decide.context, RouteState())))
     reply = processor.handle(ResponseHeaders({":status": "200"}, False))
     cluster = processor.context.cluster
     assert reply.phase is Phase.RESPONSE_HEADERS and ("x-sluice-cluster", cluster) in reply.set_headers
@@ -184,13 +184,14 @@ def tokens_per_s_learned(body: bytes) -> float | None:
     settings = route(feedback={"read_all_per_s": 1000, "then_one_in": 1})
     for _ in range(3):
         ctx = RequestContext(route=settings, route_name="chat", chat=parse_chat_request(body), body=body)
-        asyncio.run(d.decide(ctx))
+        state = RouteState()
+        asyncio.run(d.decide(ctx, state))
         clock[0] += 0.1
         ctx.status = 200
-        d.on_response_headers(ctx)                  # first byte after 0.1 s
+        d.on_response_headers(ctx, state)           # first byte after 0.1 s
         clock[0] += 1.0
         ctx.usage, ctx.response_complete = (10, 50), True       # 50 tokens in the next second
-        d.on_finish(ctx)
+        d.on_finish(ctx, state)
     return d.scheduler.signals.snapshot(clock[0])[ctx.cluster].tokens_per_s
 
 

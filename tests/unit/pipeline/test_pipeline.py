@@ -25,13 +25,13 @@ class CountingRoute(FakeRoute):
         super().__init__(cluster="a")
         self.asked = 0
 
-    def decide_now(self, ctx):
+    def decide_now(self, ctx, state):
         self.asked += 1
         return None
 
-    async def decide(self, ctx):
+    async def decide(self, ctx, state):
         self.asked += 1
-        return await super().decide(ctx)
+        return await super().decide(ctx, state)
 
 
 def request(route: dict, prompt: str = "How do I reset my password?") -> RequestContext:
@@ -52,7 +52,7 @@ def test_a_blocked_request_reaches_neither_the_cache_nor_the_route_stage():
     route = CountingRoute()
     exchange = pipeline(route).exchange(request(GUARDED, "a forbidden question"))
     plan = exchange.decide_now()
-    assert plan.reply.status == 400 and route.asked == 0 and exchange.cache is None
+    assert plan.reply.status == 400 and route.asked == 0 and exchange.cache.request is exchange.cache.upstream is None
 
 
 def test_an_answer_from_the_cache_never_asks_the_route_stage():
@@ -60,7 +60,7 @@ def test_an_answer_from_the_cache_never_asks_the_route_stage():
     p = pipeline(route)
     first = p.exchange(request(GUARDED))
     asyncio.run(first.decide())
-    assert route.asked == 1 and first.cache.status == "miss"
+    assert route.asked == 1 and first.cache.upstream.status == "miss"
     first.ctx.status, first.ctx.response_headers = 200, {":status": "200", "content-type": "application/json"}
 
     async def answer():
@@ -78,15 +78,15 @@ def test_each_stage_decides_once_when_the_route_stage_must_wait():
     route = CountingRoute()
     exchange = pipeline(route).exchange(request({"cache": {"enabled": False}}))
     assert exchange.decide_now() is None and route.asked == 1
-    verdict = exchange.cache
+    verdict = exchange.cache.upstream
     plan = asyncio.run(exchange.decide())
-    assert exchange.cache is verdict and plan.cluster == "a"
+    assert exchange.cache.upstream is verdict and plan.cluster == "a"
     assert ("x-sluice-cache", "bypass") in plan.response_headers
 
 
 def test_the_answers_usage_goes_to_envoy_with_its_last_chunk_only():
     class Metering(FakeRoute):
-        def on_response_body(self, ctx, chunk, end_of_stream):
+        def on_response_body(self, ctx, state, chunk, end_of_stream):
             if end_of_stream:
                 ctx.usage = (5, 3)
 
@@ -102,13 +102,13 @@ def test_the_answers_usage_goes_to_envoy_with_its_last_chunk_only():
 
 def test_a_route_stage_failure_abandons_the_capture():
     class Failing(FakeRoute):
-        async def decide(self, ctx):
+        async def decide(self, ctx, state):
             raise RuntimeError("planted")
 
     exchange = pipeline(Failing()).exchange(request({"cache": {"semantic": False}}))
     with pytest.raises(RuntimeError):
         asyncio.run(exchange.decide())
-    assert exchange.cache.status == "miss" and exchange.cache.capture is None
+    assert exchange.cache.upstream.status == "miss" and exchange.cache.upstream.capture is None
 
 
 def test_the_stages_count_through_the_metrics_they_are_given():
@@ -128,4 +128,4 @@ def test_the_stages_count_through_the_metrics_they_are_given():
     exchange = Pipeline(FakeRoute(), cache).exchange(request({"cache": {"semantic": False}}))
     asyncio.run(exchange.decide())
     assert counted.lookups == [("chat", "miss")]
-    exchange.cache.abandon()
+    exchange.cache.upstream.abandon()

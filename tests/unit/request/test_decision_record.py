@@ -15,8 +15,8 @@ from sidecar.scheduling.timeout import upstream_timeout
 def test_record_of_a_routed_request():
     ctx = RequestContext(cache_status="miss")
     ctx.why.cache = CacheWhy("numbers_differ", 0.95123456)
-    ctx.decision = Decision("a", role="primary", scores={"a": ScoreBreakdown(0.8, {"load": 1.0, "latency": None})},
-                            dropped={"b": "breaker_open"})
+    ctx.why.picked = Decision("a", role="primary", scores={"a": ScoreBreakdown(0.8, {"load": 1.0, "latency": None})},
+                              dropped={"b": "breaker_open"})
     ctx.why.admission = AdmissionWhy("batch", "admitted", 812.34, 4, 3)
     ctx.why.timeout = TimeoutWhy(30000, "seed")
     assert record(ctx) == {
@@ -36,8 +36,8 @@ def test_record_of_a_request_nothing_could_take():
 
 def test_a_fallback_says_so():
     ctx = RequestContext()
-    ctx.decision = Decision("small", role="fallback", degraded=True, scores={"small": ScoreBreakdown(1.0)},
-                            dropped={"a": "breaker open"})
+    ctx.why.picked = Decision("small", role="fallback", degraded=True, scores={"small": ScoreBreakdown(1.0)},
+                              dropped={"a": "breaker open"})
     assert record(ctx)["picked"] == {"role": "fallback", "degraded": True, "probe": False}
 
 
@@ -45,7 +45,7 @@ def test_record_is_empty_for_an_untouched_request_and_span_attributes_are_flat()
     assert record(RequestContext()) == {}
     ctx = RequestContext(cache_status="exact")
     ctx.why.cache = CacheWhy("exact", 1.0, 0.97)
-    ctx.decision = Decision("a", scores={"a": ScoreBreakdown(0.5)}, dropped={"b": "saturated"})
+    ctx.why.picked = Decision("a", scores={"a": ScoreBreakdown(0.5)}, dropped={"b": "saturated"})
     attributes = span_attributes(record(ctx))
     assert attributes["sluice.cache.verifier_score"] == 0.97
     assert attributes["sluice.candidates.scored"] == ["a"] and attributes["sluice.candidates.score"] == [0.5]

@@ -12,6 +12,7 @@ from sidecar.pipeline.route_stage import RouteStage
 from sidecar.scheduling import Decision, Scheduler
 from sidecar.scheduling.breaker import TRANSITIONS, BreakerConfig, CircuitBreaker
 from sidecar.scheduling.model import BreakerState
+from tests.support.pipeline_driver import Stages
 
 CLOSED, OPEN, HALF_OPEN = BreakerState.CLOSED, BreakerState.OPEN, BreakerState.HALF_OPEN
 CONFIG = BreakerConfig(
@@ -201,10 +202,12 @@ async def test_a_probe_admission_sends_elsewhere_or_refuses_is_no_probe_and_the_
     clock[0] += 2                                                   # cool-down over: half-open
     assert d.scheduler.breaker_states(clock[0])["a"] is HALF_OPEN
     breaker = d.scheduler._breaker("a")
+    stages = Stages(d)
     for ctx in (request(), request(**{"x-request-deadline-ms": "0"})):   # moved to b; refused
         breaker.void_probe()                                        # a probe is due now
-        await d.decide(ctx)
-        assert ctx.decision is None or (ctx.decision.cluster, ctx.decision.probe) == ("b", False)
+        await stages.decide(ctx)
+        decision = stages.routed(ctx).decision
+        assert decision is None or (decision.cluster, decision.probe) == ("b", False)
         assert breaker.offer_probe()                                # a's turn was not spent
     held.release()
 
@@ -218,16 +221,17 @@ def test_a_5xx_counts_when_its_headers_come_not_when_its_stream_closes():
     body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
     clock = [100.0]
     d = RouteStage(Scheduler(rng=random.Random(0)), clock=lambda: clock[0], scrape_interval_s=None)
+    stages = Stages(d)
     open_streams = []
     for _ in range(5):                      # 5 in a row trip the breaker
         ctx = RequestContext(headers={}, route=route, route_name="chat", body=body, chat=parse_chat_request(body))
-        d.decide_now(ctx)
+        stages.decide_now(ctx)
         clock[0] += 0.05
         ctx.status, ctx.response_headers = 500, {":status": "500"}
-        d.on_response_headers(ctx)
+        stages.on_response_headers(ctx)
         open_streams.append(ctx)             # their streams have not closed yet
     assert d.scheduler.breaker_states(clock[0])["b"] is BreakerState.OPEN
     for ctx in open_streams:                 # closing them judges nothing twice
-        d.on_finish(ctx)
+        stages.on_finish(ctx)
     assert d.scheduler.signals.in_flight("b") == 0
     assert d.scheduler._breaker("b")._outcomes.counts(clock[0]) == (5, 5)

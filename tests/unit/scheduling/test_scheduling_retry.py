@@ -11,6 +11,7 @@ from sidecar.pipeline.route_stage import RouteStage
 from sidecar.scheduling import BreakerState, CandidateSpec, Decision, Scheduler
 from sidecar.scheduling.retry import retry_candidate, retry_cluster_name, retry_clusters
 from sidecar.scheduling.scorers import ScoreBreakdown
+from tests.support.pipeline_driver import Stages
 
 A, B, C = (CandidateSpec(cluster=n) for n in "abc")
 
@@ -58,7 +59,7 @@ def director_and_route(**scheduling):
     route = parse_route_settings({"name": "chat", "candidates": [{"cluster": "a"}, {"cluster": "b"}],
                                   "scheduling": {"feedback": {"then_one_in": 1}, **scheduling}})
     clock = [100.0]
-    director = RouteStage(Scheduler(rng=random.Random(0)), clock=lambda: clock[0], scrape_interval_s=None)
+    director = Stages(RouteStage(Scheduler(rng=random.Random(0)), clock=lambda: clock[0], scrape_interval_s=None))
     return director, route, clock
 
 
@@ -70,19 +71,21 @@ def test_the_sidecar_names_the_composite_cluster_and_sets_the_retry_headers():
     director, route, _ = director_and_route(retry_other_cluster=True, timeout={"first_byte_ms": 1500})
     ctx = request(route)
     plan = director.decide_now(ctx)
-    other = "b" if ctx.decision.cluster == "a" else "a"
-    assert plan.cluster == f"{ctx.decision.cluster}__then__{other}" and ctx.retry_cluster == other
+    state = director.routed(ctx)
+    other = "b" if state.decision.cluster == "a" else "a"
+    assert plan.cluster == f"{state.decision.cluster}__then__{other}" and state.retry_cluster == other
     headers = dict(plan.request_headers)
     assert headers["x-envoy-retry-on"] == "5xx" and headers["x-envoy-max-retries"] == "1"
     assert headers["x-envoy-upstream-rq-per-try-timeout-ms"] == "1500"
-    assert dict(plan.response_headers)["x-sluice-cluster"] == ctx.decision.cluster
+    assert dict(plan.response_headers)["x-sluice-cluster"] == state.decision.cluster
 
 
 def test_without_the_setting_no_retry_and_no_first_byte_budget():
     director, route, _ = director_and_route()
     ctx = request(route)
     plan = director.decide_now(ctx)
-    assert plan.cluster == ctx.decision.cluster and ctx.retry_cluster is None
+    state = director.routed(ctx)
+    assert plan.cluster == state.decision.cluster and state.retry_cluster is None
     assert not {"x-envoy-retry-on", "x-envoy-upstream-rq-per-try-timeout-ms"} & set(dict(plan.request_headers))
 
 
@@ -92,12 +95,13 @@ def test_an_answer_from_the_retry_counts_against_the_first_cluster_not_for_the_s
     for _ in range(200):
         ctx = request(route)
         director.decide_now(ctx)
-        first = first or ctx.decision.cluster
-        if ctx.decision.cluster == first:    # the first attempt failed (2 s); Envoy's retry answered
+        state = director.routed(ctx)
+        first = first or state.decision.cluster
+        if state.decision.cluster == first:    # the first attempt failed (2 s); Envoy's retry answered
             clock[0] += 2.0
             ctx.status, ctx.response_headers = 200, {":status": "200", "x-envoy-attempt-count": "2"}
             director.on_response_headers(ctx)
-            assert ctx.decision.cluster == ctx.cluster != first
+            assert state.decision.cluster == ctx.cluster != first
             failed += 1
         else:
             clock[0] += 0.1
@@ -107,7 +111,7 @@ def test_an_answer_from_the_retry_counts_against_the_first_cluster_not_for_the_s
         director.on_finish(ctx)
         if failed == 5:                      # 5 failures in a row trip a breaker
             break
-    scheduler = director.scheduler
+    scheduler = director.route.scheduler
     states = scheduler.breaker_states(clock[0])
     assert states[first] is BreakerState.OPEN
     second = "b" if first == "a" else "a"

@@ -19,7 +19,7 @@ from tests.support.ext_proc_stream import FakeRoute, chat_body, chat_messages, r
 class FinishCounting(FakeRoute):
     finished = 0
 
-    def on_finish(self, ctx) -> None:
+    def on_finish(self, ctx, state) -> None:
         self.finished += 1
 
 
@@ -88,16 +88,16 @@ class SwallowsCancellation(FakeRoute):
         self.deciding, self.let_go = asyncio.Event(), asyncio.Event()
         self.taken_when_finished: list[bool] = []
 
-    async def decide(self, ctx):
+    async def decide(self, ctx, state):
         self.deciding.set()
         try:
             await asyncio.sleep(30)
         except asyncio.CancelledError:
             await self.let_go.wait()       # runs on
         ctx.taken = True
-        return await super().decide(ctx)
+        return await super().decide(ctx, state)
 
-    def on_finish(self, ctx) -> None:
+    def on_finish(self, ctx, state) -> None:
         self.taken_when_finished.append(getattr(ctx, "taken", False))
 
 
@@ -121,7 +121,7 @@ def _bug():
 
 
 class FailsOnAnswer(FinishCounting):
-    def on_response_body(self, ctx, chunk, end_of_stream) -> None:
+    def on_response_body(self, ctx, state, chunk, end_of_stream) -> None:
         _bug()
 
 
