@@ -1,12 +1,14 @@
-"""Admission in the request path: per-tenant rate limits, then a slot on a cluster (or a wait
-in the priority queue, or a fast refusal). Used by the route stage once the scheduler
-has ranked the route's clusters; see sidecar/admission/ for the queue, limiter and limits.
+"""The admission stage: per-tenant rate limits, then a slot on a cluster (or a wait in the
+priority queue, or a fast refusal). It comes after the schedule stage, whose ranking of the
+route's clusters is the order in which they are asked for a slot, and before the route stage;
+see sidecar/admission/ for the queue, limiter and limits.
 """
 from __future__ import annotations
 
 import asyncio
 import dataclasses
 import logging
+import math
 import time
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -16,9 +18,15 @@ from sidecar import deadlines
 from sidecar.admission import (Degrade, Gate, Permit, RateLimitRule, RateLimits, Refusal,
                                TokenLimiter)
 from sidecar.admission.cost import AnswerLengths
-from sidecar.request.context import RequestContext
+from sidecar.request.context import Outcome, RequestContext
 from sidecar.engine_priority import class_ranks, engine_field
+from sidecar.extproc.errors import error_reply
+from sidecar.extproc.events import Plan
+from sidecar.observability import tracing
+from sidecar.pipeline.metrics import RouteMetrics
+from sidecar.pipeline.schedule_stage import Scheduled, ScheduleStage
 from sidecar.request.decision_record import AdmissionWhy
+from sidecar.scheduling import Decision
 from sidecar.route_settings import PerSettings, RouteSettings, warn_unless_internal
 from sidecar.tenancy import ANONYMOUS, tenant_of
 from sidecar.token_estimate import estimate_tokens
@@ -200,6 +208,69 @@ class Admission:
         task = asyncio.get_running_loop().create_task(work)
         self._pending.add(task)
         task.add_done_callback(self._pending.discard)
+
+
+class AdmissionStage:
+    """Between the schedule stage and the route stage, on routes with admission: a slot on the
+    scheduler's pick, else on the next best cluster of its tier that has one; a wait in the
+    priority queue when all are at their limit; a fallback (degraded) or a refusal."""
+
+    def __init__(self, admission: Admission, schedule: ScheduleStage, metrics: RouteMetrics):
+        self.admission = admission
+        self._schedule, self._scheduler = schedule, schedule.scheduler
+        self._metrics = metrics
+
+    def settings(self, ctx: RequestContext) -> RouteAdmission | None:
+        """The route's admission settings; None: the route does not admit."""
+        if not isinstance(ctx.route, RouteSettings):
+            return None
+        return self.admission.settings(ctx.route, ctx.route_name)
+
+    async def admit(self, ctx: RequestContext, state: AdmissionState, scheduled: Scheduled,
+                    settings: RouteAdmission) -> Scheduled | Plan:
+        """The schedule stage's verdict with a slot held (maybe on another cluster, or degraded
+        to a fallback), or the refusal."""
+        decision = await self._admit(ctx, state, scheduled, settings)
+        if not isinstance(decision, Decision):
+            return decision                      # a refusal (Plan with a reply)
+        if not decision.available:               # degraded with no fallback to go to: a 503
+            self.admission.refund(ctx, state)
+            return self._schedule.unavailable(ctx, decision, scheduled.debug)
+        return dataclasses.replace(scheduled, decision=decision, at=self._schedule.clock())
+
+    async def _admit(self, ctx: RequestContext, state: AdmissionState, scheduled: Scheduled,
+                     settings: RouteAdmission) -> Decision | Plan:
+        config, decision, scheduler = scheduled.config, scheduled.decision, self._scheduler
+        ranked = sorted((c for c in decision.scores if c not in decision.dropped),
+                        key=lambda c: (c != decision.cluster, -decision.scores[c].total))
+        fallbacks = [c for c in config.candidates if c.role == "fallback"]
+        healthy_fallback = decision.role != "fallback" and any(scheduler.breakers_closed([c]) for c in fallbacks)
+        with tracing.span("sluice.queue"):
+            try:
+                result = await self.admission.admit(ctx, state, settings, ranked or [decision.cluster], healthy_fallback)
+            except BaseException:
+                scheduler.void_probe(decision)          # the client left the queue
+                raise
+        if not isinstance(result, Permit) or result.cluster != decision.cluster:
+            scheduler.void_probe(decision)
+        if isinstance(result, Refusal):
+            ctx.outcome = Outcome.REFUSED
+            self._metrics.admission_refused(ctx.route_name, result.reason)
+            retry = str(max(1, math.ceil(result.retry_after_s or 1)))
+            limited = result.status == 429
+            return Plan(reply=error_reply(
+                result.status, f"request refused by admission control ({result.reason}); retry later",
+                type_="rate_limit_error" if limited else "server_error",
+                code="rate_limited" if limited else "overloaded", headers=(("retry-after", retry),)))
+        if isinstance(result, Degrade):
+            if not fallbacks:
+                return Decision.unavailable(1.0, {})
+            return scheduler.pick(fallbacks, self._schedule.clock(), config.policy)
+        state.permit = result
+        if result.cluster == decision.cluster:
+            return decision
+        spec = next(c for c in config.candidates if c.cluster == result.cluster)
+        return dataclasses.replace(decision, cluster=result.cluster, model_rewrite=spec.model, probe=False)
 
 
 def _takes_priority(candidate) -> bool:

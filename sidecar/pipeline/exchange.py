@@ -1,7 +1,10 @@
 """The request path in one place: the stages a chat request goes through, in order.
 
     parse (the processor) -> guard -> cache: policy, lookup, dedup
-        -> route: admission, schedule, route and timeout
+        -> schedule -> admission -> route and timeout
+
+Scheduling comes before admission: admission asks the clusters for a slot in the order the
+scheduler ranked them (and a route without admission goes from the pick straight to routing).
 
 `Pipeline` holds the stages (one each per process); an `Exchange` is one request's way through
 them. The exchange keeps each stage's piece of the request (the guard's findings, the cache's
@@ -15,22 +18,43 @@ from __future__ import annotations
 import dataclasses
 from typing import Protocol
 
+from sidecar.pipeline.admission_stage import AdmissionState, RouteAdmission
 from sidecar.pipeline.cache_stage import CacheStage, CacheState, Capture
+from sidecar.pipeline.route_config import RouteConfig
 from sidecar.pipeline.route_stage import RouteState
+from sidecar.pipeline.schedule_stage import Scheduled
 from sidecar.request.context import RequestContext
 from sidecar.extproc.events import Continue, Plan, Reply
 from sidecar.pipeline.guard_stage import GuardStage, GuardState
 
 
+class ScheduleStage(Protocol):
+    """Which cluster (sidecar/pipeline/schedule_stage.py)."""
+
+    def target(self, ctx: RequestContext) -> RouteConfig | Plan:
+        """The route's config, or the plan that keeps Envoy's default cluster."""
+
+    def schedule(self, ctx: RequestContext, config: RouteConfig, admitting: bool = False) -> Scheduled | Plan: ...
+
+
+class AdmissionStage(Protocol):
+    """A slot for the scheduled request, or a wait, or a refusal (sidecar/pipeline/admission_stage.py)."""
+
+    def settings(self, ctx: RequestContext) -> RouteAdmission | None:
+        """None: the route does not admit."""
+
+    async def admit(self, ctx: RequestContext, state: AdmissionState, scheduled: Scheduled,
+                    settings: RouteAdmission) -> Scheduled | Plan: ...
+
+
 class RouteStage(Protocol):
-    """Admission, scheduling, routing and the feedback of what happened (sidecar/pipeline/route_stage.py)."""
+    """The stages after the cache (sidecar/pipeline/route_stage.py builds them over one scheduler):
+    schedule, admit where the route admits, route and timeout; then the feedback of what happened."""
 
-    def decide_now(self, ctx: RequestContext, state: RouteState) -> Plan | None:
-        """The plan when it needs no waiting, else None: the servicer then awaits `decide` in
-        a task. (Running `decide`'s first step outside a task would let code in it that
-        captures the current task, such as asyncio.timeout, cancel the wrong one.)"""
+    schedule: ScheduleStage
+    admit: AdmissionStage | None
 
-    async def decide(self, ctx: RequestContext, state: RouteState) -> Plan: ...
+    def route(self, ctx: RequestContext, state: RouteState, scheduled: Scheduled) -> Plan: ...
 
     def reads_response(self, ctx: RequestContext) -> bool: ...
 
@@ -102,8 +126,39 @@ class Exchange:
             if isinstance(verdict, Plan):
                 return verdict                           # answered from the cache
             self.cache.upstream = verdict
-        plan = self._route_stage.decide_now(ctx, self.route)
+        plan = self._route_now()
         return None if plan is None else self._passed_on(plan)
+
+    def _route_now(self) -> Plan | None:
+        """Schedule and route, where the route does not admit; None: admission may queue, the
+        servicer then awaits `decide` in a task. (Running the queue's first step outside a task
+        would let code in it that captures the current task, such as asyncio.timeout, cancel
+        the wrong one.)"""
+        ctx, route = self.ctx, self._route_stage
+        config = route.schedule.target(ctx)
+        if isinstance(config, Plan):
+            return config                                # Envoy's default cluster
+        if route.admit is not None and route.admit.settings(ctx) is not None:
+            return None
+        scheduled = route.schedule.schedule(ctx, config)
+        return scheduled if isinstance(scheduled, Plan) else route.route(ctx, self.route, scheduled)
+
+    async def _route(self) -> Plan:
+        """Schedule, admit (where the route admits: it may wait in the queue), route."""
+        ctx, route = self.ctx, self._route_stage
+        config = route.schedule.target(ctx)
+        if isinstance(config, Plan):
+            return config
+        settings = None if route.admit is None else route.admit.settings(ctx)
+        scheduled = route.schedule.schedule(ctx, config, admitting=settings is not None)
+        if isinstance(scheduled, Plan):
+            return scheduled                             # no cluster available: 503
+        if settings is not None:
+            self.route.admission = AdmissionState()
+            scheduled = await route.admit.admit(ctx, self.route.admission, scheduled, settings)
+            if isinstance(scheduled, Plan):
+                return scheduled                         # refused
+        return route.route(ctx, self.route, scheduled)
 
     async def decide(self) -> Plan:
         """The same stages, each awaited where it waits."""
@@ -121,7 +176,7 @@ class Exchange:
                 return verdict
             self.cache.upstream = verdict
         try:
-            plan = await self._route_stage.decide(ctx, self.route)
+            plan = await self._route()
         except BaseException:                            # refused by a bug, or the client left
             if self.cache.upstream is not None:
                 self.cache.upstream.abandon()

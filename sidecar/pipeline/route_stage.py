@@ -1,26 +1,26 @@
-"""The route stage: admission, schedule, route and timeout; then the feedback of what happened.
+"""The route stage: route and timeout, after the schedule and admission stages; then the
+feedback of what happened.
 
-The last stage of the pipeline (sidecar/pipeline/exchange.py). Per request: pick (filters,
-scores, picker; fallback when primaries are down), set the cluster header and a per-request upstream timeout, rewrite the model for a fallback, answer 503 fast
-when nothing is available. Response headers give time to first byte and success, the end of
-the stream total latency; they drive the signals and the circuit breakers. A busy route reads
-a sample of the answers (reads_response, sidecar/scheduling/sampling.py).
+The last stage of the pipeline (sidecar/pipeline/exchange.py). Per request: the cluster the
+earlier stages chose goes in the cluster header, with a per-request upstream timeout, the
+model a fallback serves, an engine's priority field, and Envoy's retry on the runner-up where
+the route asks. Response headers give time to first byte and success, the end of the stream
+total latency; they drive the signals and the circuit breakers. A busy route reads a sample of
+the answers (reads_response, sidecar/scheduling/sampling.py).
 """
 from __future__ import annotations
 
 import dataclasses
 import json
 import logging
-import math
 import time
 from dataclasses import dataclass
 from typing import Callable
 
 from sidecar import deadlines, engine_priority
-from sidecar.observability import tracing
 from sidecar.observability.metrics import SCHEDULERS
-from sidecar.admission import Degrade, Permit, Refusal
-from sidecar.pipeline.admission_stage import Admission, AdmissionState, RouteAdmission
+from sidecar.admission import Permit
+from sidecar.pipeline.admission_stage import Admission, AdmissionStage, AdmissionState, RouteAdmission
 from sidecar.cache.answer import compact_json
 from sidecar.cache.capture import IDENTITY_ENCODING, is_encoded
 from sidecar.request.context import Outcome, RequestContext
@@ -28,16 +28,13 @@ from sidecar.engine_priority import EngineField
 from sidecar.request.decision_record import TimeoutWhy
 from sidecar.extproc.events import BodyMode, Plan
 from sidecar.pipeline.metrics import PrometheusRouteMetrics, RouteMetrics
+from sidecar.pipeline.schedule_stage import Scheduled, ScheduleStage
 from sidecar.pipeline.usage import UsageMeter
-from sidecar.scheduling.gpu import GpuPoller
-from sidecar.extproc.errors import error_reply
 from sidecar.extproc.processor import CLUSTER_HEADER
-from sidecar.pipeline.route_config import RouteConfig, build_route_config
-from sidecar.route_settings import PerSettings, RouteSettings, RouteSettingsError
+from sidecar.pipeline.route_config import RouteConfig
 from sidecar.scheduling import BreakerTransition, Decision, Scheduler
 from sidecar.scheduling.overdue import FirstByteWatch
 from sidecar.scheduling.retry import retry_candidate, retry_cluster_name
-from sidecar.scheduling.scrape import Scraper
 from sidecar.token_estimate import estimate_tokens
 
 log = logging.getLogger("sluice.routing")
@@ -104,124 +101,47 @@ def rewrite_body(body: bytes, model: str | None, strip, write: EngineField | Non
 
 
 class RouteStage:
+    """The pipeline's stages after the cache: schedule (sidecar/pipeline/schedule_stage.py), admit
+    (admission_stage.py, on routes with admission) and route; then the feedback of what happened.
+    Built here because they share the scheduler; the exchange runs them in order."""
+
     def __init__(self, scheduler: Scheduler | None = None, clock: Callable[[], float] = time.monotonic,
                  scrape_interval_s: float | None = 2.0, admission: Admission | None = None,
                  metrics: RouteMetrics | None = None):
-        self.admission = admission
         self._metrics = metrics or PrometheusRouteMetrics()
         self.scheduler = scheduler or Scheduler(on_transition=self._on_transition)
         self.last_scores: dict[str, float] = {}
         SCHEDULERS.directors.add(self)
         self._clock = clock
-        self._scraper = (Scraper(self.scheduler.on_upstream_load, scrape_interval_s)
-                         if scrape_interval_s else None)
-        self._gpus = GpuPoller(self.scheduler.on_gpu_load) if scrape_interval_s else None
-        self._configs = PerSettings()
         self._first_byte = FirstByteWatch()
+        self.schedule = ScheduleStage(self.scheduler, clock, scrape_interval_s, self._first_byte, self._metrics)
+        self.admit: AdmissionStage | None = None
+        self.admission = admission
         self._streams_read = 0
 
-    # --- decision -----------------------------------------------------------------------
+    @property
+    def admission(self) -> Admission | None:
+        return None if self.admit is None else self.admit.admission
 
-    def decide_now(self, ctx: RequestContext, state: RouteState) -> Plan | None:
-        """The plan when deciding needs no waiting (the route has no admission), else None and
-        the server awaits `decide` in a task. Most requests are decided here, without one."""
-        route = self._resolve(ctx)
-        if not isinstance(route, RouteConfig):
-            return route
-        if self._admission_settings(ctx) is not None:
-            return None
-        return self._schedule(ctx, state, route)
-
-    async def decide(self, ctx: RequestContext, state: RouteState) -> Plan:
-        route = self._resolve(ctx)
-        if not isinstance(route, RouteConfig):
-            return route
-        admission = self._admission_settings(ctx)
-        if admission is None:
-            return self._schedule(ctx, state, route)
-        return await self._schedule_admitted(ctx, state, route, admission)
+    @admission.setter
+    def admission(self, admission: Admission | None) -> None:
+        """Set once the gate exists (it reads the scheduler's signals: sidecar/service/app.py)."""
+        self.admit = None if admission is None else AdmissionStage(admission, self.schedule, self._metrics)
 
     def reads_response(self, ctx: RequestContext) -> bool:
         """Read this request's answer? Always where something needs it (admission's slots and
         token budgets, the debug header, a breaker not closed or a failure streak, a route that does not
         steer), else as the route's feedback sampler says. Asked at the request headers."""
-        config = self._config(ctx)
+        config = self.schedule.config(ctx)
         if not isinstance(config, RouteConfig) or config.debug_header or self._admission_settings(ctx) is not None:
             return True
         return not self.scheduler.breakers_settled(config.candidates) or config.feedback.read(self._clock())
 
-    def _resolve(self, ctx: RequestContext) -> RouteConfig | Plan:
-        """The route's config, or the (empty) Plan that keeps Envoy's default cluster."""
-        route = self._config(ctx)
-        if isinstance(route, RouteConfig):
-            self._keep_polled(route)
-        if isinstance(route, RouteSettingsError):
-            ctx.outcome = Outcome.INVALID_ROUTE
-            return Plan()
-        if not isinstance(route, RouteConfig):
-            ctx.outcome = Outcome.DEFAULT
-            return Plan()
-        return route
+    # --- route and timeout ----------------------------------------------------------------
 
-    def _config(self, ctx: RequestContext) -> RouteConfig | RouteSettingsError | None:
-        """The config of a route that steers; its error when its settings are invalid; None for
-        a route without candidates (or without settings)."""
-        route = ctx.route
-        if isinstance(route, RouteSettings):
-            return self._configs.get(route, self._build_config, ctx.route_name) if route.candidates else None
-        return route if isinstance(route, RouteSettingsError) else None
-
-    def _keep_polled(self, config: RouteConfig) -> None:
-        """The route's clusters' load sources stay polled (a poller drops a target that fails;
-        the next request adds it back). Once per decision, not per lookup."""
-        if self._scraper is not None:
-            for cluster, url in config.metrics_urls:
-                self._scraper.ensure(cluster, url)
-        if self._gpus is not None:
-            for cluster, index in config.gpu_indices:
-                self._gpus.ensure(cluster, index)
-
-    def _build_config(self, route: RouteSettings, route_name: str) -> RouteConfig | RouteSettingsError:
-        try:
-            config = build_route_config(route, route_name)
-        except ValueError as exc:
-            log.error("invalid route settings of route %s, using its default cluster: %s", route_name, exc)
-            return RouteSettingsError(str(exc))
-        for spec in config.candidates:
-            self.scheduler.set_breaker_config(spec.cluster, config.breaker)
-        return config
-
-    def _pick(self, config: RouteConfig, candidates, now: float) -> tuple[Decision, tuple]:
-        """The scheduler's decision and, when the route asks, its debug header."""
-        self._judge_overdue(now)
-        with tracing.span("sluice.schedule"):
-            decision = self.scheduler.pick(candidates, now, config.policy)
-        return decision, (("x-sluice-debug", decision.debug_header()),) if config.debug_header else ()
-
-    def _schedule(self, ctx: RequestContext, state: RouteState, config: RouteConfig) -> Plan:
-        now = self._clock()
-        decision, debug = self._pick(config, config.candidates, now)
-        if not decision.available:
-            return self._unavailable(ctx, decision, debug)
-        return self._routed(ctx, state, config, decision, now, debug)
-
-    async def _schedule_admitted(self, ctx: RequestContext, state: RouteState, config: RouteConfig,
-                                 admission: RouteAdmission) -> Plan:
-        decision, debug = self._pick(config, config.unbounded_candidates, self._clock())
-        if not decision.available:
-            return self._unavailable(ctx, decision, debug)
-        admitted = state.admission = AdmissionState()
-        decision = await self._admit(ctx, admitted, config, decision, admission)
-        if not isinstance(decision, Decision):
-            return decision                      # a refusal (Plan with a reply)
-        if not decision.available:               # degraded with no fallback to go to: a 503
-            self.admission.refund(ctx, admitted)
-            return self._unavailable(ctx, decision, debug)
-        return self._routed(ctx, state, config, decision, self._clock(), debug)
-
-    def _routed(self, ctx: RequestContext, state: RouteState, config: RouteConfig, decision: Decision,
-                now: float, debug: tuple) -> Plan:
-        """The request goes to decision.cluster now: signals, timeout, headers."""
+    def route(self, ctx: RequestContext, state: RouteState, scheduled: Scheduled) -> Plan:
+        """The request goes to the scheduled cluster now: signals, timeout, headers, body."""
+        config, decision, now, debug = scheduled.config, scheduled.decision, scheduled.at, scheduled.debug
         self.scheduler.on_send(decision, now)
         if ctx.response_read:          # only a read answer's first byte is seen
             self._first_byte.add(decision.cluster, state, now)
@@ -300,54 +220,8 @@ class RouteStage:
             priority = write.value(ranks[priority_class], max(ranks.values()))
         return rewrite_body(ctx.body, model, (f for _, f in config.engine_fields), write, priority)
 
-    def _unavailable(self, ctx: RequestContext, decision: Decision, debug: tuple) -> Plan:
-        ctx.outcome = Outcome.REFUSED
-        ctx.why.unavailable = decision
-        self._metrics.unavailable(ctx.route_name)
-        retry = str(max(1, math.ceil(decision.retry_after_s or 1)))
-        return Plan(reply=error_reply(
-            503, "no upstream cluster is available for this route; retry later",
-            type_="server_error", code="upstream_unavailable", headers=(("retry-after", retry), *debug)))
-
     def _admission_settings(self, ctx: RequestContext) -> RouteAdmission | None:
-        if self.admission is None or not isinstance(ctx.route, RouteSettings):
-            return None
-        return self.admission.settings(ctx.route, ctx.route_name)
-
-    async def _admit(self, ctx: RequestContext, state: AdmissionState, config: RouteConfig, decision: Decision,
-                     settings: RouteAdmission) -> Decision | Plan:
-        """A slot on the scheduler's choice, else on the next best cluster of the same tier
-        that has one; waits in the priority queue when all are at their limit."""
-        ranked = sorted((c for c in decision.scores if c not in decision.dropped),
-                        key=lambda c: (c != decision.cluster, -decision.scores[c].total))
-        fallbacks = [c for c in config.candidates if c.role == "fallback"]
-        healthy_fallback = decision.role != "fallback" and any(self.scheduler.breakers_closed([c]) for c in fallbacks)
-        with tracing.span("sluice.queue"):
-            try:
-                result = await self.admission.admit(ctx, state, settings, ranked or [decision.cluster], healthy_fallback)
-            except BaseException:
-                self.scheduler.void_probe(decision)         # the client left the queue
-                raise
-        if not isinstance(result, Permit) or result.cluster != decision.cluster:
-            self.scheduler.void_probe(decision)
-        if isinstance(result, Refusal):
-            ctx.outcome = Outcome.REFUSED
-            self._metrics.admission_refused(ctx.route_name, result.reason)
-            retry = str(max(1, math.ceil(result.retry_after_s or 1)))
-            limited = result.status == 429
-            return Plan(reply=error_reply(
-                result.status, f"request refused by admission control ({result.reason}); retry later",
-                type_="rate_limit_error" if limited else "server_error",
-                code="rate_limited" if limited else "overloaded", headers=(("retry-after", retry),)))
-        if isinstance(result, Degrade):
-            if not fallbacks:
-                return Decision.unavailable(1.0, {})
-            return self.scheduler.pick(fallbacks, self._clock(), config.policy)
-        state.permit = result
-        if result.cluster == decision.cluster:
-            return decision
-        spec = next(c for c in config.candidates if c.cluster == result.cluster)
-        return dataclasses.replace(decision, cluster=result.cluster, model_rewrite=spec.model, probe=False)
+        return None if self.admit is None else self.admit.settings(ctx)
 
     # --- feedback -----------------------------------------------------------------------
 
@@ -411,7 +285,7 @@ class RouteStage:
         state.judged = True
         ttfb = _ttfb(ctx, state)
         # A client that gave up on a hanging cluster ends its request here: judged first.
-        self._judge_overdue(now)
+        self.schedule.judge_overdue(now)
         self._first_byte.remove(decision.cluster, state)
         if ctx.status is None and state.first_byte_overdue:
             # Judged a failure while it hung (the client gave up, or Envoy's answer went unread).
@@ -428,13 +302,6 @@ class RouteStage:
             cut = ctx.response_body_read and not ctx.response_complete
             self.scheduler.on_complete(decision, now - state.sent_at, ctx.status < 500 and not cut, now,
                                        completion_tokens=completion, ttfb_s=ttfb, judged=state.first_byte_overdue)
-
-    def _judge_overdue(self, now: float) -> None:
-        """Requests still without their first byte well past their cluster's usual time count
-        as failures now (overdue.py): a hanging cluster trips its breaker within seconds."""
-        for state in self._first_byte.take_overdue(now, lambda cluster: self.scheduler.signals.ttfb_p95(cluster, now)):
-            state.first_byte_overdue = True
-            self.scheduler.on_overdue(state.decision, now)
 
     def _remember_scores(self, decision: Decision) -> None:
         """Scores for the scrape-time gauges (sidecar.observability.metrics.SchedulerCollector)."""

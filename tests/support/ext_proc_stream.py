@@ -57,22 +57,30 @@ def upstream_headers(responses) -> dict[str, str]:
 
 
 class FakeRoute:
-    """A route stage (sidecar/pipeline/exchange.py) that routes every chat request to `cluster`."""
+    """The stages after the cache (sidecar/pipeline/exchange.py: schedule, admit, route) of a route
+    that sends every chat request to `cluster`. Its admission is asked for every request, so the
+    decision is always awaited, as on a route whose queue may wait; `during` runs there."""
 
     def __init__(self, cluster: str = "upstream_a", plan: Plan | None = None, during=None):
         self.cluster, self.plan, self.during = cluster, plan, during
+        self.schedule, self.admit = _FakeSchedule(self), _FakeAdmission(self)
 
-    def decide_now(self, ctx, state):
-        return None          # always the awaited path, like a director that waits
+    def target(self, ctx):
+        return _CONFIG
+
+    def admits(self, ctx) -> bool:
+        return True          # always the awaited path
+
+    async def admitted(self, ctx) -> None:
+        if self.during is not None:
+            self.during()
+
+    def route(self, ctx, state, scheduled) -> Plan:
+        ctx.outcome, ctx.cluster = Outcome.ROUTED, self.cluster
+        return self.plan or Plan(cluster=self.cluster)
 
     def reads_response(self, ctx) -> bool:
         return True
-
-    async def decide(self, ctx, state) -> Plan:
-        if self.during is not None:
-            self.during()
-        ctx.outcome, ctx.cluster = Outcome.ROUTED, self.cluster
-        return self.plan or Plan(cluster=self.cluster)
 
     def on_response_headers(self, ctx, state) -> None:
         ctx.response_headers_at = time.monotonic()
@@ -82,3 +90,29 @@ class FakeRoute:
 
     def on_finish(self, ctx, state) -> None:
         pass
+
+
+_CONFIG, _SCHEDULED, _SETTINGS = object(), object(), object()   # opaque to the exchange
+
+
+class _FakeSchedule:
+    def __init__(self, stages: FakeRoute):
+        self._stages = stages
+
+    def target(self, ctx):
+        return self._stages.target(ctx)
+
+    def schedule(self, ctx, config, admitting=False):
+        return _SCHEDULED
+
+
+class _FakeAdmission:
+    def __init__(self, stages: FakeRoute):
+        self._stages = stages
+
+    def settings(self, ctx):
+        return _SETTINGS if self._stages.admits(ctx) else None
+
+    async def admit(self, ctx, state, scheduled, settings):
+        await self._stages.admitted(ctx)
+        return scheduled

@@ -7,13 +7,14 @@ import pytest
 
 from sidecar.openai.chat import parse_chat_request
 from sidecar.request.context import Outcome, RequestContext
-from sidecar.pipeline.route_stage import RouteStage, RouteState, rewrite_model
+from sidecar.pipeline.route_stage import RouteStage, rewrite_model
 from sidecar.scheduling import Scheduler
 from sidecar.extproc.events import (BodyMode, Continue, Decide, ImmediateReply, ModeOverride, Phase, Plan,
                             ProtocolError, RequestBody, RequestHeaders, ResponseBody,
                             ResponseHeaders)
 from sidecar.extproc.processor import RequestProcessor, State
 from sidecar.route_settings import RouteSettingsError, parse_route_settings
+from tests.support.pipeline_driver import Stages
 
 CHAT = {":method": "POST", ":path": "/v1/chat/completions", "content-type": "application/json"}
 BODY = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
@@ -36,7 +37,7 @@ def run(events, route=TWO, director=None):
         reply = processor.handle(event)
         if isinstance(reply, Decide):
             assert reply.context is processor.context
-            reply = processor.apply(asyncio.run(director.decide(reply.context, RouteState())))
+            reply = processor.apply(asyncio.run(Stages(director).decide(reply.context)))
         replies.append(reply)
     return processor, replies
 
@@ -245,7 +246,7 @@ def test_the_upstream_timeout_never_runs_past_the_clients_deadline():
         headers = {} if deadline_ms is None else {"x-request-deadline-ms": deadline_ms}
         ctx = RequestContext(headers=headers, route=TWO, route_name="chat", started=100.0 - elapsed_s)
         ctx.body, ctx.chat = BODY, parse_chat_request(BODY)
-        plan = asyncio.run(new_director().decide(ctx, RouteState()))
+        plan = asyncio.run(Stages(new_director()).decide(ctx))
         return int(dict(plan.request_headers)["x-envoy-upstream-rq-timeout-ms"])
     unbounded = timeout_ms()
     assert unbounded > 1500

@@ -20,6 +20,7 @@ from sidecar.guard.normalize import _DROP, fold
 from sidecar.guard.policy import build_policy
 from sidecar.guard.words import WordMatcher
 from sidecar.route_settings import parse_route_settings
+from tests.support.ext_proc_stream import FakeRoute
 from tests.support.pipeline_driver import Stages
 
 
@@ -300,15 +301,17 @@ def guarded(later, embedder=None, head=None):
     return Stages(later, guard=GuardStage(embedder, head))
 
 
-class Inner:
+class Inner(FakeRoute):
+    """The stages after the guard: they decide at once, and see the request as the guard left it."""
+
     def __init__(self):
+        super().__init__("c")
         self.seen = []
 
-    def decide_now(self, ctx, state):
-        self.seen.append(ctx.chat)
-        return Plan(cluster="c")
+    def admits(self, ctx) -> bool:
+        return False
 
-    async def decide(self, ctx, state):
+    def route(self, ctx, state, scheduled):
         self.seen.append(ctx.chat)
         return Plan(cluster="c")
 

@@ -180,7 +180,7 @@ def test_adding_the_traceparent_keeps_every_other_field_of_the_plan():
 class WhyDirector(FakeRoute):
     """Decides as a cache miss routed to upstream_a, with its reasons recorded."""
 
-    async def decide(self, ctx, state):
+    async def admitted(self, ctx):
         from sidecar.request.decision_record import CacheWhy, TimeoutWhy
         from sidecar.scheduling import Decision
         from sidecar.scheduling.scorers import ScoreBreakdown
@@ -189,7 +189,7 @@ class WhyDirector(FakeRoute):
         ctx.why.timeout = TimeoutWhy(30000, "seed")
         ctx.why.picked = Decision("upstream_a", role="primary", scores={"upstream_a": ScoreBreakdown(0.9)},
                                   dropped={"upstream_b": "breaker open"})
-        return await super().decide(ctx, state)
+        await super().admitted(ctx)
 
 
 async def test_request_span_carries_the_decision_record(spans):

@@ -169,7 +169,14 @@ def test_the_memo_of_a_tenant_header_route_keys_on_that_header():
 
 def test_a_bypass_waits_for_decide_when_routing_cannot_decide_at_once():
     d = director()
-    d.route.decide_now = lambda ctx, state: None              # e.g. an admission queue to wait in
+
+    class Queue:                                         # e.g. an admission queue to wait in
+        def settings(self, ctx):
+            return "admits"
+
+        async def admit(self, ctx, state, scheduled, settings):
+            return scheduled
+    d.route.admit = Queue()
     before = value("sluice_cache_requests_total", route="chat", result="bypass")
     ctx = request(**{"cache-control": "no-store"})
     assert d.decide_now(ctx) is None

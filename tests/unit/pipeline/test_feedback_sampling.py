@@ -14,10 +14,11 @@ from sidecar.extproc.processor import RequestProcessor
 from sidecar.pipeline.route_config import build_route_config
 from sidecar.openai.chat import parse_chat_request
 from sidecar.route_settings import parse_route_settings
-from sidecar.pipeline.route_stage import RouteStage, RouteState
+from sidecar.pipeline.route_stage import RouteStage
 from sidecar.scheduling import Decision, Scheduler
 from sidecar.scheduling.sampling import FeedbackSampler
 from tests.unit.extproc.test_processor import BODY, CHAT, new_director
+from tests.support.pipeline_driver import Stages
 
 
 def route(**scheduling):
@@ -129,7 +130,7 @@ def test_an_unread_answer_skips_response_headers_and_its_headers_go_as_metadata(
     first = headers_reply(processor, d, headers_event(settings))
     assert first == Continue(Phase.REQUEST_HEADERS, mode=ModeOverride(response_headers=False))
     decide = processor.handle(RequestBody(BODY, True))
-    reply = processor.apply(asyncio.run(d.decide(decide.context, RouteState())))
+    reply = processor.apply(asyncio.run(Stages(d).decide(decide.context)))
     cluster = processor.context.cluster
     assert dict(reply.dynamic_metadata) == {"x-sluice-cluster": cluster}
     assert processor.context.response_read is False
@@ -140,7 +141,7 @@ def test_a_read_answer_sends_no_metadata():
     processor = RequestProcessor()
     assert headers_reply(processor, d, headers_event(route())) == Continue(Phase.REQUEST_HEADERS)
     decide = processor.handle(RequestBody(BODY, True))
-    reply = processor.apply(asyncio.run(d.decide(decide.context, RouteState())))
+    reply = processor.apply(asyncio.run(Stages(d).decide(decide.context)))
     # Metadata in this reply with response headers still to come kept Envoy 1.40's ext_proc
     # stream open past the request's end (measured): only unread answers carry it.
     assert reply.dynamic_metadata == ()
@@ -151,7 +152,6 @@ def test_cache_routes_read_every_answer_and_the_others_follow_routing():
     from sidecar.cache.inflight import InFlight
     from sidecar.cache.memory_store import MemoryStore
     from sidecar.pipeline.cache_stage import CacheRuntime, CacheStage
-    from tests.support.pipeline_driver import Stages
     caching = Stages(new_director(), CacheStage(CacheRuntime(store=MemoryStore(), inflight=InFlight())))
     sampled = {"feedback": RARELY}
     cached = route(**sampled)                                      # the cache is on by default
@@ -169,7 +169,7 @@ def test_response_headers_that_come_anyway_are_handled_as_read():
     processor = RequestProcessor()
     headers_reply(processor, d, headers_event(settings))
     decide = processor.handle(RequestBody(BODY, True))
-    processor.apply(asyncio.run(d.decide(decide.context, RouteState())))
+    processor.apply(asyncio.run(Stages(d).decide(decide.context)))
     reply = processor.handle(ResponseHeaders({":status": "200"}, False))
     cluster = processor.context.cluster
     assert reply.phase is Phase.RESPONSE_HEADERS and ("x-sluice-cluster", cluster) in reply.set_headers
@@ -182,16 +182,16 @@ def tokens_per_s_learned(body: bytes) -> float | None:
     clock = [100.0]
     d = RouteStage(Scheduler(rng=random.Random(0)), clock=lambda: clock[0], scrape_interval_s=None)
     settings = route(feedback={"read_all_per_s": 1000, "then_one_in": 1})
+    stages = Stages(d)
     for _ in range(3):
         ctx = RequestContext(route=settings, route_name="chat", chat=parse_chat_request(body), body=body)
-        state = RouteState()
-        asyncio.run(d.decide(ctx, state))
+        asyncio.run(stages.decide(ctx))
         clock[0] += 0.1
         ctx.status = 200
-        d.on_response_headers(ctx, state)           # first byte after 0.1 s
+        stages.on_response_headers(ctx)             # first byte after 0.1 s
         clock[0] += 1.0
         ctx.usage, ctx.response_complete = (10, 50), True       # 50 tokens in the next second
-        d.on_finish(ctx, state)
+        stages.on_finish(ctx)
     return d.scheduler.signals.snapshot(clock[0])[ctx.cluster].tokens_per_s
 
 

@@ -25,13 +25,9 @@ class CountingRoute(FakeRoute):
         super().__init__(cluster="a")
         self.asked = 0
 
-    def decide_now(self, ctx, state):
+    def target(self, ctx):
         self.asked += 1
-        return None
-
-    async def decide(self, ctx, state):
-        self.asked += 1
-        return await super().decide(ctx, state)
+        return super().target(ctx)
 
 
 def request(route: dict, prompt: str = "How do I reset my password?") -> RequestContext:
@@ -102,7 +98,7 @@ def test_the_answers_usage_goes_to_envoy_with_its_last_chunk_only():
 
 def test_a_route_stage_failure_abandons_the_capture():
     class Failing(FakeRoute):
-        async def decide(self, ctx, state):
+        async def admitted(self, ctx):
             raise RuntimeError("planted")
 
     exchange = pipeline(Failing()).exchange(request({"cache": {"semantic": False}}))

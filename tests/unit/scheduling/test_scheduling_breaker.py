@@ -195,8 +195,8 @@ async def test_a_probe_admission_sends_elsewhere_or_refuses_is_no_probe_and_the_
     d = RouteStage(Scheduler(rng=random.Random(0)), clock=lambda: clock[0], scrape_interval_s=None)
     gate = Gate(GateConfig())
     d.admission = Admission(gate, None, b"a test secret of 32 bytes, fixed")
-    d._config(request())                                              # the route's breaker settings
-    d._admission_settings(request())                                # a's gate cap of 1
+    d.schedule.config(request())                                    # the route's breaker settings
+    d.admit.settings(request())                                     # a's gate cap of 1
     held = await gate.acquire(["a"], "standard", "other")           # and its one slot is busy
     d.scheduler.on_complete(Decision(cluster="a"), 0.1, False, clock[0])     # a trips
     clock[0] += 2                                                   # cool-down over: half-open

@@ -88,14 +88,13 @@ class SwallowsCancellation(FakeRoute):
         self.deciding, self.let_go = asyncio.Event(), asyncio.Event()
         self.taken_when_finished: list[bool] = []
 
-    async def decide(self, ctx, state):
+    async def admitted(self, ctx):
         self.deciding.set()
         try:
             await asyncio.sleep(30)
         except asyncio.CancelledError:
             await self.let_go.wait()       # runs on
         ctx.taken = True
-        return await super().decide(ctx, state)
 
     def on_finish(self, ctx, state) -> None:
         self.taken_when_finished.append(getattr(ctx, "taken", False))
