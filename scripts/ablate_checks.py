@@ -35,7 +35,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from eval_semantic import TODAY, load_sets, score  # noqa: E402
-from sidecar.cache.equivalence import forget_profiles, same_question  # noqa: E402
+from sidecar.cache.equivalence import forget_profiles  # noqa: E402
+from sidecar.cache.same_question import same_question  # noqa: E402
 
 REPORT = ROOT / "reports" / "semantic_check_ablation.json"
 DOC = ROOT / "docs" / "semantic-check-ablation.md"

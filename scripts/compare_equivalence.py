@@ -26,6 +26,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from sidecar.cache import equivalence as new  # noqa: E402
+from sidecar.cache.same_question import same_question as new_same_question  # noqa: E402
 
 COSINES = (0.0, 0.5, 0.9, 0.92, 0.93, 0.94, 0.95, 0.96, 0.97, 0.98, 0.99, 1.0)
 SWITCHED_COSINES = (0.93, 0.96, 1.0)     # with a check switched off (the default has them all)
@@ -102,7 +103,7 @@ def compare(old, pairs: list[tuple[str, str]], limit: int = 10) -> tuple[int, li
             if (r_old.min_cosine, r_old.reason) != (r_new.min_cosine, r_new.reason):
                 diffs.append(f"requirement {variant} of {(a, b)!r}: {r_old} / {r_new}")
             for cosine in COSINES if not variant else SWITCHED_COSINES:
-                v_old, v_new = old.same_question(a, b, cosine, old_s), new.same_question(a, b, cosine, new_s)
+                v_old, v_new = old.same_question(a, b, cosine, old_s), new_same_question(a, b, cosine, new_s)
                 made += 1
                 if (v_old.hit, v_old.reason) != (v_new.hit, v_new.reason):
                     diffs.append(f"same_question {variant} at {cosine} of {(a, b)!r}: {v_old} / {v_new}")

@@ -36,8 +36,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from gen_semantic_pairs import generate  # noqa: E402
-from sidecar.cache.equivalence import (_CHECK_ORDER, EquivalenceSettings, disagreements,  # noqa: E402
-                                      forget_profiles, same_question)
+from sidecar.cache.equivalence import CHECK_ORDER, EquivalenceSettings, disagreements, forget_profiles  # noqa: E402
+from sidecar.cache.same_question import same_question  # noqa: E402
 from sidecar.cache.policy import CachePolicy  # noqa: E402
 from sidecar.cache.verifier import features, load_verifier  # noqa: E402
 
@@ -106,7 +106,7 @@ def veto_effects(sets, cosines, rate: float) -> dict:
         hits, _ = decide(pairs, cos, base)
         labels = np.array([p["label"] for p in pairs])
         found = [disagreements(p["a"], p["b"]) for p in pairs]
-        for _, field, _ in _CHECK_ORDER:
+        for _, field, _ in CHECK_ORDER:
             flagged = np.array([bool(getattr(f, field)) for f in found])
             out.setdefault(field, {})[name] = {"stops_wrong": int((hits & flagged & (labels == 0)).sum()),
                                                "loses_right": int((hits & flagged & (labels == 1)).sum())}
@@ -145,7 +145,7 @@ def rss_at_start() -> dict:
             "m=load(EmbeddingSettings.from_env());m.encoder.encode_iter(['warm up']);"
             "a=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss;"
             "from sidecar.cache.verifier import load_verifier;v=load_verifier();"
-            "from sidecar.cache.equivalence import same_question,EquivalenceSettings;"
+            "from sidecar.cache.equivalence import EquivalenceSettings;from sidecar.cache.same_question import same_question;"
             "same_question('a b c','a b d',0.99,EquivalenceSettings(max_false_hit_rate=0.01));"
             "b=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss;print(a,b)")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
@@ -176,7 +176,7 @@ def main(argv=None) -> int:
         decisions[f"verifier {rate:g}"] = dataclasses.replace(EquivalenceSettings(), max_false_hit_rate=rate)
     decisions["verifier 0.01, no vetoes"] = dataclasses.replace(EquivalenceSettings(), max_false_hit_rate=0.01,
                                                               verifier_vetoes=())
-    every_check = tuple(field for _, field, _ in _CHECK_ORDER if field != "case")
+    every_check = tuple(field for _, field, _ in CHECK_ORDER if field != "case")
     for rate in (0.02, 0.05):
         decisions[f"verifier {rate:g}, every check vetoes"] = dataclasses.replace(
             EquivalenceSettings(), max_false_hit_rate=rate, verifier_vetoes=every_check)

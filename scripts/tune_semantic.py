@@ -44,8 +44,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from sidecar.cache.alignment import run_content_states, unaligned  # noqa: E402
-from sidecar.cache.equivalence import (EquivalenceSettings, forget_profiles, requirement,  # noqa: E402
-                                      same_question)
+from sidecar.cache.equivalence import EquivalenceSettings, forget_profiles, requirement  # noqa: E402
+from sidecar.cache.same_question import same_question  # noqa: E402
 
 DEFAULT_PAIRS = ROOT.parent / "shared" / "data" / "paraphrase" / "dev.jsonl"
 CACHE_DIR = ROOT / "build" / "semantic"
@@ -558,7 +558,7 @@ def markdown(report: dict) -> str:
         "",
         "## The decision",
         "",
-        "`sidecar.cache.equivalence.same_question(a, b, cosine, settings) -> Verdict(hit, reason)`. A hit "
+        "`sidecar.cache.same_question.same_question(a, b, cosine, settings) -> Verdict(hit, reason)`. A hit "
         "needs cosine ≥ τ and every check below to agree; the first that disagrees is the reason."
         " The checks' word lists (number words, units, negations, question words, polar words, tenses, "
         "quantifiers, stop words, …) are data, `sidecar/cache/lexicon.toml`, one table per list with why it "

@@ -19,14 +19,12 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 
-from sidecar.cache.alignment import unaligned
 from sidecar.cache.lexicon import lexicon
 from sidecar.cache.stopwords import STOPWORDS
 from sidecar.embedding.normalize import normalize_text
 
 __all__ = ["EquivalenceSettings", "Verdict", "Requirement", "Profile", "profile",
-           "requirement", "same_question", "STOPWORDS",
-           "Disagreements", "disagreements", "candidate_floor"]
+           "requirement", "STOPWORDS", "CHECK_ORDER", "Disagreements", "disagreements"]
 
 
 @dataclass(frozen=True)
@@ -105,7 +103,7 @@ class EquivalenceSettings:
                 raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)!r}")
         if not 0.0 <= self.max_false_hit_rate < 1.0:
             raise ValueError(f"max_false_hit_rate: must be in [0, 1), got {self.max_false_hit_rate!r}")
-        unknown = set(self.verifier_vetoes) - {f for _, f, _ in _CHECK_ORDER}
+        unknown = set(self.verifier_vetoes) - {f for _, f, _ in CHECK_ORDER}
         if unknown:
             raise ValueError(f"verifier_vetoes: unknown checks {sorted(unknown)}")
         if not -1.0 <= self.alignment_floor <= 1.0:
@@ -711,7 +709,7 @@ class Disagreements:
 
 
 # (check switch, Disagreements field, reason), in the order `requirement` asks them.
-_CHECK_ORDER = (
+CHECK_ORDER = (
     ("check_numbers", "numbers", "numbers_differ"),
     ("check_negation", "negation", "negation_differs"),
     ("check_question_words", "question_word", "question_word_differs"),
@@ -768,7 +766,7 @@ def requirement(a_text: str, b_text: str, settings: EquivalenceSettings) -> Requ
     if max(len(a_text), len(b_text)) > settings.max_prompt_chars:
         return Requirement(never, "too_long")
     found = disagreements(a_text, b_text, settings.tail_prompt_words)
-    for switch, field_name, reason in _CHECK_ORDER:
+    for switch, field_name, reason in CHECK_ORDER:
         if getattr(settings, switch) and getattr(found, field_name):
             return Requirement(never, reason)
     if settings.check_content_words:
@@ -784,56 +782,3 @@ def requirement(a_text: str, b_text: str, settings: EquivalenceSettings) -> Requ
         if raise_by > 0:
             return Requirement(settings.threshold + raise_by, "content_differs")
     return Requirement(settings.threshold, "ok")
-
-
-def same_question(a_text: str, b_text: str, cosine: float,
-                  settings: EquivalenceSettings, token_states: tuple[object, object] | None = None
-                  ) -> Verdict:
-    """May the answer stored for one prompt be served for the other?
-
-    `cosine` is the similarity of the two prompts' embeddings.  `token_states`, needed
-    only with settings.check_alignment, is the two prompts' content-token states
-    (sidecar.cache.alignment.content_states), in the order of the texts.  Symmetric in
-    the prompts.  The reason names the first check that said no, or "ok".
-    """
-    if settings.max_false_hit_rate > 0:
-        return _verified(a_text, b_text, cosine, settings)
-    if cosine < settings.threshold:
-        return Verdict(False, "below_threshold")
-    need = requirement(a_text, b_text, settings)
-    if cosine < need.min_cosine:
-        return Verdict(False, need.reason)
-    if settings.check_alignment:
-        if token_states is None:
-            return Verdict(False, "alignment_unavailable")
-        if unaligned(*token_states, settings.alignment_floor) > settings.max_unaligned_tokens:
-            return Verdict(False, "alignment_differs")
-    return Verdict(True, "ok")
-
-
-def candidate_floor(settings: EquivalenceSettings) -> float:
-    """The least cosine of a stored prompt worth deciding on: the verifier's measured floor
-    when it decides, else the threshold."""
-    if settings.max_false_hit_rate > 0:
-        from sidecar.cache.verifier import load_verifier   # here: that module imports this one
-        return load_verifier().floor
-    return settings.threshold
-
-
-def _verified(a_text: str, b_text: str, cosine: float, settings: EquivalenceSettings) -> Verdict:
-    """The verifier's decision: its score against the threshold calibrated for the route's
-    false-hit rate, after the checks kept as vetoes."""
-    from sidecar.cache.verifier import features, load_verifier
-    verifier = load_verifier()
-    if cosine < verifier.floor:
-        return Verdict(False, "below_threshold")
-    if max(len(a_text), len(b_text)) > settings.max_prompt_chars:
-        return Verdict(False, "too_long")
-    found = disagreements(a_text, b_text, settings.tail_prompt_words)
-    for switch, field_name, reason in _CHECK_ORDER:
-        if field_name in settings.verifier_vetoes and getattr(settings, switch) and getattr(found, field_name):
-            return Verdict(False, reason)
-    score = float(verifier.probabilities(features(a_text, b_text, cosine, found))[0])
-    if score < verifier.threshold(settings.max_false_hit_rate):
-        return Verdict(False, "verifier_rejected", score)
-    return Verdict(True, "ok", score)

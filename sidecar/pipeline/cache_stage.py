@@ -30,7 +30,8 @@ from sidecar.pipeline.metrics import CacheMetrics, PrometheusCacheMetrics
 from sidecar.cache.answer import CachedAnswer, decode_answer
 from sidecar.cache.budget import BytePool
 from sidecar.cache.capture import IDENTITY_ENCODING, NotCaptured, SseCapture, capture_json, response_refusal
-from sidecar.cache.equivalence import EquivalenceSettings, Verdict, candidate_floor, same_question
+from sidecar.cache.equivalence import EquivalenceSettings, Verdict
+from sidecar.cache.same_question import candidate_floor, same_question
 from sidecar.cache.false_hits import FEEDBACK_HEADER, MemoryFalseHits, pair_id
 from sidecar.cache.inflight import Answered, Follow, Lead, Near, Promoted
 from sidecar.cache.policy import TIME_SENSITIVE_WORDS, Bypass, CachePolicy, cache_decision

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from sidecar.cache.alignment import content_states, run_content_states, unaligned
-from sidecar.cache.equivalence import (EquivalenceSettings, Requirement, Verdict, profile,
-                                       requirement, same_question)
+from sidecar.cache.equivalence import EquivalenceSettings, Requirement, Verdict, profile, requirement
+from sidecar.cache.same_question import same_question
 
 DEFAULT = EquivalenceSettings()
 HIGH = 0.99  # above the default threshold plus any default margin

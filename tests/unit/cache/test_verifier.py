@@ -5,7 +5,8 @@ import json
 import numpy as np
 import pytest
 
-from sidecar.cache.equivalence import EquivalenceSettings, candidate_floor, disagreements, same_question
+from sidecar.cache.equivalence import EquivalenceSettings, disagreements
+from sidecar.cache.same_question import candidate_floor, same_question
 from sidecar.cache.policy import CachePolicy
 from sidecar.cache.verifier import FEATURES, MODEL_PATH, Calibration, Verifier, features, load_verifier
 

@@ -1,0 +1,67 @@
+"""May the answer stored for one prompt serve another?  The semantic tier's decision.
+
+Today's default: the embeddings' cosine clears the route's threshold and every check of
+sidecar/cache/equivalence.py agrees (and, where turned on, token alignment). With a route's
+`max_false_hit_rate` above 0 the learned verifier (sidecar/cache/verifier.py) decides instead,
+its features being those checks' findings, with the checks in `verifier_vetoes` still able to
+say no. Pure but for the verifier's model, loaded once.
+"""
+
+from __future__ import annotations
+
+from sidecar.cache.alignment import unaligned
+from sidecar.cache.equivalence import CHECK_ORDER, EquivalenceSettings, Verdict, disagreements, requirement
+from sidecar.cache.verifier import features, load_verifier
+
+__all__ = ["same_question", "candidate_floor"]
+
+
+def same_question(a_text: str, b_text: str, cosine: float,
+                  settings: EquivalenceSettings, token_states: tuple[object, object] | None = None
+                  ) -> Verdict:
+    """May the answer stored for one prompt be served for the other?
+
+    `cosine` is the similarity of the two prompts' embeddings.  `token_states`, needed
+    only with settings.check_alignment, is the two prompts' content-token states
+    (sidecar.cache.alignment.content_states), in the order of the texts.  Symmetric in
+    the prompts.  The reason names the first check that said no, or "ok".
+    """
+    if settings.max_false_hit_rate > 0:
+        return _verified(a_text, b_text, cosine, settings)
+    if cosine < settings.threshold:
+        return Verdict(False, "below_threshold")
+    need = requirement(a_text, b_text, settings)
+    if cosine < need.min_cosine:
+        return Verdict(False, need.reason)
+    if settings.check_alignment:
+        if token_states is None:
+            return Verdict(False, "alignment_unavailable")
+        if unaligned(*token_states, settings.alignment_floor) > settings.max_unaligned_tokens:
+            return Verdict(False, "alignment_differs")
+    return Verdict(True, "ok")
+
+
+def candidate_floor(settings: EquivalenceSettings) -> float:
+    """The least cosine of a stored prompt worth deciding on: the verifier's measured floor
+    when it decides, else the threshold."""
+    if settings.max_false_hit_rate > 0:
+        return load_verifier().floor
+    return settings.threshold
+
+
+def _verified(a_text: str, b_text: str, cosine: float, settings: EquivalenceSettings) -> Verdict:
+    """The verifier's decision: its score against the threshold calibrated for the route's
+    false-hit rate, after the checks kept as vetoes."""
+    verifier = load_verifier()
+    if cosine < verifier.floor:
+        return Verdict(False, "below_threshold")
+    if max(len(a_text), len(b_text)) > settings.max_prompt_chars:
+        return Verdict(False, "too_long")
+    found = disagreements(a_text, b_text, settings.tail_prompt_words)
+    for switch, field_name, reason in CHECK_ORDER:
+        if field_name in settings.verifier_vetoes and getattr(settings, switch) and getattr(found, field_name):
+            return Verdict(False, reason)
+    score = float(verifier.probabilities(features(a_text, b_text, cosine, found))[0])
+    if score < verifier.threshold(settings.max_false_hit_rate):
+        return Verdict(False, "verifier_rejected", score)
+    return Verdict(True, "ok", score)
