@@ -111,9 +111,11 @@ def _apply(text: str, edits: list[tuple[int, int, str]]) -> str:
     return "".join(out)
 
 
-def judge_injection(policy: GuardPolicy, score: float | None, embedded: bool = True) -> Finding | None:
+def judge_injection(policy: GuardPolicy, score: float | None, *, embedded: bool) -> Finding | None:
     """A finding when `score` reaches the route's threshold: the full model's, or (embedded=False)
-    the n-gram model's for a prompt without an embedding. No score (no model): no finding."""
+    the n-gram model's for a prompt without an embedding. No score (no model): no finding.
+    `embedded` has no default: the caller says which model gave the score, so the two models'
+    scores and thresholds cannot be mixed."""
     rule = policy.injection
     threshold = None if rule is None else rule.threshold if embedded else rule.text_threshold
     if score is None or threshold is None or score < threshold:

@@ -68,7 +68,7 @@ def _run(args: argparse.Namespace) -> int:
         if encoder is not None:
             from sidecar.embedding.errors import NothingToEmbed
             try:
-                finding = judge_injection(policy, head.score(encoder.embed([text])[0], text))
+                finding = judge_injection(policy, head.score(encoder.embed([text])[0], text), embedded=True)
             except NothingToEmbed:      # text the model's vocabulary lacks: the n-gram model
                 finding = judge_injection(policy, head.score(None, text), embedded=False)
             if finding is not None:

@@ -157,7 +157,7 @@ class GuardStage:
             vector = await self._embedder.embed(parts.text, keep=keep)
         except Exception as exc:   # NothingToEmbed, EmbeddingUnavailable (queue full, not ready), any other
             return self._text_only(ctx, policy, parts.text, type(exc).__name__)
-        return judge_injection(policy, self._injection_head().score(vector, parts.text))
+        return judge_injection(policy, self._injection_head().score(vector, parts.text), embedded=True)
 
     def _text_only(self, ctx: RequestContext, policy: GuardPolicy, text: str, reason: str) -> Finding | None:
         """No embedding: the n-gram model judges the prompt alone, at its own threshold."""
