@@ -1,0 +1,42 @@
+"""The verifier's hand-written training pairs: well formed, about half rewordings, and apart
+from the chat test suite (scripts/drop_chat_overlap.py), so the chat figures measure pairs the
+model has not seen in other words."""
+import json
+from pathlib import Path
+
+from scripts import drop_chat_overlap
+
+ROOT = Path(__file__).resolve().parents[3]
+HANDWRITTEN = ROOT / "data" / "semantic" / "handwritten.jsonl"
+
+
+def _pairs():
+    return drop_chat_overlap.load_jsonl(HANDWRITTEN)
+
+
+def test_pairs_are_well_formed_and_about_half_rewordings():
+    pairs = _pairs()
+    assert len(pairs) >= 900
+    for p in pairs:
+        assert set(p) == {"a", "b", "label", "kind", "lang"}, p
+        assert p["label"] in (0, 1) and p["a"].strip() and p["b"].strip() and p["a"] != p["b"], p
+    assert len({(p["a"], p["b"]) for p in pairs}) == len(pairs)
+    assert 0.4 <= sum(p["label"] for p in pairs) / len(pairs) <= 0.6
+    assert len({p["lang"] for p in pairs}) >= 8
+
+
+def test_no_pair_is_near_a_chat_test_text():
+    test = sorted({t for path in drop_chat_overlap.CHAT_DIR.glob("*.jsonl")
+                   for p in drop_chat_overlap.load_jsonl(path) for t in (p["a"], p["b"])})
+    assert test, "the chat test suite is missing"
+    index = drop_chat_overlap.Index(test)
+    near = [i for i, p in enumerate(_pairs())
+            if max(index.highest(p["a"]), index.highest(p["b"])) > drop_chat_overlap.LIMIT]
+    assert near == [], f"{len(near)} training pairs near a chat-test text (lines {near[:10]})"
+
+
+def test_overlap_is_the_char_5gram_jaccard():
+    index = drop_chat_overlap.Index(["How do I reverse a list in Python?"])
+    assert index.highest("how do i  reverse a list in python?") == 1.0   # case and spaces do not count
+    assert index.highest("How do I reverse a list in Python") > 0.5
+    assert index.highest("What is the capital of Peru?") < 0.1
