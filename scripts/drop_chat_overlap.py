@@ -1,11 +1,12 @@
-"""Keep training pairs apart from the chat test suite: drop any pair with a text too like a test text.
+"""Keep training pairs apart from the chat test suites: drop any pair with a text too like a test text.
 
     .venv/bin/python scripts/drop_chat_overlap.py NEW.jsonl [--into data/semantic/handwritten.jsonl]
     .venv/bin/python scripts/drop_chat_overlap.py data/semantic/handwritten.jsonl --rewrite
 
 A pair is dropped when either of its texts has a character 5-gram Jaccard similarity above 0.5
-with any text of data/semantic/chat-test/ (lower case, runs of white space as one). Only counts
-are printed, never a test text: the suite stays unseen by whoever writes training pairs. With
+with any text of the held-out chat suites, data/semantic/chat-test/ and data/semantic/chat-holdout/
+(lower case, runs of white space as one). Only counts are printed, never a test text: the suites
+stay unseen by whoever writes training pairs. With
 --into, the kept pairs not already there (same a and b) are appended to that file; with
 --rewrite, the input file keeps only its kept pairs.
 """
@@ -19,7 +20,7 @@ from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-CHAT_DIR = ROOT / "data" / "semantic" / "chat-test"
+TEST_DIRS = (ROOT / "data" / "semantic" / "chat-test", ROOT / "data" / "semantic" / "chat-holdout")
 N = 5
 LIMIT = 0.5
 
@@ -50,6 +51,11 @@ class Index:
         return max((k / (len(g) + self.sizes[i] - k) for i, k in shared.items()), default=0.0)
 
 
+def test_texts() -> list[str]:
+    return sorted({t for folder in TEST_DIRS for path in sorted(folder.glob("*.jsonl"))
+                   for p in load_jsonl(path) for t in (p["a"], p["b"])})
+
+
 def load_jsonl(path: Path) -> list[dict]:
     with open(path, encoding="utf-8") as handle:
         return [json.loads(line) for line in handle if line.strip()]
@@ -61,13 +67,13 @@ def main(argv=None) -> int:
     parser.add_argument("--into", type=Path)
     parser.add_argument("--rewrite", action="store_true")
     args = parser.parse_args(argv)
-    test = sorted({t for path in sorted(CHAT_DIR.glob("*.jsonl")) for p in load_jsonl(path) for t in (p["a"], p["b"])})
+    test = test_texts()
     index = Index(test)
     pairs = load_jsonl(args.pairs)
     kept = [p for p in pairs if max(index.highest(p["a"]), index.highest(p["b"])) <= LIMIT]
     dropped = len(pairs) - len(kept)
     print(f"{len(pairs)} pairs, {dropped} dropped (a text's char {N}-gram Jaccard > {LIMIT} with one of "
-          f"{len(test)} chat-test texts), {len(kept)} kept")
+          f"{len(test)} held-out chat texts), {len(kept)} kept")
     if args.rewrite:
         with open(args.pairs, "w", encoding="utf-8") as handle:
             for p in kept:

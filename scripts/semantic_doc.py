@@ -14,7 +14,14 @@ def _table(header: list[str], rows: list[list]) -> list[str]:
             *["| " + " | ".join(str(c) for c in row) + " |" for row in rows]]
 
 
-HELD_OUT = ("chat", "qqp", "mrpc-train", "stsb-train", "generated")
+HELD_OUT = ("chat", "chat-holdout", "qqp", "mrpc-train", "stsb-train", "generated")
+
+
+def _meets(results: dict, name: str, decision: str, goal: dict) -> str:
+    r = results.get(name, {}).get(decision)
+    if not r:
+        return "–"
+    return "yes" if (r["precision"] or 0) >= goal["precision"] and r["recall"] >= goal["recall"] else "no"
 
 
 def _gate(report: dict) -> list[str]:
@@ -27,14 +34,14 @@ def _gate(report: dict) -> list[str]:
             continue
         worse = [n for n in HELD_OUT if n in results and (results[n][d]["precision"] or 0)
                  < (results[n]["today"]["precision"] or 0)]
-        chat = results.get("chat", {}).get(d)
-        meets = bool(chat) and (chat["precision"] or 0) >= goal["precision"] and chat["recall"] >= goal["recall"]
-        rows.append([d, "yes" if meets else "no", ", ".join(worse) or "none"])
+        rows.append([d, _meets(results, "chat", d, goal), _meets(results, "chat-holdout", d, goal),
+                     ", ".join(worse) or "none"])
     return ["## Why the default is what it is", "",
             "Rule: until a verifier setting meets the chat goal (precision ≥ 0.95 and recall ≥ 0.50 on "
             "the hand-written chat suite), the shipped default may not have lower precision than today's "
             "decision on any held-out set. Each verifier setting measured:", "",
-            *_table(["setting", "meets the chat goal", "held-out sets where its precision is below today's"], rows),
+            *_table(["setting", "meets the chat goal", "on chat-holdout", "held-out sets where its precision is below today's"],
+                   rows),
             "", f"So the shipped default is `max_false_hit_rate = {report['shipped']['max_false_hit_rate']:g}`"
             + (" (today's decision); a route opts in by setting a rate." if report["shipped"]["max_false_hit_rate"] == 0
                else "."), ""]
@@ -100,7 +107,8 @@ def markdown(report: dict) -> str:
         "## Results (held-out sets)",
         "",
         "Cells: precision / recall / false-hit rate, each with its 95% Wilson interval. `chat` is the "
-        "hand-written chat suite (`data/semantic/chat-test/`), never trained or calibrated on; `generated` "
+        "hand-written chat suite (`data/semantic/chat-test/`), never trained or calibrated on; `chat-holdout` "
+        "a second one (`data/semantic/chat-holdout/`), written without reading the training data; `generated` "
         "is the generator's held-out frames (same style as training: optimistic); `prompt suite` is "
         "tune_semantic.py's chat pairs, which today's checks were tuned to (flatters today).",
         "",
