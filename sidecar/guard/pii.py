@@ -5,9 +5,15 @@ Every detector is a cheap regular expression that proposes candidates and a vali
 decides: Luhn and the issuer's prefix for cards, ISO 13616 mod-97 for IBANs (python-stdnum),
 libphonenumber's validity rules for phone numbers (phonenumbers), the address parser for IPs,
 known token prefixes or character entropy for secrets.
+
+A regular expression costs ~10-30 ns per character it is tried at, so each detector's pattern
+runs only where it can match (`Candidates`): around digits (phone, card, IBAN, IPv4), colons
+(IPv6), at signs (e-mail), inside runs of 20 or more token characters (secrets). One table
+lookup per character finds those places; prose between them is not read again.
 """
 from __future__ import annotations
 
+import functools
 import ipaddress
 import math
 import re
@@ -15,6 +21,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
+import numpy as np
 import phonenumbers
 from stdnum import iban as stdnum_iban
 
@@ -61,8 +68,8 @@ def luhn_ok(digits: str) -> bool:
     return total % 10 == 0
 
 
-def _cards(text: str) -> Iterable[Span]:
-    for m in _CARD.finditer(text):
+def _cards(text: str, where: "Candidates") -> Iterable[Span]:
+    for m in _matches(_CARD, text, where.digits):
         digits = re.sub(r"[ -]", "", m.group())
         if _card_shaped(digits) and luhn_ok(digits):
             yield Span("card", m.start(), m.end())
@@ -71,8 +78,8 @@ def _cards(text: str) -> Iterable[Span]:
 _IBAN = re.compile(r"[A-Z](?<![A-Za-z0-9].)[A-Z]\d{2}(?: ?[A-Z0-9]{1,4}){3,8}(?![A-Za-z0-9])")
 
 
-def _ibans(text: str) -> Iterable[Span]:
-    for m in _IBAN.finditer(text):
+def _ibans(text: str, where: "Candidates") -> Iterable[Span]:
+    for m in _matches(_IBAN, text, where.digits):
         value = m.group()
         # The pattern may run into a following word: try shorter groups until one validates.
         while value:
@@ -96,9 +103,9 @@ _DATE = re.compile(r"\d{4}[-./]\d{1,2}[-./]\d{1,2}|\d{1,2}[-./]\d{1,2}[-./]\d{2,
 MAX_PHONE_CANDIDATES = 64
 
 
-def _phones(text: str, regions: tuple[str, ...]) -> Iterable[Span]:
+def _phones(text: str, where: "Candidates", regions: tuple[str, ...]) -> Iterable[Span]:
     verdicts: dict[str, bool] = {}
-    for m in _PHONE.finditer(text):
+    for m in _matches(_PHONE, text, where.digits):
         candidate = m.group()
         valid = verdicts.get(candidate)
         if valid is None:
@@ -141,9 +148,9 @@ _IPV4 = re.compile(r"\d(?<![A-Za-z0-9_.].)\d{0,2}\.(?:\d{1,3}\.){2}\d{1,3}(?![A-
 _IPV6 = re.compile(r"[0-9A-Fa-f:](?<![A-Za-z0-9_:].)[0-9A-Fa-f]{0,3}:?(?:[0-9A-Fa-f]{0,4}:){1,7}[0-9A-Fa-f]{0,4}(?![A-Za-z0-9_:])")
 
 
-def _ips(text: str) -> Iterable[Span]:
-    for pattern in (_IPV4, _IPV6) if text.count(":") > 1 else (_IPV4,):
-        for m in pattern.finditer(text):
+def _ips(text: str, where: "Candidates") -> Iterable[Span]:
+    for pattern, ranges in ((_IPV4, where.digits), (_IPV6, where.colons)):
+        for m in _matches(pattern, text, ranges):
             value = m.group()
             if pattern is _IPV6 and value.count(":") < 3 and "::" not in value:
                 continue               # a time of day (12:30:45) or a ratio
@@ -174,12 +181,15 @@ def entropy(value: str) -> float:
 
 
 # Every secret lies in a run of token characters of 20 or more: the patterns above run only
-# inside such runs, rare in prose, instead of at every position of the text.
-_RUN = re.compile(r"[A-Za-z0-9_.+/=-]{20,}")
+# inside such runs, rare in prose, instead of at every position of the text. (The lookbehind
+# starts a run only at its first character: a plain [...]{20,} reads each shorter word again
+# from each of its characters.)
+_RUN_CHARS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.+/=-"
+_RUN = re.compile(r"[A-Za-z0-9_.+/=-](?<![A-Za-z0-9_.+/=-].)[A-Za-z0-9_.+/=-]{19,}")
 
 
-def _secrets(text: str, min_entropy: float) -> Iterable[Span]:
-    for run in _RUN.finditer(text):
+def _secrets(text: str, where: "Candidates", min_entropy: float) -> Iterable[Span]:
+    for run in _matches(_RUN, text, where.runs):
         value, offset = run.group(), run.start()
         known = [(m.start(), m.end()) for m in _KNOWN_SECRET.finditer(value)
                  if m.start() == 0 or value[m.start() - 1] not in _TOKEN_CHARS]
@@ -201,13 +211,15 @@ _PRIVATE_KEY = re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----.*?(
                           re.DOTALL)
 
 
-def _private_keys(text: str) -> Iterable[Span]:
+def _private_keys(text: str, where: "Candidates") -> Iterable[Span]:
+    if "PRIVATE KEY" not in text:
+        return
     for m in _PRIVATE_KEY.finditer(text):
         yield Span("private_key", m.start(), m.end())
 
 
-def _emails(text: str) -> Iterable[Span]:
-    for m in _EMAIL.finditer(text):
+def _emails(text: str, where: "Candidates") -> Iterable[Span]:
+    for m in _matches(_EMAIL, text, where.ats):
         yield Span("email", m.start(), m.end())
 
 
@@ -217,17 +229,120 @@ class PiiSettings:
     min_entropy: float = DEFAULT_MIN_ENTROPY
 
 
-def detector_functions(settings: PiiSettings) -> dict[str, Callable[[str], Iterable[Span]]]:
-    return {"email": _emails, "phone": lambda t: _phones(t, settings.phone_regions), "card": _cards,
-            "iban": _ibans, "ip": _ips, "secret": lambda t: _secrets(t, settings.min_entropy),
+def detector_functions(settings: PiiSettings) -> dict[str, Callable[[str, "Candidates"], Iterable[Span]]]:
+    return {"email": _emails, "phone": lambda t, w: _phones(t, w, settings.phone_regions), "card": _cards,
+            "iban": _ibans, "ip": _ips, "secret": lambda t, w: _secrets(t, w, settings.min_entropy),
             "private_key": _private_keys}
 
 
-# Cheap tests that rule a detector out for most texts before its pattern runs.
-_DIGIT = re.compile(r"\d")
-_NEEDS = {"email": lambda t, digits: "@" in t, "ip": lambda t, digits: digits or t.count(":") > 1,
-          "iban": lambda t, digits: digits and not t.islower(), "phone": lambda t, digits: digits,
-          "card": lambda t, digits: digits, "private_key": lambda t, digits: "PRIVATE KEY" in t}
+def _matches(pattern: re.Pattern, text: str, ranges: list[tuple[int, int]]) -> Iterable[re.Match]:
+    """The pattern's matches inside `ranges` (lookbehinds still read the text before a range)."""
+    for start, end in ranges:
+        yield from pattern.finditer(text, start, end)
+
+
+# The text is read in blocks; a block with a digit is scanned with the block before and the one
+# after it. No phone, card, IBAN or IP match reaches further than 44 characters (an IBAN of 8
+# groups; its lookahead 1 more) from a digit or colon inside it, less than a block.
+_BLOCK = 64
+_DIGIT_BIT, _COLON_BIT = 1, 2
+_ASCII_CLASSES = bytes(_DIGIT_BIT if 48 <= i <= 57 else _COLON_BIT if i == 58 else 0 for i in range(256))
+_BLOCK_STARTS = np.arange(0, 1 << 16, _BLOCK)
+# Token characters as "a", all else (bytes of non-ASCII characters too) as " ".
+_TOKEN_BYTES = bytes(97 if i < 128 and chr(i) in _RUN_CHARS else 32 for i in range(256))
+_LONG_RUN = b"a" * 20
+_DOMAIN_RUN = re.compile(r"[A-Za-z0-9.-]*")
+_LOCAL_PART = 64     # an e-mail's local part is at most this long (_EMAIL)
+
+
+@functools.cache
+def _bmp_classes() -> np.ndarray:
+    """_DIGIT_BIT and _COLON_BIT of each character of the Basic Multilingual Plane; U+FFFF stands
+    for every character beyond it, counted as a digit (scanned around, never skipped)."""
+    classes = np.zeros(0x10000, np.uint8)
+    classes[[m.start() for m in re.finditer(r"\d", "".join(map(chr, range(0x10000))))]] = _DIGIT_BIT
+    classes[ord(":")] |= _COLON_BIT
+    classes[0xFFFF] |= _DIGIT_BIT
+    return classes
+
+
+@dataclass(frozen=True)
+class Candidates:
+    """Where in a text each detector's pattern can match: character ranges around digits (phone,
+    card, IBAN, IPv4), around colons when there are two or more (IPv6), around each at sign
+    (e-mail), and the runs of 20 or more token characters (secrets)."""
+    digits: list[tuple[int, int]]
+    colons: list[tuple[int, int]]
+    ats: list[tuple[int, int]]
+    runs: list[tuple[int, int]]
+
+    @classmethod
+    def whole(cls, text: str) -> "Candidates":
+        """Every pattern over the whole text: what `of` must find the same matches as."""
+        everything = [(0, len(text))]
+        return cls(everything, everything if text.count(":") > 1 else [], everything if "@" in text else [], everything)
+
+    @classmethod
+    def of(cls, text: str) -> "Candidates":
+        n = len(text)
+        if not n:
+            return cls([], [], [], [])
+        ascii_text = text.isascii()
+        if ascii_text:
+            raw = text.encode("ascii")
+            codes = np.frombuffer(raw.translate(_ASCII_CLASSES), np.uint8)
+        else:
+            raw = text.encode("utf-8", "surrogatepass")
+            points = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), np.uint32)
+            codes = _bmp_classes().take(np.minimum(points, 0xFFFF))
+        starts = _BLOCK_STARTS[:-(-n // _BLOCK)] if n <= 1 << 16 else np.arange(0, n, _BLOCK)
+        flags = np.bitwise_or.reduceat(codes, starts).tolist()
+        digits = _around(flags, _DIGIT_BIT, n)
+        colons = _around(flags, _COLON_BIT, n) if text.count(":") > 1 else []
+        return cls(digits, colons, _at_signs(text), _long_runs(raw, ascii_text))
+
+
+def _around(flags: list[int], bit: int, n: int) -> list[tuple[int, int]]:
+    """The blocks with `bit`, each with its neighbours, merged, as character ranges."""
+    out: list[tuple[int, int]] = []
+    for index, flag in enumerate(flags):
+        if flag & bit:
+            start, end = max(0, (index - 1) * _BLOCK), min(n, (index + 2) * _BLOCK)
+            if out and start <= out[-1][1]:
+                out[-1] = (out[-1][0], end)
+            else:
+                out.append((start, end))
+    return out
+
+
+def _at_signs(text: str) -> list[tuple[int, int]]:
+    """Each at sign from the longest local part before it to the end of the domain characters
+    after it (and one more, which the pattern's lookahead reads)."""
+    out: list[tuple[int, int]] = []
+    at = text.find("@")
+    while at >= 0:
+        start, end = max(0, at - _LOCAL_PART), min(len(text), _DOMAIN_RUN.match(text, at + 1).end() + 1)
+        if out and start <= out[-1][1]:
+            out[-1] = (out[-1][0], end)
+        else:
+            out.append((start, end))
+        at = text.find("@", at + 1)
+    return out
+
+
+def _long_runs(raw: bytes, ascii_text: bool) -> list[tuple[int, int]]:
+    """The runs of 20 or more token characters of the text whose UTF-8 is `raw`."""
+    tokens = raw.translate(_TOKEN_BYTES)
+    at = tokens.find(_LONG_RUN)
+    out: list[tuple[int, int]] = []
+    while at >= 0:                   # most prose: not once (no word of 20 token characters)
+        end = tokens.find(b" ", at)
+        end = len(tokens) if end < 0 else end
+        # A run is ASCII: its characters are its bytes; before it, UTF-8 bytes are not characters.
+        start = at if ascii_text else len(raw[:at].decode("utf-8", "surrogatepass"))
+        out.append((start, start + end - at))
+        at = tokens.find(_LONG_RUN, end)
+    return out
 
 
 _FULL_WIDTH = {cp: cp - 0xFEE0 for cp in range(0xFF01, 0xFF5F)} | {0x3000: 0x20}
@@ -239,9 +354,11 @@ _FULL_WIDTH_ALNUM = re.compile("[\uff08\uff09\uff0b\uff0d\uff0e\uff10-\uff19\uff
 _PRIORITY = {name: rank for rank, name in enumerate(("private_key", "secret", "email", "iban", "card", "ip", "phone"))}
 
 
-def find(text: str, detectors: Iterable[str], settings: PiiSettings = PiiSettings()) -> list[Span]:
+def find(text: str, detectors: Iterable[str], settings: PiiSettings = PiiSettings(),
+         locate: Callable[[str], Candidates] = Candidates.of) -> list[Span]:
     """Spans of the given detectors in `text`, in text order; of overlapping spans, the one of
-    the stricter detector (_PRIORITY), then the longer, is kept."""
+    the stricter detector (_PRIORITY), then the longer, is kept. `locate` says where the
+    patterns run (Candidates.whole: everywhere, the definition)."""
     functions = detector_functions(settings)
     if not text.isascii() and _FULL_WIDTH_ALNUM.search(text):
         # Full-width digits, letters and signs (typed by Japanese and Chinese input methods)
@@ -250,12 +367,9 @@ def find(text: str, detectors: Iterable[str], settings: PiiSettings = PiiSetting
         # punctuation, ，。！) the text is left as it is.
         text = text.translate(_FULL_WIDTH)
     spans: list[Span] = []
-    digits = _DIGIT.search(text) is not None
+    where = locate(text)
     for name in detectors:
-        need = _NEEDS.get(name)
-        if need is not None and not need(text, digits):
-            continue
-        spans.extend(functions[name](text))
+        spans.extend(functions[name](text, where))
     if len(spans) < 2:
         return spans
     spans.sort(key=lambda s: (_PRIORITY[s.detector], s.start - s.end))

@@ -166,6 +166,43 @@ def test_detectors_do_not_hang_on_long_digit_runs():
     pii.find(text, pii.DETECTORS)
 
 
+
+def _planted_texts(count: int, seed: int) -> list[str]:
+    """Prose with items and look-alikes at random places, in long texts where the ranges
+    Candidates picks leave most of the text out."""
+    import random
+    from pathlib import Path
+    rng = random.Random(seed)
+    rows = [json.loads(line) for line in (Path(__file__).resolve().parents[3] / "data/guard/pii.jsonl").open(encoding="utf-8")]
+    values = [item["value"] for row in rows for item in row["items"] + row["lookalikes"]]
+    prose = [row["text"] for row in rows if not row["items"]]
+    odd = ["😀", "𝟏𝟐𝟑", "٣٤٥-٦٧٨", "a" * 25, "x:y::z", "加微信", "@", "a@b", "-----BEGIN PRIVATE KEY-----", "\ud800", "Ｅ１２"]
+    texts = []
+    for _ in range(count):
+        parts = []
+        for _ in range(rng.randint(1, 40)):
+            parts.append(rng.choice(prose) if rng.random() < 0.7 else "lorem ipsum dolor sit amet " * rng.randint(1, 4))
+            if rng.random() < 0.3:
+                parts.append(rng.choice(values))
+            if rng.random() < 0.05:
+                parts.append(rng.choice(odd))
+        texts.append(rng.choice([" ", "", "\n", ", ", "，"]).join(parts))
+    return texts
+
+
+def test_candidate_ranges_find_what_the_patterns_find_over_the_whole_text():
+    # Candidates.of lets each pattern read only the ranges where it can match; the matches
+    # must be those of the whole text, item or look-alike, wherever it sits.
+    for text in _planted_texts(400, seed=22):
+        assert pii.find(text, pii.DETECTORS) == pii.find(text, pii.DETECTORS, locate=pii.Candidates.whole), text
+
+
+@pytest.mark.parametrize("text", ["", "@", "a@", "@b.co", "x" * 19, "y" * 20, "é" + "z" * 20 + " é " + "q" * 30,
+                                  "9", ":", "::1", "1" + " " * 200 + "2", "加" * 100 + "4111 1111 1111 1111"])
+def test_candidate_ranges_at_the_edges(text):
+    assert pii.find(text, pii.DETECTORS) == pii.find(text, pii.DETECTORS, locate=pii.Candidates.whole)
+
+
 # --- policy and scan -----------------------------------------------------------------------
 
 def policy(**guard):
