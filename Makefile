@@ -7,7 +7,7 @@ GEN     := sidecar/gen/.stamp
 MODEL   := build/models/.stamp
 PROTOS  := $(wildcard proto/sluice/v1/*.proto)
 
-.PHONY: all run test test-fast proto bench bench-overhead bench-embed bench-decode bench-route bench-overload bench-cache bench-cache-memory bench-index bench-instructions model-fp16 gpu-check docs lint system-deps clean fuzz chaos eval-guard guard-model eval-semantic ablate-checks verifier-model
+.PHONY: all run test test-fast proto bench bench-overhead bench-embed bench-decode bench-route bench-overload bench-cache bench-cache-memory bench-index bench-instructions model-fp16 gpu-check docs lint system-deps clean fuzz chaos eval-guard bench-guard-cost guard-model eval-semantic ablate-checks verifier-model
 
 all: $(STAMP) $(GEN) $(MODEL)
 
@@ -83,6 +83,12 @@ bench-index: all
 # The guard's quality on held-out data (with intervals) and its cost: reports/guard.json.
 eval-guard: all
 	$(BIN)/python -m bench.guard
+
+# The guard's CPU time per request, this tree against AGAINST (default main) in alternating
+# rounds under the same load: reports/guard_cost.json.
+AGAINST ?= main
+bench-guard-cost: all
+	$(BIN)/python -m bench.guard_cost --against $(AGAINST)
 
 # Retrains the injection head (sidecar/guard/injection_head.npz, committed) from data/guard/
 # and ../shared/data; embeddings are remembered in build/guard/.

@@ -9,17 +9,14 @@
   spacing tricks) in paraphrase prompts, and false matches on clean ones, per squeeze mode;
 - personal data: per detector, precision and recall on data/guard/pii.jsonl (generated) and
   data/guard/pii_handwritten.txt (hand-written), dev and test each;
-- cost: guard time for a 2 KB prompt with 10,000 denied words loaded, every detector on.
+- cost: guard CPU time for a 2 KB prompt with 10,000 denied words loaded, every detector on, and
+  the injection classifier's scoring (bench/guard_cost.py).
 """
 from __future__ import annotations
 
-import json
 import math
 import random
-import statistics
-import string
 import sys
-import time
 
 import numpy as np
 
@@ -239,46 +236,9 @@ def personal_data() -> dict:
 # --- cost ------------------------------------------------------------------------------------
 
 def cost() -> dict:
-    from sidecar.guard.check import rewrite_body, scan
-    from sidecar.guard.policy import build_policy
-    from sidecar.protos import route_settings_pb2
-    rng = random.Random(7)
-    denied = _denied_words()
-    while len(denied) < 10_000:
-        denied.append("".join(rng.choice(string.ascii_lowercase) for _ in range(rng.randint(5, 12))))
-    guard = route_settings_pb2.Guard()
-    guard.words.add(name="big", words=denied, action="mask")
-    for name in ("email", "phone", "card", "iban", "ip", "secret", "private_key"):
-        guard.personal_data.detectors[name] = "redact"
-    policy = build_policy(guard)
-    benign = [e.text for e in injection_examples() if e.source == "paraphrase" and e.split == "test"]
-    prompts = []
-    for i in range(200):
-        parts, size = [], 0
-        while size < 2048:
-            parts.append(benign[(i * 37 + len(parts)) % len(benign)])
-            size += len(parts[-1]) + 1
-        prompts.append(" ".join(parts)[:2048])
-    results = {}
-    for name, texts in (("ascii_clean", prompts), ("with_email_and_word", [p[:1990] + " a.b@example.com internal only" for p in prompts]),
-                        ("non_ascii", ["加微信 " + p[:1000] + " 你好，我想问一下这个问题。" * 20 for p in prompts])):
-        cpu, wall = [], []
-        for _ in range(5):
-            for text in texts:
-                messages = [{"role": "user", "content": text}]
-                body = json.dumps({"model": "m", "messages": messages}).encode()
-                started, started_cpu = time.perf_counter(), time.thread_time()
-                result = scan(policy, messages)
-                if result.rewrites:
-                    rewrite_body(body, result.rewrites)
-                cpu.append(time.thread_time() - started_cpu)
-                wall.append(time.perf_counter() - started)
-        cpu.sort()
-        wall.sort()
-        # CPU time is the figure: on a shared machine wall time also counts other processes' turns.
-        results[name] = {"p50_ms": round(statistics.median(cpu) * 1000, 4), "p99_ms": round(cpu[int(len(cpu) * 0.99)] * 1000, 4),
-                         "wall_p50_ms": round(statistics.median(wall) * 1000, 4), "runs": len(cpu)}
-    return {"denied_words": policy.words.size, "prompt_chars": 2048, **results}
+    """CPU time per request (bench/guard_cost.py: scan, injection scoring, total)."""
+    from bench.guard_cost import measure
+    return measure()
 
 
 def main() -> int:
@@ -324,8 +284,10 @@ def main() -> int:
     print(report.table([{"squeeze": m, "recall": v["recall"]["rate"], "precision": v["precision"]["rate"],
                          "false_match_rate": v["false_matches_on_clean"]["rate"]} for m, v in data["words"]["modes"].items()],
                        ["squeeze", "recall", "precision", "false_match_rate"]))
-    print("\ncost (2 KB prompt, 10,000 denied words, every detector; CPU time per request):")
-    print(report.table([{"prompt": k, **v} for k, v in data["cost"].items() if isinstance(v, dict)], ["prompt", "p50_ms", "p99_ms", "wall_p50_ms", "runs"]))
+    print("\ncost (2 KB prompt, 10,000 denied words, every detector, injection scoring; CPU ms per request):")
+    print(report.table([{"prompt": k, **{f"{part} {q}": v[part][f"{q}_ms"] for part in ("scan", "injection", "total") for q in ("p50", "p99")}}
+                        for k, v in data["cost"].items() if isinstance(v, dict)],
+                       ["prompt"] + [f"{part} {q}" for part in ("scan", "injection", "total") for q in ("p50", "p99")]))
     print(f"\nwrote {report.write('guard', data).relative_to(ROOT)}")
     return 0
 
