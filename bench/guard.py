@@ -8,7 +8,8 @@
 - words: planted denied words (with zero-width characters, full-width letters, case and CJK
   spacing tricks) in paraphrase prompts, and false matches on clean ones, per squeeze mode;
 - personal data: per detector, precision and recall on data/guard/pii.jsonl (generated) and
-  data/guard/pii_handwritten.txt (hand-written), dev and test each;
+  data/guard/pii_handwritten.txt (hand-written), dev and test each, and on
+  data/guard/pii_holdout.txt (hand-written apart, all held out) when it exists;
 - cost: guard CPU time for a 2 KB prompt with 10,000 denied words loaded, every detector on, and
   the injection classifier's scoring (bench/guard_cost.py).
 """
@@ -21,7 +22,8 @@ import sys
 import numpy as np
 
 from bench import report
-from bench.guard_data import ORDINARY_SOURCES, ROOT, embed_all, injection_examples, pii_examples, pii_handwritten
+from bench.guard_data import (ORDINARY_SOURCES, PII_HOLDOUT, ROOT, embed_all, injection_examples, pii_examples,
+                              pii_handwritten)
 
 
 def wilson(hits: int, n: int) -> dict:
@@ -229,8 +231,11 @@ def _pii_counts(rows: list[dict]) -> dict:
 
 def personal_data() -> dict:
     generated, handwritten = pii_examples(), pii_handwritten()
-    return {"generated": {split: _pii_counts([r for r in generated if r["split"] == split]) for split in ("dev", "test")},
-            "handwritten": {split: _pii_counts([r for r in handwritten if r["split"] == split]) for split in ("dev", "test")}}
+    out = {"generated": {split: _pii_counts([r for r in generated if r["split"] == split]) for split in ("dev", "test")},
+           "handwritten": {split: _pii_counts([r for r in handwritten if r["split"] == split]) for split in ("dev", "test")}}
+    if PII_HOLDOUT.exists():
+        out["holdout"] = {"holdout": _pii_counts(pii_handwritten(PII_HOLDOUT, holdout=True))}
+    return out
 
 
 # --- cost ------------------------------------------------------------------------------------
@@ -277,9 +282,10 @@ def main() -> int:
                      "false alarms": _cell(v["not_embedded"]["false_alarms"]) + " ordinary CJK " + _cell(v["not_embedded"]["false_alarms_ordinary_cjk"])})
     print(report.table(rows, ["route rate", "language", "detection", "false alarms"]))
     for name, sets in data["personal_data"].items():
-        print(f"\npersonal data, {name} set (test split):")
+        split = "test" if "test" in sets else "holdout"
+        print(f"\npersonal data, {name} set ({split} split):")
         print(report.table([{"detector": d, "precision": _cell(v["precision"]), "recall": _cell(v["recall"])}
-                            for d, v in sets["test"]["detectors"].items()], ["detector", "precision", "recall"]))
+                            for d, v in sets[split]["detectors"].items()], ["detector", "precision", "recall"]))
     print("\nwords (planted with tricks; false matches on clean paraphrase prompts):")
     print(report.table([{"squeeze": m, "recall": v["recall"]["rate"], "precision": v["precision"]["rate"],
                          "false_match_rate": v["false_matches_on_clean"]["rate"]} for m, v in data["words"]["modes"].items()],

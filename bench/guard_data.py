@@ -14,7 +14,9 @@ Injection data (label 1 = attack):
 The test splits are never trained on and never used to choose a threshold.
 
 Personal-data data: data/guard/pii.jsonl (generated, its own dev / test) and
-data/guard/pii_handwritten.txt (written prompt by prompt; lines alternate dev / test).
+data/guard/pii_handwritten.txt (written prompt by prompt; lines alternate dev / test) and, when
+it exists, data/guard/pii_holdout.txt (written apart from the detectors' development, all held
+out).
 """
 from __future__ import annotations
 
@@ -36,6 +38,8 @@ ORDINARY = ROOT / "data" / "guard" / "ordinary.jsonl"
 ORDINARY_SOURCES = ("paraphrase", "ordinary")
 PII = ROOT / "data" / "guard" / "pii.jsonl"
 PII_HANDWRITTEN = ROOT / "data" / "guard" / "pii_handwritten.txt"
+# Written apart from the detectors' development, in the same format; every line is held out.
+PII_HOLDOUT = ROOT / "data" / "guard" / "pii_holdout.txt"
 CACHE = ROOT / "build" / "guard" / "embeddings.npz"
 
 
@@ -108,11 +112,12 @@ def pii_examples() -> list[dict]:
 _MARK = re.compile(r"\[\[(\w+)\|(.*?)\]\]|\{\{([\w-]+)\|(.*?)\}\}", re.DOTALL)
 
 
-def pii_handwritten() -> list[dict]:
-    """data/guard/pii_handwritten.txt as rows shaped like pii.jsonl's: `[[detector|value]]`
-    marks planted data, `{{kind|value}}` a look-alike; lines alternate dev / test."""
+def pii_handwritten(path: Path = PII_HANDWRITTEN, holdout: bool = False) -> list[dict]:
+    """data/guard/pii_handwritten.txt (or a file in its format) as rows shaped like
+    pii.jsonl's: `[[detector|value]]` marks planted data, `{{kind|value}}` a look-alike; lines
+    alternate dev / test, or are all `holdout`."""
     rows = []
-    lines = [line for line in PII_HANDWRITTEN.read_text(encoding="utf-8").splitlines()
+    lines = [line for line in path.read_text(encoding="utf-8").splitlines()
              if line.strip() and not line.startswith("#")]
     for number, line in enumerate(lines):
         lang, marked = line.split("\t", 1)
@@ -128,7 +133,7 @@ def pii_handwritten() -> list[dict]:
             at = m.end()
         text.append(marked[at:])
         rows.append({"id": f"hand-{number:03d}", "lang": lang, "text": "".join(text), "items": items,
-                     "lookalikes": lookalikes, "split": "dev" if number % 2 == 0 else "test"})
+                     "lookalikes": lookalikes, "split": "holdout" if holdout else "dev" if number % 2 == 0 else "test"})
     return rows
 
 

@@ -75,7 +75,9 @@ def _cards(text: str, where: "Candidates") -> Iterable[Span]:
             yield Span("card", m.start(), m.end())
 
 
-_IBAN = re.compile(r"[A-Z](?<![A-Za-z0-9].)[A-Z]\d{2}(?: ?[A-Z0-9]{1,4}){3,8}(?![A-Za-z0-9])")
+# In any case: an IBAN typed or pasted in lowercase is still one, and the mod-97 checksum and
+# the country's length and format (stdnum) keep words out.
+_IBAN = re.compile(r"[A-Za-z](?<![A-Za-z0-9].)[A-Za-z]\d{2}(?: ?[A-Za-z0-9]{1,4}){3,8}(?![A-Za-z0-9])")
 
 
 def _ibans(text: str, where: "Candidates") -> Iterable[Span]:
@@ -125,14 +127,37 @@ def _is_phone(candidate: str, regions: tuple[str, ...]) -> bool:
     if candidate.startswith("00"):
         candidate = "+" + candidate[2:]      # 00 dials abroad from most countries, as + does
     international = candidate.startswith("+")
+    bare = not international and _NOT_DIGIT.search(candidate) is None
     for region in (None,) if international else regions:
         try:
             number = phonenumbers.parse(candidate, region)
         except phonenumbers.NumberParseException:
             continue
-        if phonenumbers.is_valid_number(number) and (international or _written_nationally(candidate, number)):
+        if not phonenumbers.is_valid_number(number):
+            continue
+        if not international and not _written_nationally(candidate, number):
+            continue
+        if bare and phonenumbers.number_type(number) not in _BARE_TYPES:
+            continue
+        if _grouped_as_formatted(candidate, region):
             return True
     return False
+
+
+# A national number written as one run of digits carries the least evidence: fixed-line
+# numbering plans are dense (of random 10-digit strings starting with 0, ~90% are valid numbers
+# of a default region as written; mobile ranges, ~17%). Such a run counts only as a mobile
+# number, which people do write unbroken (13800138000); a fixed-line one needs its +country
+# code or the groups its region writes it in.
+_BARE_TYPES = (phonenumbers.PhoneNumberType.MOBILE, phonenumbers.PhoneNumberType.FIXED_LINE_OR_MOBILE)
+
+
+def _grouped_as_formatted(candidate: str, region: str | None) -> bool:
+    """libphonenumber's STRICT_GROUPING: no group of the candidate's digits runs across two
+    groups of the number as its region formats it (4471-2290-18 is not the Brazilian
+    (44) 7122-9018; 0-306-40615-2, an ISBN, is not 030 6406152)."""
+    return any(m.start == 0 and m.end == len(candidate) for m in phonenumbers.PhoneNumberMatcher(
+        candidate, region or "ZZ", leniency=phonenumbers.Leniency.STRICT_GROUPING))
 
 
 def _written_nationally(candidate: str, number) -> bool:
