@@ -102,6 +102,25 @@ def test_fold_with_offsets_maps_each_folded_character_to_its_source(text):
     assert squeeze(folded) == "".join(m.group() for m in _KEPT.finditer(folded))
 
 
+def test_fold_by_table_equals_folding_the_whole_text():
+    # The table path folds one character at a time; NFKC of a whole text can join a character
+    # to the one before it (e + combining acute, Hangul syllable + final jamo, Oriya and Tamil
+    # vowel signs) or reorder marks: such texts must take the whole-text path, and agree.
+    import random
+    import unicodedata
+    from sidecar.guard.normalize import _DROP, _by_table
+    rng = random.Random(22)
+    pool = [chr(c) for c in range(0x20, 0x250)] + list("가각ᄀ\u1161\u11a8\u0301\u0308\u0323\u0b47\u0b3e\u0bc6\u0bbe"
+                                                      "\u3099ｶﾞがｆｕｌｌ，。\u200b\u00adﬁ㈱ß\u0130ǅ\ud800😀𝐀")
+    pool += [chr(rng.randrange(0x10000)) for _ in range(500)]
+    by_table = 0
+    for _ in range(4000):
+        text = "".join(rng.choice(pool) for _ in range(rng.randint(1, 12)))
+        assert fold(text) == unicodedata.normalize("NFKC", text.translate(_DROP)).casefold(), text
+        by_table += _by_table(text, offsets=False) is not None
+    assert by_table > 1000          # the table path is what was tested
+    assert _by_table("e\u0301", offsets=False) is None and _by_table("가\u11a8", offsets=False) is None
+
 def test_fold_drops_invisible_characters_and_folds_case():
     assert fold("Stra\u00dfe\u200b\u2060X") == "strassex"
     assert fold("abc\x00def") == "abcdef"
