@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sidecar.guard.injection import DEFAULT_FALSE_ALARM_RATE
+from sidecar.guard.normalize import prepare_offsets
 from sidecar.guard.pii import DETECTORS, DEFAULT_MIN_ENTROPY, DEFAULT_PHONE_REGIONS, PiiSettings
 from sidecar.guard.words import WordMatcher
 
@@ -99,5 +100,7 @@ def build_policy(guard, injection_head=None) -> GuardPolicy | None:
                                   threshold, rate, text_threshold)
     if not rules and not pii and injection is None:
         return None
+    # The folding tables (~0.1 s) are built now, not on the first request with non-ASCII text.
+    prepare_offsets()
     return GuardPolicy(messages, tuple(rules), WordMatcher(lists) if rules else None, pii,
                        PiiSettings(regions, entropy), injection)
