@@ -80,8 +80,20 @@ def _cards(text: str, where: "Candidates") -> Iterable[Span]:
 _IBAN = re.compile(r"[A-Za-z](?<![A-Za-z0-9].)[A-Za-z]\d{2}(?: ?[A-Za-z0-9]{1,4}){3,8}(?![A-Za-z0-9])")
 
 
+# Where an IBAN can start: two letters before a run of digits. The digit is found first (a
+# pattern led by a letter is tried at every letter of the text).
+_IBAN_START = re.compile(r"\d(?<=[A-Za-z]{2}\d)(?<![A-Za-z0-9].{3})\d")
+
+
 def _ibans(text: str, where: "Candidates") -> Iterable[Span]:
-    for m in _matches(_IBAN, text, where.digits):
+    end = 0
+    for anchor in _matches(_IBAN_START, text, where.digits):
+        if anchor.start() - 2 < end:
+            continue            # inside the previous match (as a scan of the text would skip it)
+        m = _IBAN.match(text, anchor.start() - 2)
+        if m is None:
+            continue
+        end = m.end()
         value = m.group()
         # The pattern may run into a following word: try shorter groups until one validates.
         while value:

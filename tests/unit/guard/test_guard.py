@@ -227,6 +227,26 @@ def test_candidate_ranges_find_what_the_patterns_find_over_the_whole_text():
         assert pii.find(text, pii.DETECTORS) == pii.find(text, pii.DETECTORS, locate=pii.Candidates.whole), text
 
 
+
+def test_ibans_found_from_their_digits_are_those_of_a_scan_of_the_text():
+    from stdnum import iban
+
+    def scanned(text):                  # the pattern over the whole text, as finditer reads it
+        for m in pii._IBAN.finditer(text):
+            value = m.group()
+            while value:
+                if iban.is_valid(value):
+                    yield (m.start(), m.start() + len(value))
+                    break
+                cut = value.rfind(" ")
+                value = value[:cut] if cut > 4 else ""
+
+    texts = _planted_texts(300, seed=7) + ["DE89 3704 0044 0532 0130 00 GB82 WEST 1234 5698 7654 32", "xDE89370400440532013000",
+                                           "de89 3704 0044 0532 0130 00 and more words", "AB12 CD34 EF56 GH78 DE89 3704"]
+    for text in texts:
+        found = [(s.start, s.end) for s in pii._ibans(text, pii.Candidates.of(text))]
+        assert found == list(scanned(text)), text
+
 @pytest.mark.parametrize("text", ["", "@", "a@", "@b.co", "x" * 19, "y" * 20, "é" + "z" * 20 + " é " + "q" * 30,
                                   "9", ":", "::1", "1" + " " * 200 + "2", "加" * 100 + "4111 1111 1111 1111"])
 def test_candidate_ranges_at_the_edges(text):
