@@ -279,9 +279,11 @@ def _matches(pattern: re.Pattern, text: str, ranges: list[tuple[int, int]]) -> I
 
 
 # The text is read in blocks; a block with a digit is scanned with the block before and the one
-# after it. No phone, card, IBAN or IP match reaches further than 44 characters (an IBAN of 8
-# groups; its lookahead 1 more) from a digit or colon inside it, less than a block.
-_BLOCK = 64
+# after it. No character of a phone, card or IPv4 match lies further than 23 characters from a
+# digit of it (a phone's leading "(" and spaces), nor of an IPv6 one from a colon, and no
+# lookaround reads more than 2 beyond: every match lies in the blocks scanned. (IBANs are
+# matched on the whole text from the digits these blocks hold: `_ibans`.)
+_BLOCK = 32
 _DIGIT_BIT, _COLON_BIT = 1, 2
 _ASCII_CLASSES = bytes(_DIGIT_BIT if 48 <= i <= 57 else _COLON_BIT if i == 58 else 0 for i in range(256))
 _BLOCK_STARTS = np.arange(0, 1 << 16, _BLOCK)
@@ -333,22 +335,21 @@ class Candidates:
             points = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), np.uint32)
             codes = _bmp_classes().take(np.minimum(points, 0xFFFF))
         starts = _BLOCK_STARTS[:-(-n // _BLOCK)] if n <= 1 << 16 else np.arange(0, n, _BLOCK)
-        flags = np.bitwise_or.reduceat(codes, starts).tolist()
+        flags = np.bitwise_or.reduceat(codes, starts)
         digits = _around(flags, _DIGIT_BIT, n)
         colons = _around(flags, _COLON_BIT, n) if text.count(":") > 1 else []
         return cls(digits, colons, _at_signs(text), _long_runs(raw, ascii_text))
 
 
-def _around(flags: list[int], bit: int, n: int) -> list[tuple[int, int]]:
+def _around(flags: np.ndarray, bit: int, n: int) -> list[tuple[int, int]]:
     """The blocks with `bit`, each with its neighbours, merged, as character ranges."""
     out: list[tuple[int, int]] = []
-    for index, flag in enumerate(flags):
-        if flag & bit:
-            start, end = max(0, (index - 1) * _BLOCK), min(n, (index + 2) * _BLOCK)
-            if out and start <= out[-1][1]:
-                out[-1] = (out[-1][0], end)
-            else:
-                out.append((start, end))
+    for index in np.flatnonzero(flags & bit).tolist():
+        start, end = max(0, (index - 1) * _BLOCK), min(n, (index + 2) * _BLOCK)
+        if out and start <= out[-1][1]:
+            out[-1] = (out[-1][0], end)
+        else:
+            out.append((start, end))
     return out
 
 

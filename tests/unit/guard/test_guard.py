@@ -248,7 +248,9 @@ def test_ibans_found_from_their_digits_are_those_of_a_scan_of_the_text():
         assert found == list(scanned(text)), text
 
 @pytest.mark.parametrize("text", ["", "@", "a@", "@b.co", "x" * 19, "y" * 20, "é" + "z" * 20 + " é " + "q" * 30,
-                                  "9", ":", "::1", "1" + " " * 200 + "2", "加" * 100 + "4111 1111 1111 1111"])
+                                  "9", ":", "::1", "1" + " " * 200 + "2", "加" * 100 + "4111 1111 1111 1111",
+                                  "lorem " * 20 + "(" + " " * 12 + "(415) 555-2671" + " ipsum" * 20,   # far from its digits
+                                  "x" * 31 + " 192.168.1.1" + " y" * 40, "z " * 50 + "fe80::1ff:fe23:4567:890a" + " w" * 50])
 def test_candidate_ranges_at_the_edges(text):
     assert pii.find(text, pii.DETECTORS) == pii.find(text, pii.DETECTORS, locate=pii.Candidates.whole)
 
