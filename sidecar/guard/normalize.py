@@ -194,19 +194,22 @@ _KEPT = re.compile(r"[^\W_]")
 
 def squeeze(folded: str) -> str:
     """The folded text without gap characters."""
-    points = _code_points(folded)
-    if len(points) and points.max() >= _BMP:
-        return _GAPS.sub("", folded)
-    # A table lookup per code point in numpy: the regex costs ~5x more on CJK text.
-    return points[_bmp_kept()[points]].tobytes().decode("utf-32-le", "surrogatepass")
+    return squeezed(folded)[0]
 
 
 def squeeze_offsets(folded: str) -> np.ndarray:
     """For each character squeeze(folded) keeps, its offset in `folded`."""
+    return squeezed(folded)[1]
+
+
+def squeezed(folded: str) -> tuple[str, np.ndarray]:
+    """squeeze(folded) and squeeze_offsets(folded) from one look at each character."""
     points = _code_points(folded)
     if len(points) and points.max() >= _BMP:
-        return np.array([m.start() for m in _KEPT.finditer(folded)], np.int64)
-    return np.flatnonzero(_bmp_kept()[points])
+        return _GAPS.sub("", folded), np.array([m.start() for m in _KEPT.finditer(folded)], np.int64)
+    # A table lookup per code point in numpy: the regex costs ~5x more on CJK text.
+    kept = _bmp_kept().take(points)
+    return points[kept].tobytes().decode("utf-32-le", "surrogatepass"), np.flatnonzero(kept)
 
 
 @functools.cache

@@ -17,7 +17,7 @@ from typing import Iterable
 
 import ahocorasick_rs
 
-from sidecar.guard.normalize import fold, fold_with_offsets, prepare_offsets, squeeze, squeeze_offsets
+from sidecar.guard.normalize import fold, fold_with_offsets, prepare_offsets, squeeze, squeezed
 
 SQUEEZE_MODES = ("cjk", "all", "off")
 
@@ -119,11 +119,10 @@ class WordMatcher:
                     if e.right and end < len(folded) and _bounded(folded[end]):
                         continue
                     found.append((e.list_index, start, end))
-        if self._squeezed is not None and (self._squeeze_ascii or _CJK.search(folded)):
-            tight = squeeze(folded)
-            matches = self._squeezed.find_matches_as_indexes(tight, overlapping=True)
-            where = squeeze_offsets(folded) if matches else None    # only when a word matched
-            for key, start, end in matches:
+        # (An ASCII text has no CJK character: known at once, where the search reads all of it.)
+        if self._squeezed is not None and (self._squeeze_ascii or (not folded.isascii() and _CJK.search(folded))):
+            tight, where = squeezed(folded)
+            for key, start, end in self._squeezed.find_matches_as_indexes(tight, overlapping=True):
                 for e in self._squeezed_entries[key]:
                     found.append((e.list_index, int(where[start]), int(where[end - 1]) + 1))
         return found
