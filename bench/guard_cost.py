@@ -61,7 +61,9 @@ def workload(root: Path) -> tuple[object, dict[str, list[str]]]:
 
 
 def measure(root: Path = ROOT, passes: int = 5) -> dict:
-    """p50 and p99 CPU milliseconds per request of each prompt kind: scan, injection, total."""
+    """p50 and p99 CPU milliseconds per request of each prompt kind (scan, injection, total),
+    and the p50 over prompts of each prompt's fastest pass (`best_p50_ms`): contention for caches
+    and cores only adds time, so that is the nearest this measure comes to an idle machine's."""
     import numpy as np
     from sidecar.guard.check import rewrite_body, scan
     from sidecar.guard.injection import default_head
@@ -87,7 +89,8 @@ def measure(root: Path = ROOT, passes: int = 5) -> dict:
                 injections.append(ended - scanned)
                 totals.append(ended - started)
         out[name] = {part: {"p50_ms": round(statistics.median(values) * 1000, 4),
-                            "p99_ms": round(sorted(values)[int(len(values) * 0.99)] * 1000, 4)}
+                            "p99_ms": round(sorted(values)[int(len(values) * 0.99)] * 1000, 4),
+                            "best_p50_ms": round(statistics.median(min(values[i::len(texts)]) for i in range(len(texts))) * 1000, 4)}
                      for part, values in (("scan", scans), ("injection", injections), ("total", totals))}
         out[name]["runs"] = len(totals)
     return out
@@ -129,11 +132,13 @@ def compare(rev: str, rounds: int) -> dict:
             mine = [r for r in runs if r["code"] == label]
             quiet = min(mine, key=lambda r: r["load_1m"])
             totals = [r[kind]["total"]["p50_ms"] for r in mine]
-            summary.setdefault(kind, {})[label] = {"total_p50_ms_by_round": totals, "quietest": {
+            best = min(r[kind]["total"]["best_p50_ms"] for r in mine)
+            summary.setdefault(kind, {})[label] = {"total_p50_ms_by_round": totals, "total_best_p50_ms": best, "quietest": {
                 "load_1m": quiet["load_1m"], **{part: quiet[kind][part]["p50_ms"] for part in ("scan", "injection", "total")}}}
             rows.append({"prompt": kind, "code": label, "total p50 by round, ms": " ".join(f"{t:.3f}" for t in totals),
                          "quietest load": quiet["load_1m"], "scan": quiet[kind]["scan"]["p50_ms"],
-                         "injection": quiet[kind]["injection"]["p50_ms"], "total": quiet[kind]["total"]["p50_ms"]})
+                         "injection": quiet[kind]["injection"]["p50_ms"], "total": quiet[kind]["total"]["p50_ms"],
+                         "total, best of passes": best})
     print(report.table(rows, list(rows[0])))
     path = report.write("guard_cost", {"against": rev, "rounds": rounds, "summary": summary, "runs": runs})
     print(f"wrote {path.relative_to(ROOT)}")
