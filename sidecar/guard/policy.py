@@ -11,6 +11,7 @@ from pathlib import Path
 from sidecar.guard.injection import DEFAULT_FALSE_ALARM_RATE
 from sidecar.guard.normalize import prepare_offsets
 from sidecar.guard.pii import DETECTORS, DEFAULT_MIN_ENTROPY, DEFAULT_PHONE_REGIONS, PiiSettings
+from sidecar.guard.pii import prepare as prepare_phones
 from sidecar.guard.words import WordMatcher
 
 MESSAGE_SCOPES = ("last_user", "user", "user_and_system")
@@ -100,7 +101,10 @@ def build_policy(guard, injection_head=None) -> GuardPolicy | None:
                                   threshold, rate, text_threshold)
     if not rules and not pii and injection is None:
         return None
-    # The folding tables (~0.1 s) are built now, not on the first request with non-ASCII text.
+    # The folding tables (~0.1 s) and the phone regions' rules are loaded now, not on the first
+    # request that needs them.
     prepare_offsets()
+    if "phone" in pii:
+        prepare_phones(regions)
     return GuardPolicy(messages, tuple(rules), WordMatcher(lists) if rules else None, pii,
                        PiiSettings(regions, entropy), injection)

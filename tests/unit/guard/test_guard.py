@@ -261,6 +261,11 @@ def policy(**guard):
     return build_policy(parse_route_settings({"guard": guard}).guard)
 
 
+def test_a_phone_policy_loads_its_regions_rules_when_built():
+    pii.prepare.cache_clear()
+    policy(personal_data={"detectors": {"phone": "flag"}, "phone_regions": ["ch", "zz"]})   # ZZ: no such region
+    assert pii.prepare.cache_info().currsize == 1          # prepare(("CH", "ZZ")) ran, and did not raise
+
 def test_policy_rejects_bad_values_by_name(tmp_path):
     with pytest.raises(ValueError, match="guard.words\\[0\\].action"):
         policy(words=[{"words": ["x"], "action": "explode"}])
