@@ -56,8 +56,21 @@ def workload(root: Path) -> tuple[object, dict[str, list[str]]]:
         prompts.append(" ".join(parts)[:PROMPT_CHARS])
     kinds = {"ascii_clean": prompts,
              "with_email_and_word": [p[:1990] + " a.b@example.com internal only" for p in prompts],
-             "non_ascii": ["加微信 " + p[:1000] + " 你好，我想问一下这个问题。" * 20 for p in prompts]}
+             "non_ascii": ["加微信 " + p[:1000] + " 你好，我想问一下这个问题。" * 20 for p in prompts],
+             "log_with_numbers": [p[:1024] + "\n" + _log_lines(rng, PROMPT_CHARS - 1025) for p in prompts]}
     return policy, kinds
+
+
+def _log_lines(rng: random.Random, size: int) -> str:
+    """A pasted log of that many characters: dates, times, order numbers, amounts, versions and
+    counts, no personal data (the digits every personal-data pattern must read and reject)."""
+    lines, length = [], 0
+    while length < size:
+        lines.append(f"2024-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d} {rng.randint(0, 23):02d}:{rng.randint(0, 59):02d}:"
+                     f"{rng.randint(0, 59):02d} ORD-{rng.randint(2019, 2024)}-{rng.randint(100000, 999999)} qty {rng.randint(1, 40)} "
+                     f"total {rng.randint(1, 9999)}.{rng.randint(0, 99):02d} EUR build {rng.randint(1, 12)}.{rng.randint(0, 9)}.{rng.randint(0, 99)}")
+        length += len(lines[-1]) + 1
+    return "\n".join(lines)[:size]
 
 
 def measure(root: Path = ROOT, passes: int = 5) -> dict:
