@@ -395,12 +395,15 @@ def _long_runs(raw: bytes, ascii_text: bool) -> list[tuple[int, int]]:
     tokens = raw.translate(_TOKEN_BYTES)
     at = tokens.find(_LONG_RUN)
     out: list[tuple[int, int]] = []
+    byte, char = 0, 0                # a byte offset already mapped to its character offset
     while at >= 0:                   # most prose: not once (no word of 20 token characters)
         end = tokens.find(b" ", at)
         end = len(tokens) if end < 0 else end
-        # A run is ASCII: its characters are its bytes; before it, UTF-8 bytes are not characters.
-        start = at if ascii_text else len(raw[:at].decode("utf-8", "surrogatepass"))
+        # A run is ASCII: its characters are its bytes; before it, UTF-8 bytes are not
+        # characters, counted from the previous run on (once each: linear in the text).
+        start = at if ascii_text else char + len(raw[byte:at].decode("utf-8", "surrogatepass"))
         out.append((start, start + end - at))
+        byte, char = end, start + end - at
         at = tokens.find(_LONG_RUN, end)
     return out
 

@@ -214,6 +214,16 @@ def test_detectors_do_not_hang_on_long_digit_runs():
     pii.find(text, pii.DETECTORS)
 
 
+def test_many_token_runs_in_non_ascii_text_cost_linear_time():
+    # Each run's character offset is counted from the previous run's, not from the start.
+    import time
+    text = ("加" * 30 + " " + "a1B2c3D4e5F6g7H8i9J0kLm" + " ") * 20000          # ~1 MB, 20,000 runs
+    started = time.process_time()
+    runs = pii.Candidates.of(text).runs
+    assert len(runs) == 20000 and text[runs[-1][0]:runs[-1][1]] == "a1B2c3D4e5F6g7H8i9J0kLm"
+    assert time.process_time() - started < 2
+
+
 
 def _planted_texts(count: int, seed: int) -> list[str]:
     """Prose with items and look-alikes at random places, in long texts where the ranges
