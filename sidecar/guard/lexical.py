@@ -126,11 +126,21 @@ def score(weights: np.ndarray, text: str) -> float:
         full = max(0, size - max(ORDERS) + 1 - WINDOW + 1)      # stretches [0, full) are complete
         if full:
             best = max(best, stretch[:full].max() / math.sqrt(len(ORDERS) * WINDOW))
-        for start, value in enumerate(stretch[full:].tolist(), start=full):
-            best = max(best, value / math.sqrt(max(_grams_in(start, start + WINDOW, size), 1)))
+            # The last few hold as many n-grams as the last few of any text this long.
+            for value, root in zip(stretch[full:].tolist(), _TAIL_ROOTS):
+                best = max(best, value / root)
+        else:
+            for start, value in enumerate(stretch.tolist()):
+                best = max(best, value / math.sqrt(max(_grams_in(start, start + WINDOW, size), 1)))
     return float(best)
 
 
 def _grams_in(start: int, end: int, size: int) -> int:
     """How many n-grams of a text of `size` points start at positions [start, end)."""
     return sum(max(0, min(end, size - n + 1) - start) for n in ORDERS)
+
+
+# The roots of the n-gram counts of the stretches after the complete ones, the same for every
+# text with a complete one (counted here for one such length).
+_TAIL_ROOTS = tuple(math.sqrt(max(_grams_in(start, start + WINDOW, 2 * WINDOW), 1))
+                    for start in range(2 * WINDOW - max(ORDERS) + 2 - WINDOW, WINDOW + 1))
