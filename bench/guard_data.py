@@ -23,7 +23,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import random
 import re
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -61,7 +63,9 @@ def _read(path: Path) -> list[dict]:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def injection_examples(paraphrase_limit: int | None = None) -> list[Example]:
+def injection_examples(paraphrase_limit: int | None = None, extra_ordinary: bool = False) -> list[Example]:
+    """Every labelled prompt with its split; extra_ordinary=True also trains on the paraphrase
+    groups no split uses (more ordinary prompts; val and test unchanged)."""
     out: list[Example] = []
     deepset = SHARED / "guard" / "prompt_injections.jsonl"
     for row in _read(deepset):
@@ -77,8 +81,35 @@ def injection_examples(paraphrase_limit: int | None = None) -> list[Example]:
     for text, group in texts:
         b = _bucket(group)
         split = "train" if b < 0.05 or 0.24 <= b < 0.44 else "val" if b < 0.12 else "test" if b < 0.24 else None
+        if split is None and extra_ordinary:
+            split = "train"
         if split is not None:
             out.append(Example(text, 0, split, "paraphrase", "en"))
+    return out
+
+
+def generated_examples(examples: list[Example], seed: int = 22) -> list[Example]:
+    """Training rows made from train rows only (source "generated", split "train"; never val or
+    test): each train attack and look-alike set inside an ordinary document built from train
+    paraphrase prompts (appended after it, or between two parts of it), as indirect injection
+    arrives, with the label of the prompt planted; and the documents alone (label 0), so that
+    length and a document's shape do not themselves read as an attack."""
+    rng = random.Random(seed)
+    train = [e for e in examples if e.split == "train"]
+    ordinary = [e.text for e in train if e.source == "paraphrase"]
+    planted = [e for e in train if e.source in ("deepset", "sluice")]
+    if not ordinary:
+        return []
+
+    def document() -> str:
+        return " ".join(rng.choice(ordinary) for _ in range(rng.randint(1, 4)))
+
+    out = []
+    for e in planted:
+        out.append(Example(document() + "\n\n" + e.text, e.label, "train", "generated", e.lang))
+        out.append(Example(document() + "\n" + e.text + "\n" + document(), e.label, "train", "generated", e.lang))
+    for _ in range(len(planted) // 2):
+        out.append(Example(document(), 0, "train", "generated", "en"))
     return out
 
 
@@ -150,6 +181,7 @@ def embed_all(texts: list[str]) -> np.ndarray:
         from sidecar.embedding import EmbeddingSettings
         from sidecar.embedding.loader import load
         encoder = load(EmbeddingSettings.from_env()).encoder
+        saved = time.monotonic()
         for start in range(0, len(missing), 256):
             chunk = missing[start:start + 256]
             for indices, outcomes in encoder.encode_iter(chunk):
@@ -157,8 +189,17 @@ def embed_all(texts: list[str]) -> np.ndarray:
                     known[chunk[index]] = (outcome if isinstance(outcome, np.ndarray)
                                            else np.full(384, np.nan, np.float32))
             print(f"  embedded {min(start + 256, len(missing))}/{len(missing)}", flush=True)
-            CACHE.parent.mkdir(parents=True, exist_ok=True)
-            keys = list(known)
-            np.savez(CACHE, texts=np.array(keys), vectors=np.stack([known[k] for k in keys]).astype(np.float32))
+            # The cache is hundreds of MB: written every minute and at the end, not per chunk.
+            if time.monotonic() - saved > 60 or start + 256 >= len(missing):
+                _save_cache(known)
+                saved = time.monotonic()
     return np.stack([known[t] for t in texts]).astype(np.float32)
+
+
+def _save_cache(known: dict[str, np.ndarray]) -> None:
+    CACHE.parent.mkdir(parents=True, exist_ok=True)
+    keys = list(known)
+    partial = CACHE.with_suffix(".partial.npz")
+    np.savez(partial, texts=np.array(keys), vectors=np.stack([known[k] for k in keys]).astype(np.float32))
+    partial.replace(CACHE)       # a reader never sees half a file
 

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from bench.guard_data import ORDINARY_SOURCES, embed_all, injection_examples  # noqa: E402
+from bench.guard_data import ORDINARY_SOURCES, embed_all, generated_examples, injection_examples  # noqa: E402
 from sidecar.guard import lexical  # noqa: E402
 from sidecar.guard.normalize import fold  # noqa: E402
 from train_guard import Ngrams, class_weights, logits, train  # noqa: E402
@@ -60,45 +60,90 @@ def with_words(text: str) -> np.ndarray:
     return np.concatenate([lexical.buckets(text), np.array(hashed, np.int64)])
 
 
-def main() -> int:
-    examples = [e for e in injection_examples() if e.split != "test"]
+def data(extra_ordinary: bool = False, augment: bool = False) -> dict:
+    """Train and val rows the model can embed, their features and the val masks."""
+    examples = [e for e in injection_examples(extra_ordinary=extra_ordinary) if e.split != "test"]
+    if augment:
+        examples += generated_examples(examples)
     vectors = embed_all([e.text for e in examples])
     usable = ~np.isnan(vectors).any(axis=1)
     examples = [e for e, ok in zip(examples, usable) if ok]
-    vectors = vectors[usable].astype(np.float64)
-    ngrams = Ngrams([e.text for e in examples])
     y = np.array([e.label for e in examples], np.float64)
     is_train = np.array([e.split == "train" for e in examples])
     val = ~is_train
-    attacks = val & (y == 1)
     ordinary = val & np.array([e.source in ORDINARY_SOURCES for e in examples])
-    hard = val & (y == 0) & ~ordinary
-    only = sys.argv[1:]
-    variants = {
-        "baseline": {},
-        "word_ngrams": {"ngrams": Ngrams([e.text for e in examples], with_words)},
-        "hard_share_0.25": {"weight": source_weights(examples, y, is_train, 0.25)},
-        "hard_share_0.5": {"weight": source_weights(examples, y, is_train, 0.5)},
-        "l2_x10": {"l2_embedding": 1e-3, "l2_lexical": 1e-4},
-        "l2_div10": {"l2_embedding": 1e-5, "l2_lexical": 1e-6},
-        "no_embedding": {"vectors": np.zeros((len(examples), 0))},
+    return {"examples": examples, "vectors": vectors[usable].astype(np.float64),
+            "ngrams": Ngrams([e.text for e in examples]), "y": y, "is_train": is_train, "val": val,
+            "attacks": val & (y == 1), "ordinary": ordinary, "hard": val & (y == 0) & ~ordinary}
+
+
+def variants(base: dict) -> dict:
+    """name -> (data options, train options); built lazily, the slow ones last."""
+    examples, y, is_train = base["examples"], base["y"], base["is_train"]
+    return {
+        "baseline": ({}, {}),
+        "word_ngrams": ({}, {"ngrams": lambda d: Ngrams([e.text for e in d["examples"]], with_words)}),
+        "hard_share_0.25": ({}, {"weight": lambda d: source_weights(examples, y, is_train, 0.25)}),
+        "hard_share_0.5": ({}, {"weight": lambda d: source_weights(examples, y, is_train, 0.5)}),
+        "l2_x10": ({}, {"l2_embedding": 1e-3, "l2_lexical": 1e-4}),
+        "l2_div10": ({}, {"l2_embedding": 1e-5, "l2_lexical": 1e-6}),
+        "no_embedding": ({}, {"vectors": lambda d: np.zeros((len(d["examples"]), 0))}),
+        "mlp_16": ({}, {"hidden": 16}),
+        "mlp_64": ({}, {"hidden": 64}),
+        "nearest_attack": ({}, {"vectors": nearest_features}),
+        "more_ordinary": ({"extra_ordinary": True}, {}),
+        "augment": ({"augment": True}, {}),
+        "more_ordinary_augment": ({"extra_ordinary": True, "augment": True}, {}),
+        "more_ordinary_augment_mlp_64": ({"extra_ordinary": True, "augment": True}, {"hidden": 64}),
     }
+
+
+def nearest_features(d: dict) -> np.ndarray:
+    """The embedding and, beside it, each prompt's highest cosine similarity to a train attack
+    and to a train benign look-alike (a train row leaves itself out)."""
+    v, e = d["vectors"], d["examples"]
+    columns = []
+    for label in (1, 0):
+        ref = np.flatnonzero(d["is_train"] & (d["y"] == label) & np.array([x.source in ("deepset", "sluice") for x in e]))
+        sims = v @ v[ref].T
+        sims[ref, np.arange(len(ref))] = -1.0
+        columns.append(sims.max(axis=1))
+    return np.column_stack([v] + [np.asarray(c) * 4 for c in columns])
+
+
+def main() -> int:
+    only = sys.argv[1:]
+    cached: dict = {}
+
+    def get(options: dict) -> dict:
+        key = tuple(sorted(options.items()))
+        if key not in cached:
+            cached[key] = data(**options)
+        return cached[key]
+
     results = {}
-    for name, options in variants.items():
+    for name, (data_options, options) in variants(get({})).items():
         if only and name not in only:
             continue
-        v = options.pop("vectors", vectors)
-        features = options.pop("ngrams", ngrams)
-        params, epoch, _ = train(v, features, y, is_train, val, **options)
+        d = get(data_options)
+        options = {k: (v(d) if callable(v) else v) for k, v in options.items()}
+        v = options.pop("vectors", d["vectors"])
+        features = options.pop("ngrams", d["ngrams"])
+        params, epoch, _ = train(v, features, d["y"], d["is_train"], d["val"], **options)
         z = logits(params, v, features)
+        attacks, ordinary, hard = d["attacks"], d["ordinary"], d["hard"]
         d001, t001 = recall_at(z, attacks, ordinary, 0.001)
+        d002, _ = recall_at(z, attacks, ordinary, 0.002)
+        d005, _ = recall_at(z, attacks, ordinary, 0.005)
         d01, _ = recall_at(z, attacks, ordinary, 0.01)
         dh, _ = recall_at(z, attacks, hard, 0.01)
         results[name] = {"epoch": epoch, "detection_at_0.1%_paraphrase": round(d001, 3),
                          "hard_fa_at_0.1%_paraphrase": round(float((z[hard] >= t001).mean()), 3),
-                         "detection_at_1%_paraphrase": round(d01, 3), "detection_at_1%_hard": round(dh, 3)}
+                         "detection_at_0.2%_paraphrase": round(d002, 3), "detection_at_0.5%_paraphrase": round(d005, 3),
+                         "detection_at_1%_paraphrase": round(d01, 3), "detection_at_1%_hard": round(dh, 3),
+                         "train_rows": int(d["is_train"].sum())}
         print(name, results[name], flush=True)
-    print(f"val: {int(attacks.sum())} attacks, {int(hard.sum())} hard look-alikes, {int(ordinary.sum())} ordinary")
+        print(f"val: {int(attacks.sum())} attacks, {int(hard.sum())} hard look-alikes, {int(ordinary.sum())} ordinary", flush=True)
     out = ROOT / "reports" / "guard_variants.json"
     out.parent.mkdir(exist_ok=True)
     earlier = json.loads(out.read_text()) if only and out.exists() else {}

@@ -56,7 +56,10 @@ def recall_at(scores: np.ndarray, labels: np.ndarray, rate: float) -> float:
 
 
 def logits(params: dict, vectors: np.ndarray, ngrams: Ngrams) -> np.ndarray:
-    return vectors @ params["embedding"] + ngrams.dot(params["lexical"]) + params["bias"]
+    z = vectors @ params["embedding"] + ngrams.dot(params["lexical"]) + params["bias"]
+    if "hidden" in params:
+        z = z + np.maximum(vectors @ params["hidden"] + params["hidden_bias"], 0) @ params["out"]
+    return z
 
 
 def class_weights(y, train_rows) -> np.ndarray:
@@ -65,9 +68,30 @@ def class_weights(y, train_rows) -> np.ndarray:
     return np.where(y == 1, 0.5 / yt.mean(), 0.5 / (1 - yt.mean())) * train_rows / train_rows.sum()
 
 
-def train(vectors, ngrams, y, train_rows, val_rows, weight=None, l2_embedding=L2_EMBEDDING, l2_lexical=L2_LEXICAL):
+def _init(vectors, hidden: int) -> dict:
     params = {"embedding": np.zeros(vectors.shape[1]), "lexical": np.zeros(lexical.DIM), "bias": np.zeros(())}
-    l2 = {"embedding": l2_embedding, "lexical": l2_lexical, "bias": 0.0}
+    if hidden:
+        # A small ReLU layer over the embedding beside the linear terms (seeded: deterministic).
+        rng = np.random.default_rng(22)
+        params.update(hidden=rng.normal(0, 1 / np.sqrt(vectors.shape[1]), (vectors.shape[1], hidden)),
+                      hidden_bias=np.zeros(hidden), out=np.zeros(hidden))
+    return params
+
+
+def _grads(params, vectors, ngrams, g) -> dict:
+    grads = {"embedding": vectors.T @ g, "lexical": ngrams.grad(g), "bias": g.sum()}
+    if "hidden" in params:
+        h = np.maximum(vectors @ params["hidden"] + params["hidden_bias"], 0)
+        dh = np.outer(g, params["out"]) * (h > 0)
+        grads.update(out=h.T @ g, hidden=vectors.T @ dh, hidden_bias=dh.sum(axis=0))
+    return grads
+
+
+def train(vectors, ngrams, y, train_rows, val_rows, weight=None, l2_embedding=L2_EMBEDDING, l2_lexical=L2_LEXICAL,
+          hidden: int = 0):
+    params = _init(vectors, hidden)
+    l2 = {"embedding": l2_embedding, "lexical": l2_lexical, "bias": 0.0,
+          "hidden": l2_embedding, "hidden_bias": 0.0, "out": l2_embedding}
     moments = {k: (np.zeros_like(v), np.zeros_like(v)) for k, v in params.items()}
     if weight is None:
         weight = class_weights(y, train_rows)
@@ -75,7 +99,7 @@ def train(vectors, ngrams, y, train_rows, val_rows, weight=None, l2_embedding=L2
     for epoch in range(1, EPOCHS + 1):
         z = logits(params, vectors, ngrams)
         g = (1 / (1 + np.exp(-z)) - y) * weight                # d loss / d logit
-        grads = {"embedding": vectors.T @ g, "lexical": ngrams.grad(g), "bias": g.sum()}
+        grads = _grads(params, vectors, ngrams, g)
         for k in params:
             grad = grads[k] + l2[k] * params[k]
             m, v = moments[k]
