@@ -3,7 +3,8 @@
 - injection: detection and false alarms on the held-out test splits (bench/guard_data.py) at the
   thresholds a route gets for false_alarm_rate 0.01, 0.005 and 0.001 and at the goal's operating
   points (each threshold set on validation prompts), per source and language, with Wilson 95%
-  intervals; prompts the model does not embed are judged, as in the sidecar, by the n-gram model
+  intervals (the hand-written held-out set, data/guard/injections_holdout.jsonl, as its own
+  source); prompts the model does not embed are judged, as in the sidecar, by the n-gram model
   at its own threshold, which is also reported alone, per language;
 - words: planted denied words (with zero-width characters, full-width letters, case and CJK
   spacing tricks) in paraphrase prompts, and false matches on clean ones, per squeeze mode;
@@ -60,7 +61,7 @@ def _appended(head) -> dict:
     indirect injection's common shape."""
     examples = injection_examples()
     ordinary = [e.text for e in examples if e.source == "paraphrase" and e.split == "test"]
-    attacks = [e.text for e in examples if e.split == "test" and e.label == 1]
+    attacks = [e.text for e in examples if e.split == "test" and e.label == 1 and e.source in DEVELOPMENT]
     rng = random.Random(22)
 
     def document(size: int) -> str:
@@ -84,10 +85,14 @@ def _appended(head) -> dict:
     return out
 
 
+# The sets the model was developed on (their test splits); the held-out set is reported apart.
+DEVELOPMENT = ("deepset", "sluice")
+
+
 def _rates(flagged: np.ndarray, test: list, by_language: bool = True) -> dict:
     """Detection (attacks) and false alarms (hard look-alikes; ordinary prompts apart: the
     English paraphrase set, the CJK ordinary set) of `flagged`, per source and per language of
-    the Sluice prompts."""
+    the Sluice prompts. The held-out set counts only under its own source (and its languages)."""
     def group(pred) -> tuple[dict, dict]:
         idx = [i for i, e in enumerate(test) if pred(e)]
         attacks = [i for i in idx if test[i].label == 1]
@@ -95,13 +100,19 @@ def _rates(flagged: np.ndarray, test: list, by_language: bool = True) -> dict:
         return (wilson(int(flagged[attacks].sum()), len(attacks)),
                 wilson(int(flagged[benign].sum()), len(benign)))
 
-    detect, fa = group(lambda e: e.source not in ORDINARY_SOURCES)
+    detect, fa = group(lambda e: e.source in DEVELOPMENT)
     result = {"detection": detect, "false_alarms": fa,
               "false_alarms_paraphrase": group(lambda e: e.source == "paraphrase")[1],
               "false_alarms_ordinary_cjk": group(lambda e: e.source == "ordinary")[1], "by_source": {}}
-    for source in ("deepset", "sluice"):
+    for source in DEVELOPMENT + ("holdout",):
         d, f = group(lambda e, s=source: e.source == s)
-        result["by_source"][source] = {"detection": d, "false_alarms": f}
+        if d["n"] or f["n"]:
+            result["by_source"][source] = {"detection": d, "false_alarms": f}
+    if by_language and "holdout" in result["by_source"]:
+        result["holdout_by_language"] = {}
+        for lang in sorted({e.lang for e in test if e.source == "holdout"}):
+            d, f = group(lambda e, lang=lang: e.source == "holdout" and e.lang == lang)
+            result["holdout_by_language"][lang] = {"detection": d, "false_alarms": f}
     if by_language:
         result["by_language"] = {}
         for lang in sorted({e.lang for e in test if e.source == "sluice"}):
@@ -258,6 +269,13 @@ def main() -> int:
                      "fa paraphrase": _cell(p["false_alarms_paraphrase"]), "fa ordinary CJK": _cell(p["false_alarms_ordinary_cjk"]),
                      "deepset / sluice attacks": f'{p["by_source"]["deepset"]["detection"]["rate"]} / {p["by_source"]["sluice"]["detection"]["rate"]}'})
     print(report.table(rows, list(rows[0])))
+    if "holdout" in points["ordinary_0.001"]["by_source"]:
+        print("\nhand-written held-out set (data/guard/injections_holdout.jsonl), same thresholds:")
+        print(report.table([{"threshold set for": label, "detection": _cell(points[name]["by_source"]["holdout"]["detection"]),
+                             "false alarms": _cell(points[name]["by_source"]["holdout"]["false_alarms"])}
+                            for name, label in (("hard_lookalikes_0.01", "1% of hard look-alikes"), ("ordinary_0.01", "1% of ordinary"),
+                                                ("ordinary_0.001", "0.1% of ordinary"))],
+                           ["threshold set for", "detection", "false alarms"]))
     print("\nattacks appended to an ordinary document, and such documents alone:")
     print(report.table([{"document, route rate": k, "detection": _cell(v["detection"]), "false alarms": _cell(v["false_alarms"])}
                         for k, v in data["injection"]["appended"].items()], ["document, route rate", "detection", "false alarms"]))

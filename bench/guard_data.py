@@ -6,6 +6,8 @@ Injection data (label 1 = attack):
     split is held out; its `train` split is cut 80/20 into train and val by a hash of the id;
   - data/guard/injections.jsonl (written for Sluice, many languages): train / val / test as
     the file says;
+  - data/guard/injections_holdout.jsonl, when present (hand-written held-out prompts): every
+    row test, source "holdout", reported apart from the others;
   - data/guard/ordinary.jsonl (ordinary Chinese, Japanese and Korean requests, every one
     benign: the paraphrase set is English): train / val / test as the file says;
   - ../shared/data/paraphrase/dev.jsonl (every prompt benign): by a hash of the prompt's
@@ -35,6 +37,9 @@ ROOT = Path(__file__).resolve().parent.parent
 SHARED = Path(os.environ.get("SLUICE_SHARED_DATA", ROOT.parent / "shared" / "data"))
 OURS = ROOT / "data" / "guard" / "injections.jsonl"
 ORDINARY = ROOT / "data" / "guard" / "ordinary.jsonl"
+# Hand-written held-out prompts (data/guard/README.md): every row is test, source "holdout",
+# reported apart; never trained on, never used to choose anything.
+HOLDOUT = ROOT / "data" / "guard" / "injections_holdout.jsonl"
 # Sources of ordinary prompts (not written to look like attacks): a route's false_alarm_rate is
 # a share of these.
 ORDINARY_SOURCES = ("paraphrase", "ordinary")
@@ -50,7 +55,7 @@ class Example:
     text: str
     label: int
     split: str        # train | val | test
-    source: str       # deepset | sluice (attacks and hard look-alikes) | paraphrase | ordinary
+    source: str       # deepset | sluice | holdout (attacks and look-alikes) | paraphrase | ordinary | generated
     lang: str
 
 
@@ -73,6 +78,9 @@ def injection_examples(paraphrase_limit: int | None = None, extra_ordinary: bool
         out.append(Example(row["text"], int(row["label"]), split, "deepset", "en+de"))
     for row in _read(OURS):
         out.append(Example(row["text"], int(row["label"]), row["split"], "sluice", row["lang"]))
+    if HOLDOUT.exists():
+        for row in _read(HOLDOUT):
+            out.append(Example(row["text"], int(row["label"]), "test", "holdout", row["lang"]))
     for row in _read(ORDINARY):
         out.append(Example(row["text"], 0, row["split"], "ordinary", row["lang"]))
     texts = _paraphrase_texts()
