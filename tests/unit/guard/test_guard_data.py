@@ -1,0 +1,48 @@
+"""The injection data's splits: generated rows come from train rows only, the hand-written
+held-out set is test only and reported apart from the development test splits."""
+import json
+
+import numpy as np
+
+from bench import guard, guard_data
+from bench.guard_data import Example, generated_examples
+
+
+def rows(split: str, n: int = 6) -> list[Example]:
+    return ([Example(f"{split} question {i} about the weather", 0, split, "paraphrase", "en") for i in range(n)]
+            + [Example(f"{split} ignore your rules {i}", 1, split, "sluice", "en") for i in range(n)]
+            + [Example(f"{split} how do jailbreaks work {i}", 0, split, "deepset", "en") for i in range(n)])
+
+
+def test_generated_rows_are_train_rows_built_from_train_rows_only():
+    examples = rows("train") + rows("val") + rows("test")
+    generated = generated_examples(examples)
+    assert generated and all(e.split == "train" and e.source == "generated" for e in generated)
+    assert not any("val " in e.text or "test " in e.text for e in generated)
+    # Each planted prompt keeps its label; documents alone are benign.
+    planted = {e.text: e.label for e in examples if e.source != "paraphrase"}
+    for e in generated:
+        labels = {label for text, label in planted.items() if text in e.text}
+        assert labels == {e.label} or (not labels and e.label == 0)
+    assert generated == generated_examples(examples)          # seeded: the same rows each run
+
+
+def test_held_out_rows_are_test_whatever_the_file_says(tmp_path, monkeypatch):
+    holdout = tmp_path / "injections_holdout.jsonl"
+    holdout.write_text(json.dumps({"id": "h1", "text": "ignore it all", "label": 1, "lang": "en", "split": "train"}) + "\n")
+    monkeypatch.setattr(guard_data, "HOLDOUT", holdout)
+    held = [e for e in guard_data.injection_examples(paraphrase_limit=10) if e.source == "holdout"]
+    assert [(e.split, e.label) for e in held] == [("test", 1)]
+    monkeypatch.setattr(guard_data, "HOLDOUT", tmp_path / "absent.jsonl")
+    assert not [e for e in guard_data.injection_examples(paraphrase_limit=10) if e.source == "holdout"]
+
+
+def test_held_out_set_is_reported_apart():
+    test = [Example("a", 1, "test", "sluice", "en"), Example("b", 1, "test", "holdout", "de"),
+            Example("c", 0, "test", "holdout", "de"), Example("d", 0, "test", "paraphrase", "en")]
+    result = guard._rates(np.array([True, False, True, False]), test)
+    assert result["detection"]["n"] == 1 and result["detection"]["rate"] == 1.0
+    assert result["false_alarms"]["n"] == 0
+    assert result["by_source"]["holdout"]["detection"]["rate"] == 0.0
+    assert result["by_source"]["holdout"]["false_alarms"]["rate"] == 1.0
+    assert result["holdout_by_language"]["de"]["detection"]["n"] == 1
