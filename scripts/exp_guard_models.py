@@ -6,8 +6,11 @@ Each variant is trained as scripts/train_guard.py trains the packaged head (same
 optimizer, epoch chosen on val) and scored on val prompts: detection at the thresholds that
 flag 0.1% and 1% of ordinary (paraphrase) val prompts and 1% of the hard look-alikes, and the
 hard look-alikes flagged at the 0.1% threshold. Variants: class weights, L2, word 1- and
-2-grams beside the character n-grams, the n-grams alone. The test split is not read; the variant that
-ships is chosen from these figures. Writes reports/guard_variants.json.
+2-grams beside the character n-grams, the n-grams alone, a ReLU layer over the embedding, the
+nearest train attack's and look-alike's similarity as features, more ordinary training prompts
+(with and without the look-alikes' share of the weight kept), generated training rows (train
+attacks and look-alikes inside train documents) and their mixes. The test split is not read; the
+variant that ships is chosen from these figures. Writes reports/guard_variants.json.
 """
 from __future__ import annotations
 
@@ -77,14 +80,16 @@ def data(extra_ordinary: bool = False, augment: bool = False) -> dict:
             "attacks": val & (y == 1), "ordinary": ordinary, "hard": val & (y == 0) & ~ordinary}
 
 
-def variants(base: dict) -> dict:
+def variants() -> dict:
     """name -> (data options, train options); built lazily, the slow ones last."""
-    examples, y, is_train = base["examples"], base["y"], base["is_train"]
+    def shares(share):
+        return lambda d: source_weights(d["examples"], d["y"], d["is_train"], share)
+
     return {
         "baseline": ({}, {}),
         "word_ngrams": ({}, {"ngrams": lambda d: Ngrams([e.text for e in d["examples"]], with_words)}),
-        "hard_share_0.25": ({}, {"weight": lambda d: source_weights(examples, y, is_train, 0.25)}),
-        "hard_share_0.5": ({}, {"weight": lambda d: source_weights(examples, y, is_train, 0.5)}),
+        "hard_share_0.25": ({}, {"weight": shares(0.25)}),
+        "hard_share_0.5": ({}, {"weight": shares(0.5)}),
         "l2_x10": ({}, {"l2_embedding": 1e-3, "l2_lexical": 1e-4}),
         "l2_div10": ({}, {"l2_embedding": 1e-5, "l2_lexical": 1e-6}),
         "no_embedding": ({}, {"vectors": lambda d: np.zeros((len(d["examples"]), 0))}),
@@ -92,6 +97,8 @@ def variants(base: dict) -> dict:
         "mlp_64": ({}, {"hidden": 64}),
         "nearest_attack": ({}, {"vectors": nearest_features}),
         "more_ordinary": ({"extra_ordinary": True}, {}),
+        # The look-alikes' share of the benign weight kept as without the extra prompts (~6%).
+        "more_ordinary_hard_share_0.063": ({"extra_ordinary": True}, {"weight": shares(0.063)}),
         "augment": ({"augment": True}, {}),
         "more_ordinary_augment": ({"extra_ordinary": True, "augment": True}, {}),
         "more_ordinary_augment_mlp_64": ({"extra_ordinary": True, "augment": True}, {"hidden": 64}),
@@ -122,7 +129,7 @@ def main() -> int:
         return cached[key]
 
     results = {}
-    for name, (data_options, options) in variants(get({})).items():
+    for name, (data_options, options) in variants().items():
         if only and name not in only:
             continue
         d = get(data_options)
