@@ -63,9 +63,23 @@ def with_words(text: str) -> np.ndarray:
     return np.concatenate([lexical.buckets(text), np.array(hashed, np.int64)])
 
 
-def data(extra_ordinary: bool = False, augment: bool = False) -> dict:
+def hardest_unused(n: int) -> list:
+    """The `n` paraphrase prompts of no split that the packaged head scores highest: ordinary
+    prompts that look most like attacks (hard negatives), as train rows."""
+    from sidecar.guard.injection import InjectionHead
+    used = {e.text for e in injection_examples()}
+    unused = [e for e in injection_examples(extra_ordinary=True) if e.split == "train" and e.text not in used]
+    vectors = embed_all([e.text for e in unused])
+    head = InjectionHead.load()
+    scores = np.array([head.score(v, e.text) if not np.isnan(v).any() else -1.0 for v, e in zip(vectors, unused)])
+    return [unused[i] for i in np.argsort(-scores)[:n]]
+
+
+def data(extra_ordinary: bool = False, augment: bool = False, hardest: int = 0) -> dict:
     """Train and val rows the model can embed, their features and the val masks."""
     examples = [e for e in injection_examples(extra_ordinary=extra_ordinary) if e.split != "test"]
+    if hardest:
+        examples += hardest_unused(hardest)
     if augment:
         examples += generated_examples(examples)
     vectors = embed_all([e.text for e in examples])
@@ -99,6 +113,8 @@ def variants() -> dict:
         "more_ordinary": ({"extra_ordinary": True}, {}),
         # The look-alikes' share of the benign weight kept as without the extra prompts (~6%).
         "more_ordinary_hard_share_0.063": ({"extra_ordinary": True}, {"weight": shares(0.063)}),
+        "hardest_ordinary_1000": ({"hardest": 1000}, {"weight": shares(0.063)}),
+        "hardest_ordinary_3000": ({"hardest": 3000}, {"weight": shares(0.063)}),
         "augment": ({"augment": True}, {}),
         "more_ordinary_augment": ({"extra_ordinary": True, "augment": True}, {}),
         "more_ordinary_augment_mlp_64": ({"extra_ordinary": True, "augment": True}, {"hidden": 64}),
