@@ -156,7 +156,9 @@ def _is_phone(candidate: str, regions: tuple[str, ...]) -> bool:
             continue
         if bare and phonenumbers.number_type(number) not in _BARE_TYPES:
             continue
-        if _grouped_as_formatted(candidate, number):
+        # A country code is evidence enough: an order number or ISBN rarely starts with +49,
+        # and people group international numbers in many ways (+49 30 901820, +49 (0)30 ...).
+        if international or _grouped_as_formatted(candidate, number):
             return True
     return False
 
