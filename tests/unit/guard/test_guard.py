@@ -155,6 +155,9 @@ def test_fold_drops_invisible_characters_and_folds_case():
     ("phone", "call 13800138000 now", "13800138000"),
     ("phone", "mobile 07700900123", "07700900123"),
     ("phone", "ring 4155550132 today", "4155550132"),
+    # With its country code, in groups other than libphonenumber's: the code is evidence enough.
+    ("phone", "Call me on +49 3090 1820 tomorrow", "+49 3090 1820"),
+    ("phone", "call +44 2079 460958", "+44 2079 460958"),
 ])
 def test_detectors_find_planted_items(detector, text, value):
     spans = pii.find(text, pii.DETECTORS)
