@@ -42,9 +42,10 @@ from sidecar.embedding.metrics import EmbedMetrics, NoMetrics
 
 log = logging.getLogger("sluice.embedding")
 
-# encode_iter(texts) yields (indices into texts, results) per model run; a result is a
-# vector or the exception for that text.
-EncodeIter = Callable[[Sequence[str]], Iterator[tuple[list[int], list]]]
+# encode_iter(texts[, with_states]) yields (indices into texts, results) per model run; a
+# result is a vector (a WithStates for a text that asked for states) or the exception for that
+# text.  with_states is passed only when some text of the group asked.
+EncodeIter = Callable[..., Iterator[tuple[list[int], list]]]
 
 
 @dataclass
@@ -52,6 +53,7 @@ class _Waiting:
     text: str
     future: asyncio.Future
     since: float
+    with_states: bool = False
 
 
 class Batcher:
@@ -84,8 +86,9 @@ class Batcher:
     def queued(self) -> int:
         return len(self._queue)
 
-    async def embed(self, text: str) -> np.ndarray:
-        """The unit vector of `text`; raises an EmbeddingUnavailable when there is none."""
+    async def embed(self, text: str, with_states: bool = False):
+        """The unit vector of `text` (with_states: a WithStates, when the model has them);
+        raises an EmbeddingUnavailable when there is none."""
         if not isinstance(text, str):
             raise TypeError(f"embed() takes a str, not {type(text).__name__}")
         if self._closed:
@@ -97,7 +100,7 @@ class Batcher:
                 self._metrics.rejected()
                 raise QueueFull(f"embedding queue full ({self._max_queue} texts waiting)")
         future = asyncio.get_running_loop().create_future()
-        self._queue.append(_Waiting(text, future, self._clock()))
+        self._queue.append(_Waiting(text, future, self._clock(), with_states))
         if len(self._drainers) < len(self._threads):
             number = next(n for n in range(len(self._threads)) if n not in self._drainers)
             self._drainers[number] = asyncio.create_task(self._drain(number))
@@ -159,7 +162,10 @@ class Batcher:
         for waiting in batch:
             self._metrics.queue_wait(now - waiting.since)
         try:
-            for indices, results in self._encode_iter([w.text for w in batch]):
+            texts = [w.text for w in batch]
+            wants = [w.with_states for w in batch]
+            runs = self._encode_iter(texts, wants) if any(wants) else self._encode_iter(texts)
+            for indices, results in runs:
                 loop.call_soon_threadsafe(self._deliver, [batch[i].future for i in indices], results)
         except Exception as exc:
             log.exception("embedding run failed")

@@ -18,7 +18,7 @@ VENDORED_TOKENIZER = Path(__file__).resolve().parent.parent / "models" / "tokeni
 # the default when present and the model runs on the CPU provider, else the packaged model
 # itself (same weights, fp32 arithmetic). On a GPU the fp16 model is the one to use (export_fp16.py).
 BUILT_MODEL = Path(__file__).resolve().parents[2] / "build" / "models" / "all-MiniLM-L6-v2-int8-matmulnbits.onnx"
-BUILT_MODEL_SHA256 = "2e84a928c6063b50583de74a5ef608ece18ab3ddb7ffce6f855775b8bf938fbe"
+BUILT_MODEL_SHA256 = "fdb2201b6f7efb66461841e8e27618e789a3354dc30ae97e94275ec32b7420ea"
 
 
 @dataclass(frozen=True)

@@ -68,11 +68,21 @@ class EmbeddingService:
                                 max_wait_s=self.settings.max_wait_s,
                                 max_queue=self.settings.max_queue, metrics=self._metrics)
 
-    async def embed(self, text: str) -> np.ndarray:
-        """Unit float32 vector of `text`. Raises an EmbeddingUnavailable (NothingToEmbed,
-        QueueFull, NotReady) when this request should go on without semantic features."""
+    @property
+    def has_states(self) -> bool:
+        """Whether `embed(..., with_states=True)` gives token states (the model's graph has
+        them: scripts/model_graph.py); False before warm_up."""
+        return self._model is not None and self._model.encoder.has_states
+
+    async def embed(self, text: str, with_states: bool = False):
+        """Unit float32 vector of `text`; with_states (and `has_states`): a WithStates, the
+        vector and the text's token states from the same run. Raises an EmbeddingUnavailable
+        (NothingToEmbed, QueueFull, NotReady) when this request should go on without
+        semantic features."""
         if self._batcher is None:
             raise NotReady("the embedding model is not loaded yet")
+        if with_states:
+            return await self._batcher.embed(text, True)
         return await self._batcher.embed(text)
 
     async def embed_prompt(self, messages: Sequence[Any]) -> EmbeddedPrompt:

@@ -5,6 +5,10 @@ embedder for the same text. SharedEmbeddings stands between both and the Embeddi
 the guard's vector waits here, keyed by its text, and the cache's request takes it. Bounded
 in entries and in bytes; a taken or displaced vector is gone, so it holds no prompt longer
 than one request takes to reach the cache.
+
+A route whose verifier aligns token states asks for them with the vector (with_states); from
+the first such ask on, the guard's runs fetch them too (a copy from the same run), so the
+cache still takes the guard's run instead of running the model again.
 """
 from __future__ import annotations
 
@@ -24,20 +28,28 @@ class SharedEmbeddings:
         self._max_entries = max_entries
         self._max_bytes = max_bytes
         self.handed_over = 0            # vectors the cache took instead of running the model
+        self._states_wanted = False     # some caller asked for token states: the guard's runs fetch them
 
-    async def embed(self, text: str, keep: bool = False) -> np.ndarray:
-        """The vector of `text`; keep=True leaves it here for the next asker of the same text."""
-        vector = self._waiting.pop(text, None)
-        if vector is not None:
-            self._bytes -= _size(text, vector)
-            self.handed_over += 1
-            return vector
-        vector = await self.service.embed(text)
+    async def embed(self, text: str, keep: bool = False, with_states: bool = False):
+        """The vector of `text`; keep=True leaves it here for the next asker of the same text.
+        with_states: the service's WithStates (or the bare vector where the model has none)."""
+        found = self._waiting.pop(text, None)
+        if found is not None:
+            self._bytes -= _size(text, found)
+            if not with_states or hasattr(found, "states"):
+                self.handed_over += 1
+                return found if with_states else _vector(found)
+        if with_states:
+            self._states_wanted = True
+        if with_states or (keep and self._states_wanted):
+            result = await self.service.embed(text, with_states=True)
+        else:
+            result = await self.service.embed(text)
         if keep:
-            self._keep(text, vector)
-        return vector
+            self._keep(text, result)
+        return result if with_states else _vector(result)
 
-    def _keep(self, text: str, vector: np.ndarray) -> None:
+    def _keep(self, text: str, vector) -> None:
         size = _size(text, vector)
         if size > self._max_bytes:
             return
@@ -55,5 +67,10 @@ class SharedEmbeddings:
         return getattr(self.service, name)
 
 
-def _size(text: str, vector: np.ndarray) -> int:
-    return len(text) * 4 + vector.nbytes + 64
+def _vector(result) -> np.ndarray:
+    return getattr(result, "vector", result)
+
+
+def _size(text: str, result) -> int:
+    states = getattr(result, "states", None)
+    return len(text) * 4 + _vector(result).nbytes + 64 + (0 if states is None else states.nbytes + 112)

@@ -390,3 +390,34 @@ def test_format_vector_round_trips_float32():
     vector = np.array([0.1, -1e-8, 0.3333333], dtype=np.float32)
     assert np.array_equal(np.array(json.loads(cli.format_vector(vector)), dtype=np.float32), vector)
     assert sys.float_info.dig >= 7
+
+
+def test_token_states_come_from_the_run_that_makes_the_vector_only_for_texts_that_ask(model):
+    from sidecar.embedding.encoder import WithStates
+    encoder = model.encoder
+    assert encoder.has_states          # the served graph's second output (scripts/model_graph.py)
+    texts = ["How do I reset my password?", "", "Is every square a rectangle? " * 3]
+    results = {}
+    for indices, outcomes in encoder.encode_iter(texts, [True, True, False]):
+        results.update(zip(indices, outcomes))
+    assert isinstance(results[1], NothingToEmbed)
+    assert isinstance(results[0], WithStates) and isinstance(results[2], np.ndarray)
+    assert results[0].states.dtype == np.float16
+    assert results[0].states.shape == (len(encoder.tokenize(texts[0])), 384)
+    assert np.allclose(results[0].vector, encoder.embed([texts[0]])[0], atol=1e-6)
+    assert np.allclose(results[2], encoder.embed([texts[2]])[0], atol=1e-6)
+
+
+def test_the_service_returns_states_only_when_asked(model):
+    async def run():
+        service = EmbeddingService(EmbeddingSettings(provider="cpu"))
+        await service.warm_up()
+        try:
+            assert service.has_states
+            plain = await service.embed("What is an API?")
+            both = await service.embed("What is an API?", with_states=True)
+            assert isinstance(plain, np.ndarray) and np.allclose(both.vector, plain, atol=1e-6)
+            assert both.states.shape[1] == 384
+        finally:
+            await service.close()
+    asyncio.run(run())

@@ -282,3 +282,17 @@ async def test_never_more_runs_at_once_than_workers():
 def test_workers_must_be_positive():
     with pytest.raises(ValueError):
         Batcher(FakeEncoder().encode_iter, max_batch=4, max_wait_s=0, max_queue=4, workers=0)
+
+
+async def test_token_states_are_asked_for_only_when_a_caller_of_the_group_wants_them():
+    asked = []
+
+    def encode_iter(texts, with_states=None):
+        asked.append(None if with_states is None else list(with_states))
+        yield list(range(len(texts))), [("states", t) if with_states and with_states[i] else t
+                                        for i, t in enumerate(texts)]
+    batcher = Batcher(encode_iter, max_batch=8, max_wait_s=0.0, max_queue=64)
+    assert await batcher.embed("plain") == "plain"
+    assert await batcher.embed("aligned", with_states=True) == ("states", "aligned")
+    assert asked == [None, [True]]        # a vector-only group calls encode_iter as before
+    await batcher.close()

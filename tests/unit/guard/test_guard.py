@@ -3,6 +3,7 @@ policies from route settings, the scan's rewrites and the guard stage's decision
 import asyncio
 import json
 from dataclasses import replace
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -577,6 +578,32 @@ def test_shared_embeddings_hand_the_guards_vector_to_the_cache_once():
         await shared.embed("x")
     asyncio.run(run())
     assert embedder.calls == 6 and shared.handed_over == 1
+
+
+class StatesEmbedder:
+    """A service whose model returns token states when asked (sidecar.embedding's WithStates)."""
+    def __init__(self):
+        self.asked = []
+
+    async def embed(self, text, with_states=False):
+        self.asked.append(with_states)
+        vector = np.ones(4, np.float32)
+        return SimpleNamespace(vector=vector, states=np.zeros((3, 4), np.float16)) if with_states else vector
+
+
+def test_shared_embeddings_hand_over_token_states_once_a_caller_wants_them():
+    embedder = StatesEmbedder()
+    shared = SharedEmbeddings(embedder)
+
+    async def run():
+        assert isinstance(await shared.embed("a", keep=True), np.ndarray)   # the guard: a vector
+        first = await shared.embed("a", with_states=True)   # the guard's run had none: runs again
+        assert first.states.shape == (3, 4)
+        assert isinstance(await shared.embed("b", keep=True), np.ndarray)   # now the guard's run fetches them
+        second = await shared.embed("b", with_states=True)
+        assert second.states.shape == (3, 4)
+    asyncio.run(run())
+    assert embedder.asked == [False, True, True] and shared.handed_over == 1
 
 
 class RefusingEmbedder:
