@@ -2,7 +2,8 @@
 
     nice -n 19 .venv/bin/python scripts/exp_align_features.py [--split 4]
 
-Each text's token states after MiniLM's first `split` layers (scripts/crossenc_states.py; the
+The features are sidecar/cache/alignment.py's `align_features` (served since: scripts/train_verifier.py
+trains the shipped model with them). Each text's token states after MiniLM's first `split` layers (scripts/crossenc_states.py; the
 embedder computes them on its way to the vector) are matched greedily: each token's best cosine
 in the other text. Features (symmetric): the two directions' mean best match (min, max), and the
 worst-matched token's best match (min, max of the two directions: one entity or number changed
@@ -25,26 +26,11 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from crossenc_states import experiment_sets  # noqa: E402
+from sidecar.cache.alignment import ALIGN_FEATURES as ALIGN  # noqa: E402
+from sidecar.cache.alignment import align_features, unit_tokens  # noqa: E402
 
 REPORT = ROOT / "reports" / "align.json"
-ALIGN = ("align_mean_min", "align_mean_max", "align_worst_min", "align_worst_max")
 
-
-def _unit_content(states: np.ndarray | None) -> np.ndarray | None:
-    if states is None or len(states) < 3:
-        return None
-    x = states[1:-1].astype(np.float32)          # without [CLS] and [SEP]
-    return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-6)
-
-
-def align_features(a: np.ndarray | None, b: np.ndarray | None) -> np.ndarray:
-    if a is None or b is None:
-        return np.zeros(len(ALIGN))
-    sim = a @ b.T
-    best_a, best_b = sim.max(1), sim.max(0)
-    means = (best_a.mean(), best_b.mean())
-    worst = (best_a.min(), best_b.min())
-    return np.array([min(means), max(means), min(worst), max(worst)])
 
 
 def main(argv=None) -> int:
@@ -57,7 +43,7 @@ def main(argv=None) -> int:
     from sidecar.cache.equivalence import disagreements
     from sidecar.cache.verifier import FEATURES, Verifier
     train, calibration, held, states = experiment_sets(args.split)
-    units = {t: _unit_content(s) for t, s in states.items()}
+    units = {t: unit_tokens(s) for t, s in states.items()}
 
     def rows(pairs):
         cos = cosines(pairs)

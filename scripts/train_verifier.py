@@ -14,7 +14,11 @@ is read by scripts/eval_semantic.py only.
 
 Model: gradient-boosted trees (logistic loss, fixed depth, histogram splits) written here in
 numpy, so training is deterministic and needs nothing more than the serving venv; a few
-seconds on one core once the embeddings are cached (build/semantic/).
+seconds on one core once the embeddings are cached (build/semantic/).  Its inputs: the 23
+lexical features and, unless --no-align, the four token-alignment features
+(sidecar/cache/alignment.py) of each pair's token states after MiniLM's first four layers
+(scripts/crossenc_states.py, cached per text under build/semantic/; the served engine's
+states agree with them to a token cosine of 0.9998).  The model file lists its features.
 """
 from __future__ import annotations
 
@@ -33,6 +37,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from gen_semantic_pairs import generate  # noqa: E402
 from sidecar.cache.equivalence import forget_profiles  # noqa: E402
+from sidecar.cache.alignment import ALIGN_FEATURES, STATES_LAYERS, align_features, unit_tokens  # noqa: E402
 from sidecar.cache.verifier import FEATURES, MODEL_PATH, Verifier, features  # noqa: E402
 
 HANDWRITTEN = ROOT / "data" / "semantic" / "handwritten.jsonl"
@@ -76,6 +81,18 @@ def feature_rows(pairs: list[dict], cos: np.ndarray) -> np.ndarray:
     print(f"features of {len(pairs)} pairs: {time.perf_counter() - start:.1f}s", file=sys.stderr)
     CACHE.mkdir(parents=True, exist_ok=True)
     np.save(path, rows)
+    return rows
+
+
+def align_rows(pairs: list[dict]) -> np.ndarray:
+    """ALIGN_FEATURES of every pair, from its texts' token states (cached per text)."""
+    from crossenc_states import token_states
+    start = time.perf_counter()
+    states = token_states(sorted({t for p in pairs for t in (p["a"], p["b"])}), STATES_LAYERS)
+    units = {t: unit_tokens(s) for t, s in states.items()}
+    rows = np.stack([align_features(units[p["a"]], units[p["b"]]) for p in pairs]) if pairs \
+        else np.zeros((0, len(ALIGN_FEATURES)))
+    print(f"alignment of {len(pairs)} pairs: {time.perf_counter() - start:.1f}s", file=sys.stderr)
     return rows
 
 
@@ -208,12 +225,15 @@ def datasets(pairs_path: Path | None = None):
     return train, calibration
 
 
-def build(pairs_path: Path | None = None) -> tuple[dict, dict]:
+def build(pairs_path: Path | None = None, align: bool = True) -> tuple[dict, dict]:
     forget_profiles(max_bytes=None)
     train, calibration = datasets(pairs_path)
     everything = train + [p for ps in calibration.values() for p in ps]
     cos_all = cosines(everything)
     x_all = feature_rows(everything, cos_all)
+    names = FEATURES + ALIGN_FEATURES if align else FEATURES
+    if align:
+        x_all = np.hstack([x_all, align_rows(everything)])
     n = len(train)
     x, y, c = x_all[:n], np.array([p["label"] for p in train], float), cos_all[:n]
     keep = c >= TRAIN_COSINE
@@ -222,7 +242,7 @@ def build(pairs_path: Path | None = None) -> tuple[dict, dict]:
     start = time.perf_counter()
     model = train_trees(x[keep], y[keep], weight)
     seconds = time.perf_counter() - start
-    model["features"] = list(FEATURES)
+    model["features"] = list(names)
     sets, offset = {}, n
     for name, ps in calibration.items():
         sets[name] = (x_all[offset:offset + len(ps)], cos_all[offset:offset + len(ps)],
@@ -244,8 +264,9 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=MODEL_PATH)
     parser.add_argument("--check", action="store_true", help="compare with the model at --out; write nothing")
+    parser.add_argument("--no-align", action="store_true", help="the 23 lexical features only (no token states)")
     args = parser.parse_args(argv)
-    model, stats = build()
+    model, stats = build(align=not args.no_align)
     print(json.dumps(stats, indent=1))
     text = json.dumps(model, separators=(",", ":")) + "\n"
     if args.check:

@@ -8,8 +8,12 @@ alignment), and refuse a hit when too many tokens have no counterpart.
 
 Measured in docs/semantic-checks.md.  `content_states` turns one model run's output
 into what `unaligned` compares; sidecar.cache.equivalence applies the limit.
-`run_content_states` is that run, offline (scripts/tune_semantic.py, tests): the
-serving engine returns pooled vectors only, so the server does not use this yet.
+`run_content_states` is that run, offline (scripts/tune_semantic.py, tests).
+
+`align_features` is the learned verifier's use of the same idea (sidecar/cache/verifier.py):
+four numbers from the greedy matching of two prompts' token states after MiniLM's first
+STATES_LAYERS layers, which the embedding engine returns beside the vector when asked
+(docs/semantic-verifier-experiments.md, section 2).
 """
 from __future__ import annotations
 
@@ -20,7 +24,13 @@ import numpy as np
 
 from sidecar.cache.stopwords import STOPWORDS
 
-__all__ = ["content_states", "unaligned", "run_content_states"]
+__all__ = ["content_states", "unaligned", "run_content_states", "ALIGN_FEATURES", "STATES_LAYERS",
+           "unit_tokens", "align_features"]
+
+# The layer whose output states the verifier aligns: the embedder computes them on its way to
+# the vector, and the experiments measured the split after four of MiniLM's six layers best.
+STATES_LAYERS = 4
+ALIGN_FEATURES = ("align_mean_min", "align_mean_max", "align_worst_min", "align_worst_max")
 
 _SPECIAL = frozenset({"[CLS]", "[SEP]", "[PAD]", "[UNK]", "[MASK]"})
 
@@ -74,3 +84,25 @@ def run_content_states(encoder, texts: Sequence[str]) -> list[np.ndarray]:
     hidden, _ = encoder.hidden_states(ids)
     return [content_states(row_ids, hidden[row, :len(row_ids)], encoder.tokenizer.id_to_token)
             for row, row_ids in enumerate(ids)]
+
+
+def unit_tokens(states: np.ndarray | None) -> np.ndarray | None:
+    """A text's token states [tokens, dim] (any float type, with [CLS] first and [SEP] last)
+    -> its word pieces' unit rows, float32; None for no states or no word piece."""
+    if states is None or len(states) < 3:
+        return None
+    rows = np.asarray(states[1:-1], dtype=np.float32)
+    return rows / np.maximum(np.linalg.norm(rows, axis=1, keepdims=True), 1e-6)
+
+
+def align_features(a: np.ndarray | None, b: np.ndarray | None) -> np.ndarray:
+    """ALIGN_FEATURES of two texts' `unit_tokens` (symmetric): each direction's mean best
+    match (min, max) and its worst-matched token's best match (min, max), since one changed
+    entity or number leaves one token without a partner. Zeros when either has none."""
+    if a is None or b is None or len(a) == 0 or len(b) == 0:
+        return np.zeros(len(ALIGN_FEATURES))
+    sim = a @ b.T
+    best_a, best_b = sim.max(1), sim.max(0)
+    means = (float(best_a.mean()), float(best_b.mean()))
+    worst = (float(best_a.min()), float(best_b.min()))
+    return np.array([min(means), max(means), min(worst), max(worst)])

@@ -8,8 +8,10 @@ gradient-boosted trees (sidecar/models/verifier.json), trained by scripts/train_
 on pairs the project owns (data/semantic/: generated and hand-written) and calibrated on
 held-out pairs, so that a route's `max_false_hit_rate` maps to a score threshold.
 
-Pure numpy, no model run: the embedding's cosine is the only model output it reads, so a
-verdict costs the checks' profiles (cached per prompt) and a few dozen array operations.
+Pure numpy, no model run.  A model may also read ALIGN_FEATURES (sidecar/cache/alignment.py):
+the greedy matching of the two prompts' token states after the embedder's first layers, which
+the engine returns with the vector when asked; its file lists its features, and a model whose
+features this code cannot compute is refused at load.
 """
 from __future__ import annotations
 
@@ -21,9 +23,10 @@ from pathlib import Path
 
 import numpy as np
 
+from sidecar.cache.alignment import ALIGN_FEATURES, align_features, unit_tokens
 from sidecar.cache.equivalence import Disagreements, disagreements, profile
 
-__all__ = ["FEATURES", "Verifier", "features", "load_verifier", "MODEL_PATH", "WORDS_PATH"]
+__all__ = ["FEATURES", "Verifier", "features", "load_verifier", "MODEL_PATH", "WORDS_PATH", "NoStates"]
 
 MODEL_PATH = Path(__file__).resolve().parents[1] / "models" / "verifier.json"
 WORDS_PATH = Path(__file__).resolve().parents[1] / "models" / "verifier-words.json"
@@ -101,14 +104,26 @@ class Calibration:
         return best
 
 
+class NoStates(Exception):
+    """The model reads token alignment and a prompt's token states are missing."""
+
+
 class Verifier:
-    """Boosted trees over FEATURES; `score` is P(same question), `threshold` the score a hit
-    needs for a target false-hit rate, `floor` the least cosine worth asking about."""
+    """Boosted trees over FEATURES (and ALIGN_FEATURES when `needs_states`); `score` is
+    P(same question), `threshold` the score a hit needs for a target false-hit rate, `floor`
+    the least cosine worth asking about."""
 
     def __init__(self, model: dict):
-        if tuple(model["features"]) != FEATURES:
-            raise ValueError("verifier model: its features are not this code's; retrain it "
-                             "(scripts/train_verifier.py)")
+        names = tuple(model["features"])
+        # Columns are read by position: the lexical ones first, then alignment when it is used.
+        if names not in (FEATURES, FEATURES + ALIGN_FEATURES):
+            unknown = sorted(set(names) - set(FEATURES) - set(ALIGN_FEATURES))
+            raise ValueError(
+                "verifier model: its features are not ones this code computes "
+                f"({'unknown: ' + ', '.join(unknown) if unknown else 'another order or subset'}); "
+                "retrain it (scripts/train_verifier.py)")
+        self.features = names
+        self.needs_states = names != FEATURES
         trees = model["trees"]
         self.base = float(model["base"])
         self.feature = np.array([t["feature"] for t in trees], dtype=np.int64)     # [T, 2^d - 1]
@@ -136,9 +151,22 @@ class Verifier:
     def probabilities(self, x: np.ndarray) -> np.ndarray:
         return 1.0 / (1.0 + np.exp(-self.logits(x)))
 
-    def score(self, a: str, b: str, cosine: float) -> float:
+    def row(self, a: str, b: str, cosine: float, found: Disagreements | None = None,
+            states: tuple[np.ndarray | None, np.ndarray | None] | None = None) -> np.ndarray:
+        """The model's inputs for one pair. `states`: the two prompts' token states from the
+        embedder (in the order of the texts), read only when `needs_states`; NoStates when
+        it needs them and one is missing."""
+        x = features(a, b, cosine, found)
+        if not self.needs_states:
+            return x
+        if states is None or states[0] is None or states[1] is None:
+            raise NoStates("the verifier's model reads token states, and a prompt has none")
+        return np.concatenate([x, align_features(unit_tokens(states[0]), unit_tokens(states[1]))])
+
+    def score(self, a: str, b: str, cosine: float,
+              states: tuple[np.ndarray | None, np.ndarray | None] | None = None) -> float:
         """P(same question) for two prompts whose embeddings have this cosine."""
-        return float(self.probabilities(features(a, b, cosine))[0])
+        return float(self.probabilities(self.row(a, b, cosine, states=states))[0])
 
     def threshold(self, max_false_hit_rate: float) -> float:
         return self.calibration.threshold(max_false_hit_rate)

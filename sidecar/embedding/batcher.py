@@ -31,14 +31,18 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from sidecar.embedding.errors import EmbeddingUnavailable, NotReady, QueueFull
 from sidecar.embedding.metrics import EmbedMetrics, NoMetrics
+
+if TYPE_CHECKING:
+    from sidecar.embedding.encoder import WithStates
 
 log = logging.getLogger("sluice.embedding")
 
@@ -86,7 +90,7 @@ class Batcher:
     def queued(self) -> int:
         return len(self._queue)
 
-    async def embed(self, text: str, with_states: bool = False):
+    async def embed(self, text: str, with_states: bool = False) -> np.ndarray | WithStates:
         """The unit vector of `text` (with_states: a WithStates, when the model has them);
         raises an EmbeddingUnavailable when there is none."""
         if not isinstance(text, str):

@@ -2,7 +2,8 @@
 top layers rebuilt from the packaged weights, and the token-alignment features."""
 import numpy as np
 
-from scripts import crossenc_states, exp_align_features
+from scripts import crossenc_states
+from sidecar.cache.alignment import ALIGN_FEATURES, align_features, unit_tokens
 
 
 def test_top_layers_from_the_packaged_weights_reproduce_the_model():
@@ -17,12 +18,35 @@ def test_alignment_features_are_symmetric_and_see_one_unmatched_token():
     other = tokens.copy()
     other[4] = rng.normal(size=384)        # one token replaced ("Paris" for "Rome")
     with_cls_sep = lambda x: np.vstack([np.zeros((1, 384)), x, np.zeros((1, 384))])  # noqa: E731
-    a = exp_align_features._unit_content(with_cls_sep(tokens))
-    b = exp_align_features._unit_content(with_cls_sep(other))
-    same = exp_align_features.align_features(a, a)
-    changed = exp_align_features.align_features(a, b)
+    a = unit_tokens(with_cls_sep(tokens))
+    b = unit_tokens(with_cls_sep(other))
+    same = align_features(a, a)
+    changed = align_features(a, b)
     assert np.allclose(same, 1.0, atol=1e-5)
-    assert np.allclose(changed, exp_align_features.align_features(b, a))
-    worst_min = exp_align_features.ALIGN.index("align_worst_min")
-    assert changed[worst_min] < 0.5 < changed[exp_align_features.ALIGN.index("align_mean_min")]
-    assert np.allclose(exp_align_features.align_features(None, a), 0.0)
+    assert np.allclose(changed, align_features(b, a))
+    worst_min = ALIGN_FEATURES.index("align_worst_min")
+    assert changed[worst_min] < 0.5 < changed[ALIGN_FEATURES.index("align_mean_min")]
+    assert np.allclose(align_features(None, a), 0.0)
+    assert unit_tokens(with_cls_sep(tokens[:0])) is None       # [CLS] [SEP] only: no word piece
+
+
+def test_the_served_engine_gives_the_states_the_verifier_was_trained_on():
+    # Training reads the packaged model's layer-4 output (crossenc_states, fp32 arithmetic);
+    # the sidecar reads the served graph's second output (int8 arithmetic) from the run that
+    # makes the vector. Their alignment features must agree, or the calibration is off.
+    from sidecar.embedding import EmbeddingSettings
+    from sidecar.embedding.loader import load
+    encoder = load(EmbeddingSettings(provider="cpu")).encoder
+    assert encoder.has_states
+    texts = ["Is every square a rectangle?", "Is every rectangle a square?",
+             "What does a travel agency owe a client?", "¿Cuál es el mejor portátil para estudiantes?"]
+    vectors, served = encoder.run_with_states([encoder.tokenize(t) for t in texts])
+    assert np.allclose(vectors, encoder.run([encoder.tokenize(t) for t in texts]), atol=1e-6)
+    trained = crossenc_states.run_states(texts, 4)
+    for text, states in zip(texts, served):
+        assert states.dtype == np.float16 and states.shape == trained[text].shape
+    for i in range(len(texts)):
+        for j in range(len(texts)):
+            got = align_features(unit_tokens(served[i]), unit_tokens(served[j]))
+            want = align_features(unit_tokens(trained[texts[i]]), unit_tokens(trained[texts[j]]))
+            assert np.allclose(got, want, atol=5e-3), (texts[i], texts[j], got, want)
