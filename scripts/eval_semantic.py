@@ -41,7 +41,7 @@ from gen_semantic_pairs import generate  # noqa: E402
 from sidecar.cache.equivalence import CHECK_ORDER, EquivalenceSettings, disagreements, forget_profiles  # noqa: E402
 from sidecar.cache.same_question import same_question  # noqa: E402
 from sidecar.cache.policy import CachePolicy  # noqa: E402
-from sidecar.cache.verifier import features, load_verifier  # noqa: E402
+from sidecar.cache.verifier import load_verifier  # noqa: E402
 
 CHAT_DIR = ROOT / "data" / "semantic" / "chat-test"
 HOLDOUT_DIR = ROOT / "data" / "semantic" / "chat-holdout"
@@ -94,8 +94,21 @@ def load_sets(paraphrase: Path) -> dict[str, list[dict]]:
     return sets
 
 
+def layer_states(pairs: list[dict]) -> dict[str, np.ndarray | None]:
+    """Each text's token states after the embedder's first layers, for a verifier that aligns
+    them (scripts/crossenc_states.py, cached per text; the served engine's agree with them)."""
+    if not load_verifier().needs_states:
+        return {}
+    from crossenc_states import token_states
+    from sidecar.cache.alignment import STATES_LAYERS
+    return token_states(sorted({t for p in pairs for t in (p["a"], p["b"])}), STATES_LAYERS)
+
+
 def decide(pairs: list[dict], cos: np.ndarray, settings: EquivalenceSettings) -> tuple[np.ndarray, list[str]]:
-    verdicts = [same_question(p["a"], p["b"], float(c), settings) for p, c in zip(pairs, cos)]
+    states = layer_states(pairs) if settings.max_false_hit_rate > 0 else {}
+    verdicts = [same_question(p["a"], p["b"], float(c), settings,
+                              layer_states=(states.get(p["a"]), states.get(p["b"])) if states else None)
+                for p, c in zip(pairs, cos)]
     return np.array([v.hit for v in verdicts]), [v.reason for v in verdicts]
 
 
@@ -122,6 +135,7 @@ def time_verdicts(pairs: list[dict], cos: np.ndarray, rate: float, n: int = 300)
     settings = dataclasses.replace(EquivalenceSettings(), max_false_hit_rate=rate)
     load_verifier()
     sample = [(p["a"], p["b"], float(c)) for p, c in zip(pairs[:n], cos[:n])]
+    states = layer_states(pairs[:n])
     out = {}
     for label, forget in (("new_prompts", True), ("cached_profiles", False)):
         times = []
@@ -129,12 +143,14 @@ def time_verdicts(pairs: list[dict], cos: np.ndarray, rate: float, n: int = 300)
             if forget:
                 forget_profiles()
             start = time.perf_counter()
-            same_question(a, b, max(c, 0.99), settings)       # past the floor: the full path
+            same_question(a, b, max(c, 0.99), settings,        # past the floor: the full path
+                          layer_states=(states.get(a), states.get(b)) if states else None)
             times.append(time.perf_counter() - start)
         out[label] = {"p50_us": round(float(np.percentile(times, 50)) * 1e6, 1),
                       "p99_us": round(float(np.percentile(times, 99)) * 1e6, 1)}
-    x = np.stack([features(a, b, c) for a, b, c in sample])
     verifier = load_verifier()
+    x = np.stack([verifier.row(a, b, c, states=(states.get(a), states.get(b)) if states else None)
+                  for a, b, c in sample])
     start = time.perf_counter()
     for _ in range(5):
         verifier.probabilities(x)

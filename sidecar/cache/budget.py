@@ -7,7 +7,9 @@ is full, and the total stays within the budget whatever the traffic:
             with Redis, the local tier and the mirror of the shared vectors;
   profiles  the same-question checks' profiles of prompts (sidecar/cache/equivalence.py);
   memos     every route's request memo together (sidecar/cache/request_memo.py);
-  false_hits  the reported false hits this process remembers (sidecar/cache/false_hits.py).
+  false_hits  the reported false hits this process remembers (sidecar/cache/false_hits.py);
+  token_states  stored prompts' token states for a verifier that aligns them
+            (sidecar/cache/token_states.py; empty unless a route's verifier reads them).
 The store takes what the small shares leave.
 """
 from __future__ import annotations
@@ -22,6 +24,8 @@ DEFAULT_BUDGET_BYTES = 256 * 2**20     # SLUICE_CACHE_MAX_MIB's default (sidecar
 PROFILES_SHARE = 1 / 16
 MEMOS_SHARE = 1 / 16
 FALSE_HITS_SHARE = 1 / 64
+# ~14 KB a stored prompt (18 tokens in fp16): 16 MiB of the default budget holds ~1,100.
+TOKEN_STATES_SHARE = 1 / 16
 
 
 @dataclass(frozen=True)
@@ -45,8 +49,12 @@ class CacheBudget:
         return int(self.total * FALSE_HITS_SHARE)
 
     @property
+    def token_states(self) -> int:
+        return int(self.total * TOKEN_STATES_SHARE)
+
+    @property
     def store(self) -> int:
-        return self.total - self.profiles - self.memos - self.false_hits
+        return self.total - self.profiles - self.memos - self.false_hits - self.token_states
 
 
 class BytePool:

@@ -11,23 +11,26 @@ from __future__ import annotations
 
 from sidecar.cache.alignment import unaligned
 from sidecar.cache.equivalence import CHECK_ORDER, EquivalenceSettings, Verdict, disagreements, requirement
-from sidecar.cache.verifier import features, load_verifier
+from sidecar.cache.verifier import NoStates, load_verifier
 
 __all__ = ["same_question", "candidate_floor"]
 
 
 def same_question(a_text: str, b_text: str, cosine: float,
-                  settings: EquivalenceSettings, token_states: tuple[object, object] | None = None
-                  ) -> Verdict:
+                  settings: EquivalenceSettings, token_states: tuple[object, object] | None = None,
+                  layer_states: tuple[object, object] | None = None) -> Verdict:
     """May the answer stored for one prompt be served for the other?
 
     `cosine` is the similarity of the two prompts' embeddings.  `token_states`, needed
     only with settings.check_alignment, is the two prompts' content-token states
     (sidecar.cache.alignment.content_states), in the order of the texts.  Symmetric in
-    the prompts.  The reason names the first check that said no, or "ok".
+    the prompts.  `layer_states`: the two prompts' token states from the embedding engine
+    (sidecar.embedding's WithStates), in the order of the texts, for a verifier whose model
+    reads them (without them: a miss, "verifier_no_states").  The reason names the first
+    check that said no, or "ok".
     """
     if settings.max_false_hit_rate > 0:
-        return _verified(a_text, b_text, cosine, settings)
+        return _verified(a_text, b_text, cosine, settings, layer_states)
     if cosine < settings.threshold:
         return Verdict(False, "below_threshold")
     need = requirement(a_text, b_text, settings)
@@ -49,7 +52,8 @@ def candidate_floor(settings: EquivalenceSettings) -> float:
     return settings.threshold
 
 
-def _verified(a_text: str, b_text: str, cosine: float, settings: EquivalenceSettings) -> Verdict:
+def _verified(a_text: str, b_text: str, cosine: float, settings: EquivalenceSettings,
+              layer_states: tuple[object, object] | None) -> Verdict:
     """The verifier's decision: its score against the threshold calibrated for the route's
     false-hit rate, after the checks kept as vetoes."""
     verifier = load_verifier()
@@ -61,7 +65,11 @@ def _verified(a_text: str, b_text: str, cosine: float, settings: EquivalenceSett
     for switch, field_name, reason in CHECK_ORDER:
         if field_name in settings.verifier_vetoes and getattr(settings, switch) and getattr(found, field_name):
             return Verdict(False, reason)
-    score = float(verifier.probabilities(features(a_text, b_text, cosine, found))[0])
+    try:
+        row = verifier.row(a_text, b_text, cosine, found, layer_states)
+    except NoStates:
+        return Verdict(False, "verifier_no_states")
+    score = float(verifier.probabilities(row)[0])
     if score < verifier.threshold(settings.max_false_hit_rate):
         return Verdict(False, "verifier_rejected", score)
     return Verdict(True, "ok", score)

@@ -32,6 +32,8 @@ from sidecar.cache.budget import BytePool
 from sidecar.cache.capture import IDENTITY_ENCODING, NotCaptured, SseCapture, capture_json, response_refusal
 from sidecar.cache.equivalence import EquivalenceSettings, Verdict
 from sidecar.cache.same_question import candidate_floor, same_question
+from sidecar.cache.token_states import TokenStates
+from sidecar.cache.verifier import load_verifier
 from sidecar.cache.false_hits import FEEDBACK_HEADER, MemoryFalseHits, pair_id
 from sidecar.cache.inflight import Answered, Follow, Lead, Near, Promoted
 from sidecar.cache.policy import TIME_SENSITIVE_WORDS, Bypass, CachePolicy, cache_decision
@@ -70,11 +72,12 @@ def readable(data: bytes, metrics: CacheMetrics) -> CachedAnswer | None:
 _check_failure_warning = Throttle()
 
 
-def checked_same_question(a: str, b: str, cosine: float, settings: EquivalenceSettings) -> Verdict:
+def checked_same_question(a: str, b: str, cosine: float, settings: EquivalenceSettings,
+                          layer_states: tuple | None = None) -> Verdict:
     """same_question, and a miss should it fail on some odd prompt: a stored prompt is
     every later neighbour's, and an error would fail their streams too."""
     try:
-        return same_question(a, b, cosine, settings)
+        return same_question(a, b, cosine, settings, layer_states=layer_states)
     except Exception:
         if _check_failure_warning.due():
             log.exception("same-question check failed, served as a miss")
@@ -139,6 +142,7 @@ class Lookup:
     similarity: float | None = None
     vector: np.ndarray | None = None  # the prompt's embedding, when it was computed
     score: float | None = None       # the semantic verifier's P(same question), when it was asked
+    states: np.ndarray | None = None  # the prompt's token states, when the verifier reads them
 
 
 @dataclass
@@ -152,6 +156,7 @@ class Capture:
     stream: bool
     lead: Lead | None
     asked_at: float | None = None      # when the lookup missed (store clock): a purge since voids the put
+    states: np.ndarray | None = None   # the prompt's token states, kept with the entry (TokenStates)
     sse: SseCapture | None = None
     body: bytearray = field(default_factory=bytearray)
     finished: bool = False
@@ -179,6 +184,8 @@ class CacheRuntime:
     max_capture_bytes: int = 1 << 20
     false_hits: object = field(default_factory=MemoryFalseHits)   # sidecar.cache.false_hits.FalseHits
     memo_pool: BytePool | None = None  # the bytes every route's request memo draws on together
+    # Stored prompts' token states for a verifier that aligns them (None: such a verifier misses).
+    token_states: TokenStates | None = None
 
 
 OFF = CacheWhy("off")                    # no cache on the route (or the sidecar)
@@ -286,7 +293,7 @@ class CacheStage:
             return UNTOUCHED
         bypass, scope, prompt, key = request
         ctx.cache_scope = scope.key
-        vector = None
+        vector = states = None
         lead: Lead | None = None
         try:
             if bypass is None:                                   # may serve from cache
@@ -302,7 +309,7 @@ class CacheStage:
                     return self._serve(ctx, answer, found.tier,
                                        found.similarity if found.tier == "semantic" else None,
                                        found.entry.stored_at)
-                vector = found.vector
+                vector, states = found.vector, found.states
                 if policy.dedup:
                     lead, answered = await self._coalesce(ctx, scope.key, key, prompt, vector, policy)
                     if answered is not None:
@@ -311,9 +318,10 @@ class CacheStage:
             else:
                 ctx.why.cache = CacheWhy(bypass.reason)
                 self._metrics.lookup(ctx.route_name, bypass.reason)
-                vector = await self._embed(prompt) if self._semantic(settings, prompt) else None
+                vector, states = await self._embed_states(
+                    prompt, self._wants_states(self._checks(policy))) if self._semantic(settings, prompt) else (None, None)
             capture = Capture(scope.key, key, prompt, vector, policy.ttl_s, chat.stream, lead,
-                              asked_at=self._clock())
+                              asked_at=self._clock(), states=states)
             lead = None   # owned by the capture from here on
             return Upstream("miss" if bypass is None else "bypass", capture)
         finally:
@@ -373,14 +381,32 @@ class CacheStage:
         return settings.semantic and len(prompt) <= self._rt.equivalence.max_prompt_chars
 
     async def _embed(self, prompt: str) -> np.ndarray | None:
+        return (await self._embed_states(prompt, False))[0]
+
+    async def _embed_states(self, prompt: str, with_states: bool) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """The prompt's vector and, when asked and the model has them, its token states."""
         if self._rt.embedder is None:
-            return None
+            return None, None
         try:
             with tracing.span("sluice.embed"):
-                return await self._rt.embedder.embed(prompt)
+                if not with_states:
+                    return await self._rt.embedder.embed(prompt), None
+                found = await self._rt.embedder.embed(prompt, with_states=True)
         except Exception as exc:   # EmbeddingUnavailable and anything else: skip the semantic tier
             self._metrics.embedding_skipped(type(exc).__name__)
-            return None
+            return None, None
+        return getattr(found, "vector", found), getattr(found, "states", None)
+
+    def _wants_states(self, checks: EquivalenceSettings) -> bool:
+        """Whether this route's verifier reads token states (then the embedder returns them
+        and stored entries keep them)."""
+        return (checks.max_false_hit_rate > 0 and self._rt.token_states is not None
+                and load_verifier().needs_states)
+
+    def keep_states(self, scope: str, key: str, states: np.ndarray | None) -> None:
+        """Keeps a stored prompt's token states for later candidates (TokenStates)."""
+        if states is not None and self._rt.token_states is not None:
+            self._rt.token_states.put(scope, key, states)
 
     async def lookup(self, scope: str, key: str, prompt: str, settings: RouteCache) -> Lookup:
         """The cache's decision for a prompt in its scope: exact tier, then the nearest stored
@@ -390,24 +416,29 @@ class CacheStage:
             return Lookup("exact", "exact", entry, 1.0)
         if not self._semantic(settings, prompt):
             return Lookup(None, "no_semantic_tier" if not settings.semantic else "too_long")
-        vector = await self._embed(prompt)
+        checks = self._checks(settings.policy)
+        wants_states = self._wants_states(checks)
+        vector, states = await self._embed_states(prompt, wants_states)
         if vector is None:
             return Lookup(None, "embedding_unavailable")
-        checks = self._checks(settings.policy)
         neighbour = await self._rt.store.nearest(scope, vector, candidate_floor(checks))
         if neighbour is None:
-            return Lookup(None, "below_threshold", vector=vector)
+            return Lookup(None, "below_threshold", vector=vector, states=states)
         if neighbour.entry.entry_id == key:       # stored while this request was embedding
             if self._reported(scope, neighbour.entry, key):
-                return Lookup(None, "reported_false_hit", neighbour.entry, vector=vector)
-            return Lookup("exact", "exact", neighbour.entry, 1.0, vector)
-        verdict = checked_same_question(neighbour.entry.prompt, prompt, neighbour.similarity, checks)
+                return Lookup(None, "reported_false_hit", neighbour.entry, vector=vector, states=states)
+            return Lookup("exact", "exact", neighbour.entry, 1.0, vector, states=states)
+        layer_states = None
+        if wants_states:    # the stored prompt's, kept when it was stored, and this prompt's
+            layer_states = (self._rt.token_states.get(scope, neighbour.entry.entry_id), states)
+        verdict = checked_same_question(neighbour.entry.prompt, prompt, neighbour.similarity, checks,
+                                        layer_states)
         if verdict.hit and await self._rt.false_hits.known(
                 scope, pair_id(neighbour.entry.entry_id, neighbour.entry.stored_at, key)):
             verdict = Verdict(False, "reported_false_hit", verdict.score)
         self._metrics.semantic_verdict(verdict.reason)
         return Lookup("semantic" if verdict.hit else None, verdict.reason, neighbour.entry,
-                      neighbour.similarity, vector, verdict.score)
+                      neighbour.similarity, vector, verdict.score, states)
 
     def _checks(self, policy: CachePolicy) -> EquivalenceSettings:
         """The sidecar's same-question settings with the route's threshold and false-hit rate."""
@@ -546,6 +577,8 @@ class CacheStage:
         task = asyncio.get_running_loop().create_task(self._rt.store.put(
             capture.scope, capture.key, capture.prompt, capture.vector, payload, capture.ttl_s,
             asked_at=capture.asked_at))
+        if capture.vector is not None:
+            self.keep_states(capture.scope, capture.key, capture.states)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         self._metrics.stored(ctx.route_name)

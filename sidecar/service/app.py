@@ -88,11 +88,13 @@ def build(config: SidecarConfig) -> App:
         false_hits = MemoryFalseHits(budget.false_hits)
         closers = [store]
     memo_pool = BytePool(budget.memos)
-    _export_memory(budget, store, memo_pool)
+    from sidecar.cache.token_states import TokenStates
+    token_states = TokenStates(budget.token_states)
+    _export_memory(budget, store, memo_pool, token_states)
     from sidecar.guard.embeddings import SharedEmbeddings
     shared_embedder = None if embedder is None else SharedEmbeddings(embedder)
     runtime = CacheRuntime(store=store, inflight=inflight, embedder=shared_embedder, secret=secret,
-                           false_hits=false_hits, memo_pool=memo_pool)
+                           false_hits=false_hits, memo_pool=memo_pool, token_states=token_states)
     return App(Pipeline(routing, CacheStage(runtime), _guard(shared_embedder)), embedder, closers,
                scheduler=routing.scheduler, store=store)
 
@@ -136,13 +138,14 @@ def _budget(config: SidecarConfig):
     return CacheBudget(int(config.cache_max_mib * 2**20))
 
 
-def _export_memory(budget, store, memo_pool) -> None:
+def _export_memory(budget, store, memo_pool, token_states) -> None:
     """sluice_cache_memory_bytes and its budget, by part, read at each scrape."""
     from sidecar.observability import metrics
     from sidecar.cache.equivalence import cached_profile_bytes
     for part, held, share in (("store", lambda: store.nbytes, budget.store),
                               ("profiles", cached_profile_bytes, budget.profiles),
-                              ("memos", lambda: memo_pool.used, budget.memos)):
+                              ("memos", lambda: memo_pool.used, budget.memos),
+                              ("token_states", lambda: token_states.nbytes, budget.token_states)):
         metrics.CACHE_MEMORY.labels(part).set_function(held)
         metrics.CACHE_MEMORY_BUDGET.labels(part).set(share)
 

@@ -43,7 +43,9 @@ def add_subcommands(subparsers) -> None:
 
 async def _run(args) -> int:
     from sidecar.cache.answer import CachedAnswer
+    from sidecar.cache.budget import DEFAULT_BUDGET_BYTES, CacheBudget
     from sidecar.cache.inflight import InFlight
+    from sidecar.cache.token_states import TokenStates
     from sidecar.cache.memory_store import MemoryStore
     from sidecar.cache.policy import cache_decision
     from sidecar.cache.scope import exact_key, prompt_text, scope_for
@@ -86,8 +88,8 @@ async def _run(args) -> int:
         except (ValueError, KeyError, TypeError) as exc:
             print(json.dumps({"error": f"line {line_number}: {exc}"}), flush=True)
             continue
-        stage = CacheStage(CacheRuntime(store=MemoryStore(), inflight=InFlight(),
-                                                      embedder=embedder))
+        stage = CacheStage(CacheRuntime(store=MemoryStore(), inflight=InFlight(), embedder=embedder,
+                                        token_states=TokenStates(CacheBudget(DEFAULT_BUDGET_BYTES).token_states)))
         chat_a, chat_b = (ChatRequest(model=args.model, messages=({"role": "user", "content": text},))
                           for text in (a, b))
         verdict = (await _check(stage, settings, chat_a, chat_b, headers, answer,
@@ -157,8 +159,10 @@ async def _check(stage, settings, chat_a, chat_b, headers, answer,
         return {"hit": False, "tier": None, "similarity": None, "reason": bypass.reason, "score": None}
     scope = scope_for(chat_a, headers, policy, stage._rt.secret)
     prompt_a, prompt_b = prompt_text(chat_a), prompt_text(chat_b)
-    vector_a = await stage._embed(prompt_a) if settings.semantic else None
+    vector_a, states_a = (await stage._embed_states(prompt_a, stage._wants_states(stage._checks(policy)))
+                          if settings.semantic else (None, None))
     await stage._rt.store.put(scope.key, exact_key(scope, prompt_a), prompt_a, vector_a, answer, policy.ttl_s)
+    stage.keep_states(scope.key, exact_key(scope, prompt_a), states_a)
     found = await stage.lookup(scope.key, exact_key(scope, prompt_b), prompt_b, settings)
     similarity = found.similarity
     if similarity is None and vector_a is not None and found.vector is not None:

@@ -38,6 +38,8 @@ ROUTES = [
     cached_route("nosemantic", "/nosemantic/", "upstream_a", {"semantic": False}),
     cached_route("slow", "/slow/", "upstream_b"),           # dedup tests tune upstream b
     cached_route("flaky", "/flaky/", "upstream_c"),         # failure tests tune upstream c
+    # The learned verifier decides semantic hits, with token alignment (docs/semantic-verifier-experiments.md).
+    cached_route("verified", "/verified/", "upstream_a", {"max_false_hit_rate": 0.02}),
     cached_route("chat", "/", "upstream_a"),
 ]
 
@@ -54,6 +56,12 @@ def fast_upstreams(stack):
     yield
     for name in ("a", "b", "c"):
         configure(stack, name, **FAST)
+
+
+# Today's checks serve the exchanged one (cosine 0.994); the verifier scores it 0.04.
+VERIFIED_STORED = "Is every square a rectangle?"
+VERIFIED_REWORDING = "Is every square also a rectangle?"
+VERIFIED_EXCHANGED = "Is every rectangle a square?"
 
 
 # --- helpers ------------------------------------------------------------------------------
@@ -233,6 +241,26 @@ def test_near_question_with_other_numbers_is_not_a_hit(stack):
     assert requests_of(stack, "a") - before == 2
     # Each is still an exact hit for itself.
     assert status(ask(c, "What is 15% of 90?")[2]) == "exact"
+
+
+def test_a_route_with_a_false_hit_rate_serves_a_rewording_and_not_two_things_exchanged(stack):
+    """The verifier reads both prompts' token states: the new one's from its embedding run, the
+    stored one's kept with its entry. None may be missing on one replica."""
+    c = sdk(stack, "key-verified", "/verified/v1")
+    before, stored = requests_of(stack, "a"), metric(stack, "sluice_cache_stored_total", route="verified")
+    checks = "sluice_cache_semantic_checks_total"
+    rejected, missing = metric(stack, checks, reason="verifier_rejected"), metric(stack, checks, reason="verifier_no_states")
+    original, _, headers = ask(c, VERIFIED_STORED)
+    assert status(headers) == "miss"
+    wait_stored(stack, "verified", stored + 1)
+    content, _, headers = ask(c, VERIFIED_REWORDING)
+    assert status(headers) == "semantic", dict(headers)
+    assert content == original
+    _, _, headers = ask(c, VERIFIED_EXCHANGED)
+    assert status(headers) == "miss"
+    assert metric(stack, checks, reason="verifier_rejected") == rejected + 1
+    assert metric(stack, checks, reason="verifier_no_states") == missing
+    assert requests_of(stack, "a") - before == 2
 
 
 def test_semantic_tier_off_on_route(stack):

@@ -1020,7 +1020,8 @@ async def test_the_sidecar_exports_what_its_cache_holds_against_each_share_of_th
     from sidecar.cache.budget import CacheBudget
     app = build(SidecarConfig(semantic=False, cache_max_mib=64))
     budget = CacheBudget(64 * 2**20)
-    for part, share in (("store", budget.store), ("profiles", budget.profiles), ("memos", budget.memos)):
+    for part, share in (("store", budget.store), ("profiles", budget.profiles), ("memos", budget.memos),
+                        ("token_states", budget.token_states)):
         assert _metric("sluice_cache_memory_budget_bytes", {"part": part}) == share
     held = _metric("sluice_cache_memory_bytes", {"part": "store"})
     await app.store.put("t", "k", "p", unit(1), b"a" * 10_000, ttl_s=60)

@@ -5,17 +5,33 @@ import json
 import numpy as np
 import pytest
 
+from sidecar.cache.alignment import ALIGN_FEATURES
 from sidecar.cache.equivalence import EquivalenceSettings, disagreements
 from sidecar.cache.same_question import candidate_floor, same_question
 from sidecar.cache.policy import CachePolicy
-from sidecar.cache.verifier import FEATURES, MODEL_PATH, Calibration, Verifier, features, load_verifier
+from sidecar.cache.verifier import FEATURES, MODEL_PATH, Calibration, NoStates, Verifier, features, load_verifier
 
 ON = EquivalenceSettings(max_false_hit_rate=0.01)
 
 
+@pytest.fixture(scope="module")
+def encoder():
+    from sidecar.embedding import EmbeddingSettings
+    from sidecar.embedding.loader import load
+    return load(EmbeddingSettings(provider="cpu")).encoder
+
+
+def verdict(encoder, a, b, settings):
+    """same_question with the prompts' cosine and token states from the served engine, as the
+    sidecar has them (a made-up cosine with real states is a pair the model never sees)."""
+    (va, vb), (sa, sb) = encoder.run_with_states([encoder.tokenize(a), encoder.tokenize(b)])
+    return same_question(a, b, float(va @ vb), settings, layer_states=(sa, sb))
+
+
 def test_the_shipped_model_matches_the_code_and_its_budget():
     model = json.loads(MODEL_PATH.read_text())
-    assert tuple(model["features"]) == FEATURES
+    assert tuple(model["features"]) == FEATURES + ALIGN_FEATURES
+    assert load_verifier().needs_states
     assert MODEL_PATH.stat().st_size < 5 * 1024 * 1024
     verifier = load_verifier()
     assert 0.0 < verifier.floor < 0.93
@@ -38,6 +54,32 @@ def test_trees_route_on_their_splits():
         Verifier({**stump, "features": ["cosine"]})
 
 
+def test_a_model_whose_features_this_code_cannot_compute_is_refused_at_load():
+    stump = {"features": list(FEATURES), "base": 0.0, "depth": 1, "floor": 0.5,
+             "trees": [{"feature": [0], "split": [0.5], "leaf": [-2.0, 2.0]}],
+             "calibration": {"rates": [0.01], "thresholds": [0.9]}}
+    assert not Verifier(stump).needs_states
+    assert Verifier({**stump, "features": list(FEATURES + ALIGN_FEATURES)}).needs_states
+    with pytest.raises(ValueError, match="unknown: cross_attention"):
+        Verifier({**stump, "features": list(FEATURES) + ["cross_attention"]})
+    with pytest.raises(ValueError, match="order or subset"):
+        Verifier({**stump, "features": list(ALIGN_FEATURES + FEATURES)})
+
+
+def test_a_verifier_that_reads_token_states_never_decides_without_them(encoder):
+    verifier = load_verifier()
+    a, b = "How do I reset my password?", "How can I reset my password?"
+    with pytest.raises(NoStates):
+        verifier.row(a, b, 0.99)
+    _, (sa, sb) = encoder.run_with_states([encoder.tokenize(a), encoder.tokenize(b)])
+    with pytest.raises(NoStates):
+        verifier.row(a, b, 0.99, states=(sa, None))
+    assert verifier.row(a, b, 0.99, states=(sa, sb)).shape == (len(FEATURES) + len(ALIGN_FEATURES),)
+    for states in (None, (None, sb), (sa, None)):
+        missing = same_question(a, b, 0.99, ON, layer_states=states)
+        assert not missing.hit and missing.reason == "verifier_no_states" and missing.score is None
+
+
 def test_calibration_never_looser_than_asked():
     cal = Calibration((0.005, 0.01, 0.05), (0.95, 0.9, 0.7))
     assert cal.threshold(0.0001) == 0.95
@@ -55,14 +97,15 @@ def test_features_are_symmetric_and_see_what_cosine_cannot():
     assert opposite["opposite_words"] == 1
 
 
-def test_same_question_with_the_verifier():
+def test_same_question_with_the_verifier(encoder):
     rewording = ("How do I reset my password?", "How can I reset my password?")
-    verdict = same_question(*rewording, 0.99, ON)
-    assert 0.0 <= verdict.score <= 1.0
-    assert verdict.hit == (verdict.score >= load_verifier().threshold(0.01))
-    assert verdict.reason == ("ok" if verdict.hit else "verifier_rejected")
-    other = same_question("how to cook rice", "how to cook pasta", 0.99, ON)
-    assert not other.hit and other.score < verdict.score
+    found = verdict(encoder, *rewording, ON)
+    assert 0.0 <= found.score <= 1.0
+    assert found.hit == (found.score >= load_verifier().threshold(0.01))
+    assert found.reason == ("ok" if found.hit else "verifier_rejected")
+    near_miss = ("How do I make a cup of green tea?", "How do I make a cup of black tea?")
+    other = verdict(encoder, *near_miss, ON)
+    assert not other.hit and other.score < found.score
     assert same_question(*rewording, 0.99, EquivalenceSettings()).score is None     # off: no score
     floor = load_verifier().floor
     below = same_question(*rewording, floor - 0.01, ON)
@@ -72,9 +115,9 @@ def test_same_question_with_the_verifier():
                            dataclasses.replace(ON, verifier_vetoes=("numbers",)))
     assert not vetoed.hit and vetoed.reason == "numbers_differ" and vetoed.score is None
     # A stricter rate never serves what a looser one refuses.
-    for a, b in (rewording, ("how to cook rice", "how to cook pasta")):
-        strict = same_question(a, b, 0.95, dataclasses.replace(ON, max_false_hit_rate=0.002))
-        loose = same_question(a, b, 0.95, dataclasses.replace(ON, max_false_hit_rate=0.1))
+    for a, b in (rewording, near_miss, ("Can you explain what a black hole is?", "Explain what a black hole is.")):
+        strict = verdict(encoder, a, b, dataclasses.replace(ON, max_false_hit_rate=0.002))
+        loose = verdict(encoder, a, b, dataclasses.replace(ON, max_false_hit_rate=0.1))
         assert loose.hit or not strict.hit
     assert candidate_floor(ON) == floor and candidate_floor(EquivalenceSettings()) == 0.93
 
