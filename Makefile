@@ -7,7 +7,7 @@ GEN     := sidecar/gen/.stamp
 MODEL   := build/models/.stamp
 PROTOS  := $(wildcard proto/sluice/v1/*.proto)
 
-.PHONY: all run test test-fast proto bench bench-overhead bench-embed bench-decode bench-route bench-overload bench-cache bench-cache-memory bench-index bench-instructions model-fp16 gpu-check docs lint system-deps clean fuzz chaos eval-guard bench-guard-cost guard-model eval-semantic ablate-checks verifier-model
+.PHONY: all run test test-fast proto bench bench-overhead bench-embed bench-decode bench-route bench-overload bench-cache bench-cache-memory bench-verifier bench-index bench-instructions model-fp16 gpu-check docs lint system-deps clean fuzz chaos eval-guard bench-guard-cost guard-model eval-semantic ablate-checks verifier-model
 
 all: $(STAMP) $(GEN) $(MODEL)
 
@@ -72,6 +72,10 @@ bench-cache: all system-deps
 
 bench-cache-memory: all
 	$(BIN)/python -m bench.cache_memory
+
+# What the token-alignment verifier costs: states with the vector, recomputed, kept (reports/verifier_states.json).
+bench-verifier: all
+	$(BIN)/python -m bench.verifier_states
 
 # Faults under load through the real stack (issue 18's table): CHAOS_ARGS="--duration 20 --only redis".
 chaos: all system-deps
