@@ -161,13 +161,16 @@ def time_verdicts(pairs: list[dict], cos: np.ndarray, rate: float, n: int = 300)
 
 def rss_at_start() -> dict:
     """RSS of a fresh process that loads the embedding model and the verifier, as the sidecar does."""
-    code = ("import resource;from sidecar.embedding import EmbeddingSettings;from sidecar.embedding.loader import load;"
-            "m=load(EmbeddingSettings.from_env());m.encoder.encode_iter(['warm up']);"
-            "a=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss;"
-            "from sidecar.cache.verifier import load_verifier;v=load_verifier();"
+    # VmHWM, not ru_maxrss: the latter keeps the parent's peak across fork and exec, and this
+    # script's own peak (the token states of every pair) is far above the sidecar's.
+    code = ("import re;from sidecar.embedding import EmbeddingSettings;from sidecar.embedding.loader import load;"
+            "hwm=lambda:int(re.search(r'VmHWM:\\s+(\\d+)',open('/proc/self/status').read()).group(1));"
+            "m=load(EmbeddingSettings.from_env());e=m.encoder;"
+            "v,(sa,sb)=e.run_with_states([e.tokenize('a b c'),e.tokenize('a b d')]);a=hwm();"
+            "from sidecar.cache.verifier import load_verifier;load_verifier();"
             "from sidecar.cache.equivalence import EquivalenceSettings;from sidecar.cache.same_question import same_question;"
-            "same_question('a b c','a b d',0.99,EquivalenceSettings(max_false_hit_rate=0.01));"
-            "b=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss;print(a,b)")
+            "same_question('a b c','a b d',0.99,EquivalenceSettings(max_false_hit_rate=0.01),layer_states=(sa,sb));"
+            "b=hwm();print(a,b)")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
     try:
         before, after = (int(v) for v in out.stdout.split()[-2:])
@@ -235,6 +238,7 @@ def main(argv=None) -> int:
                         for t in (0.6, 0.7, 0.75, 0.8, 0.85, 0.9, 0.93)}
     report = {
         "model": {"version": verifier.version, "floor": verifier.floor, "trees": len(verifier.leaf),
+                  "features": list(verifier.features),
                   "depth": verifier.depth, "calibration": dict(zip(verifier.calibration.rates,
                                                                    verifier.calibration.thresholds)),
                   "bytes": (ROOT / "sidecar" / "models" / "verifier.json").stat().st_size},

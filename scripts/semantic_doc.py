@@ -77,12 +77,18 @@ def markdown(report: dict) -> str:
         "### The model",
         "",
         f"Gradient-boosted trees ({m['trees']} trees of depth {m['depth']}, {m['bytes'] // 1024} KiB of JSON, "
-        "`sidecar/models/verifier.json`, version " + f"`{m['version']}`) over 23 features of the pair: the "
+        "`sidecar/models/verifier.json`, version " + f"`{m['version']}`) over "
+        f"{len(m.get('features', [])) or 23} features of the pair: the "
         "cosine; what each lexical check finds (numbers, negation, question word, polar words, names, "
         "word order, operators, tense, quantifiers, case, last sentence), as features rather than vetoes; "
         "content words only one side has; word, content-word and character-trigram overlap; lengths; "
-        "opposite words from `sidecar/models/verifier-words.json`; the same words exchanged. No model run: "
-        "the embedding's cosine is the only model output it reads.",
+        "opposite words from `sidecar/models/verifier-words.json`; the same words exchanged"
+        + (". And four token-alignment features (`sidecar/cache/alignment.py`): the greedy matching of the "
+           "two prompts' token states after MiniLM's first four layers, which the embedding run returns "
+           "beside the vector; a stored prompt's are kept with its entry "
+           "([semantic-verifier-experiments.md](semantic-verifier-experiments.md), section 2)."
+           if any(f.startswith("align_") for f in m.get("features", []))
+           else ". No model run: the embedding's cosine is the only model output it reads."),
         "",
         "Trained by `scripts/train_verifier.py` (deterministic, numpy only, seconds once the embeddings are "
         "cached) **only on pairs the project owns**: `scripts/gen_semantic_pairs.py` renders the frames in "
@@ -163,7 +169,8 @@ def markdown(report: dict) -> str:
                   f"p50** ({v['new_prompts']['p99_us']:.0f} µs p99) when neither prompt was seen before, "
                   f"{v['cached_profiles']['p50_us']:.0f} µs p50 once the stored prompt's profile is cached; the "
                   f"trees alone, batched: {v['batched_trees_us_per_pair']} µs a pair. No model run is added: "
-                  "the cosine comes from the embedding the semantic tier computes anyway. Goal: ≤ 3 ms p50.",
+                  "the cosine and the new prompt's token states come from the embedding the semantic tier "
+                  "computes anyway, the stored prompt's from its entry. Goal: ≤ 3 ms p50.",
                   ""]
         if "error" in rss:
             lines.append(f"RSS: not measured ({rss['error']}).")
@@ -172,21 +179,20 @@ def markdown(report: dict) -> str:
                          f"{rss['embedder_mib']} MiB; with the verifier loaded and one verdict: "
                          f"{rss['with_verifier_mib']} MiB (+{rss['verifier_mib']} MiB). Goal: ≤ 350 MB with both.")
     lines += ["", "## Caveats", "",
-              "- The verifier reads the two texts and one cosine. A rewording with other content words "
-              "(plain synonyms, a question made an instruction) and a near-miss with one swapped noun look "
-              "alike to these features; telling them apart needs the words' meaning in context (the "
-              "top-layer cross-encoder the issue proposes), which this model does not have.",
-              "- Not built: the DeFormer-style cross-encoder (MiniLM's lower layers per text, its top one "
-              "or two layers fine-tuned jointly on the pair). It needs the engine to hand back lower-layer "
-              "token states and a torch training run; the boosted trees above are the cheap baseline it "
-              "has to beat. Trees of depth 2 to 4 and 300 to 600 rounds were tried on the calibration "
+              "- The verifier reads the two texts, one cosine and how well each token of one prompt finds a "
+              "partner in the other. A rewording with other content words (plain synonyms, a question made "
+              "an instruction) and a near-miss with one swapped noun still look alike to these features; "
+              "telling them apart needs the words' meaning in context.",
+              "- The DeFormer-style cross-encoder (MiniLM's lower layers per text, its top two layers "
+              "fine-tuned jointly on the pair) was built and measured worse than the trees "
+              "([semantic-verifier-experiments.md](semantic-verifier-experiments.md), section 1). Trees of depth 2 to 4 and 300 to 600 rounds were tried on the calibration "
               "sets and differ by a few points of recall at a 1% false-hit rate; the cosine alone, at a "
               "1% false-hit rate on the generator's held-out frames, keeps 2% of their rewordings, the "
               "trees about 25%.",
               "- The verifier's precision on the paraphrase sets is below today's at every rate: it is "
               "trained on chat prompts only (their licences forbid training on them), and news sentences "
               "that add a clause or a name look to it like chat rewordings that add a filler.",
-              "- The RSS figure is the process's peak (ru_maxrss), which includes building the ONNX "
+              "- The RSS figure is the process's peak (VmHWM), which includes building the ONNX "
               "session; the verifier's trees and word list add well under 1 MiB.",
               "- The generator's held-out frames share its style and word lists; their figures are the "
               "optimistic bound. `chat` is the figure to quote for chat traffic.",
