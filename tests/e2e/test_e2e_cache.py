@@ -58,10 +58,11 @@ def fast_upstreams(stack):
         configure(stack, name, **FAST)
 
 
-# Today's checks serve the exchanged one (cosine 0.994); the verifier scores it 0.04.
-VERIFIED_STORED = "Is every square a rectangle?"
-VERIFIED_REWORDING = "Is every square also a rectangle?"
-VERIFIED_EXCHANGED = "Is every rectangle a square?"
+# Today's checks serve the exchanged one (cosine 0.987); the verifier scores it 0.17 and the
+# rewording 0.99.
+VERIFIED_STORED = "Can you explain how a star becomes a black hole?"
+VERIFIED_REWORDING = "Explain how a star becomes a black hole."
+VERIFIED_EXCHANGED = "Can you explain how a black hole becomes a star?"
 
 
 # --- helpers ------------------------------------------------------------------------------
