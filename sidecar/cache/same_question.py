@@ -9,6 +9,9 @@ say no. Pure but for the verifier's model, loaded once.
 
 from __future__ import annotations
 
+import re
+import unicodedata
+
 from sidecar.cache.alignment import unaligned
 from sidecar.cache.equivalence import CHECK_ORDER, EquivalenceSettings, Verdict, disagreements, requirement
 from sidecar.cache.verifier import NoStates, load_verifier
@@ -29,6 +32,8 @@ def same_question(a_text: str, b_text: str, cosine: float,
     reads them (without them: a miss, "verifier_no_states").  The reason names the first
     check that said no, or "ok".
     """
+    if _unseen_difference(a_text, b_text, cosine):
+        return Verdict(False, "unseen_words")
     if settings.max_false_hit_rate > 0:
         return _verified(a_text, b_text, cosine, settings, layer_states)
     if cosine < settings.threshold:
@@ -42,6 +47,24 @@ def same_question(a_text: str, b_text: str, cosine: float,
         if unaligned(*token_states, settings.alignment_floor) > settings.max_unaligned_tokens:
             return Verdict(False, "alignment_differs")
     return Verdict(True, "ok")
+
+
+# Two different token sequences never embed this close (the nearest measured: 0.998, a
+# spelling variant); the same sequence always does.
+_SAME_VECTOR = 0.99999
+_WORD = re.compile(r"[^\W_]+")
+
+
+def _unseen_difference(a_text: str, b_text: str, cosine: float) -> bool:
+    """The vectors are the same but the words differ beyond case and accents (which the
+    model folds): the model saw no difference because it reads the differing words as
+    [UNK] (서울에서 부산까지 / 대구까지, 낮추는 / 높이는), so its cosine vouches for nothing."""
+    return cosine >= _SAME_VECTOR and _folded_words(a_text) != _folded_words(b_text)
+
+
+def _folded_words(text: str) -> list[str]:
+    decomposed = unicodedata.normalize("NFKD", text.casefold())
+    return _WORD.findall("".join(c for c in decomposed if not unicodedata.combining(c)))
 
 
 def candidate_floor(settings: EquivalenceSettings) -> float:

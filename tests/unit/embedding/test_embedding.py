@@ -169,6 +169,18 @@ async def test_text_the_model_mostly_cannot_read_is_not_embedded(model, text):
     await batcher.close()
 
 
+def test_words_the_model_reads_as_unknown_embed_alike(model):
+    """Why same_question refuses identical vectors for different words ("unseen_words"):
+    one [UNK] word among many known tokens stays under MAX_UNKNOWN_SHARE, and the two
+    prompts embed identically."""
+    from sidecar.cache.equivalence import EquivalenceSettings
+    from sidecar.cache.same_question import same_question
+    a, b = "서울에서 부산까지 KTX로 얼마나 걸려요?", "서울에서 대구까지 KTX로 얼마나 걸려요?"
+    cosine = float(alone(model, a) @ alone(model, b))
+    assert cosine > 0.99999
+    assert same_question(a, b, cosine, EquivalenceSettings()).reason == "unseen_words"
+
+
 async def test_a_megabyte_of_text_is_embedded_by_its_end_quickly(model):
     tail = " Given all of that, how do I reset my password?"
     text = ("Lorem ipsum dolor sit amet, consectetur adipiscing elit. " * 20_000)[:1_000_000] + tail
