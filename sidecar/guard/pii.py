@@ -17,8 +17,10 @@ import functools
 import ipaddress
 import math
 import re
+import tomllib
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Iterable
 
 import numpy as np
@@ -205,31 +207,32 @@ def _written_nationally(candidate: str, number) -> bool:
     return _NOT_DIGIT.sub("", national) == _NOT_DIGIT.sub("", candidate)
 
 
-_IPV4 = re.compile(r"\d(?<![A-Za-z0-9_.].)\d{0,2}\.(?:\d{1,3}\.){2}\d{1,3}(?![A-Za-z0-9_]|\.\d)")
-_IPV6 = re.compile(r"[0-9A-Fa-f:](?<![A-Za-z0-9_:].)[0-9A-Fa-f]{0,3}:?(?:[0-9A-Fa-f]{0,4}:){1,7}[0-9A-Fa-f]{0,4}(?![A-Za-z0-9_:])")
+# An IPv4 address, with its network's prefix length when it has one (10.0.0.0/8).
+_IPV4 = re.compile(r"\d(?<![A-Za-z0-9_.].)\d{0,2}\.(?:\d{1,3}\.){2}\d{1,3}(?:/\d{1,2})?(?![A-Za-z0-9_]|\.\d|-[A-Za-z])")
+# IPv6: full, compressed, ending in an IPv4 address (::ffff:192.0.2.1), with a zone (fe80::1%eth0)
+# and a prefix length (2001:db8::/32).
+_IPV6 = re.compile(r"[0-9A-Fa-f:](?<![A-Za-z0-9_:.].)[0-9A-Fa-f]{0,3}:?(?:[0-9A-Fa-f]{0,4}:){1,7}"
+                   r"(?:\d{1,3}(?:\.\d{1,3}){3}|[0-9A-Fa-f]{0,4})(?:%[A-Za-z0-9_]+)?(?:/\d{1,3})?(?![A-Za-z0-9_:]|\.\d)")
 
 
 def _ips(text: str, where: "Candidates") -> Iterable[Span]:
     for pattern, ranges in ((_IPV4, where.digits), (_IPV6, where.colons)):
         for m in _matches(pattern, text, ranges):
-            value = m.group()
-            if pattern is _IPV6 and value.count(":") < 3 and "::" not in value:
-                continue               # a time of day (12:30:45) or a ratio
+            value, _, length = m.group().partition("/")
+            if pattern is _IPV6 and (value.count(":") < 3 and "::" not in value or not any(c.isdigit() for c in value)):
+                continue               # a time of day (12:30:45), a ratio, a C++ scope (Ab::Cd)
             try:
-                ipaddress.ip_address(value)
+                address = ipaddress.ip_address(value)
             except ValueError:
                 continue
+            if length and int(length) > address.max_prefixlen:
+                continue
+            if pattern is _IPV4 and (value.startswith("0.") and value != "0.0.0.0" or _RULES.version_like(text, m.start())):
+                continue               # 0.x.y.z is no host's address; versions, sections and OIDs
             yield Span("ip", m.start(), m.end())
 
 
-# Tokens whose prefix names them: OpenAI, GitHub, AWS, Slack, Google, Stripe, GitLab, Hugging
-# Face, npm, JWTs.
-_KNOWN_SECRET = re.compile(
-    r"(?:sk-(?:proj-|ant-)?[A-Za-z0-9_-]{20,}|(?:ghp|gho|ghs|ghu|ghr)_[A-Za-z0-9]{30,}|github_pat_\w{30,}"
-    r"|(?:AKIA|ASIA)[0-9A-Z]{16}|xox[abposr]-[A-Za-z0-9-]{10,}|AIza[0-9A-Za-z_-]{35}"
-    r"|(?:sk|rk|pk)_(?:live|test)_[A-Za-z0-9]{16,}|glpat-[A-Za-z0-9_-]{20,}|hf_[A-Za-z0-9]{30,}|npm_[A-Za-z0-9]{36}"
-    r"|eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{4,}\.[A-Za-z0-9_-]{16,})(?![A-Za-z0-9_-])")
-# Any other long run of token characters; kept only when its characters look random.
+# Any long run of token characters that names no provider; kept only when its characters look random.
 _TOKEN = re.compile(r"[A-Za-z0-9+/_-](?<![A-Za-z0-9+/=_-].)[A-Za-z0-9+/_-]{31,99}={0,2}(?![A-Za-z0-9+/=_-])")
 _TOKEN_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
 DEFAULT_MIN_ENTROPY = 4.3   # bits per character; chosen on the dev split (reports/guard.json)
@@ -241,6 +244,11 @@ def entropy(value: str) -> float:
     return -sum(c / n * math.log2(c / n) for c in counts.values())
 
 
+def _mixed(token: str) -> bool:
+    """Hex (hashes, UUIDs) and one-case runs are ids, not credentials; a key mixes cases and digits."""
+    return any(c.islower() for c in token) and any(c.isupper() for c in token) and any(c.isdigit() for c in token)
+
+
 # Every secret lies in a run of token characters of 20 or more: the patterns above run only
 # inside such runs, rare in prose, instead of at every position of the text. (The lookbehind
 # starts a run only at its first character: a plain [...]{20,} reads each shorter word again
@@ -250,22 +258,162 @@ _RUN = re.compile(r"[A-Za-z0-9_.+/=-](?<![A-Za-z0-9_.+/=-].)[A-Za-z0-9_.+/=-]{19
 
 
 def _secrets(text: str, where: "Candidates", min_entropy: float) -> Iterable[Span]:
+    rules = _RULES
+    public = None                            # PEM blocks other than private keys
+    near = None                              # the patterns of the rules whose `near` is in the text
     for run in _matches(_RUN, text, where.runs):
         value, offset = run.group(), run.start()
-        known = [(m.start(), m.end()) for m in _KNOWN_SECRET.finditer(value)
-                 if m.start() == 0 or value[m.start() - 1] not in _TOKEN_CHARS]
+        known = []
+        for m in rules.known.finditer(value):
+            start, end = offset + m.start(), offset + m.end()
+            rule = rules.secret[int(m.lastgroup[1:])]
+            if rule.before is not None:
+                head = rule.before.search(text, max(0, start - 24), start)
+                if head is None:
+                    continue
+                start = head.start()
+            if rule.whole_field:
+                start, end = _field(text, start, end)
+            known.append((start, end))
+        if near is None:                     # once per text, at its first run
+            near = [rule.pattern for _, rule in rules.near if rule.near.search(text)]
+        for pattern in near:
+            known += [(offset + m.start(), offset + m.end()) for m in pattern.finditer(value)
+                      if _bounded(value, m.start(), m.end()) and _mixed(m.group())]
         for start, end in known:
-            yield Span("secret", offset + start, offset + end)
+            yield Span("secret", start, end)
+        if public is None:
+            public = _public_blocks(text)
+        if any(a <= offset < b for a, b in public) or text[max(0, offset - 28):offset].lower().endswith(rules.public_after):
+            continue                         # a certificate's lines, an image, an SSH public key
         for m in _TOKEN.finditer(value):
             token = m.group()
-            if any(s < m.end() and m.start() < e for s, e in known):
-                continue
-            # Hex (hashes, UUIDs) and one-case runs are ids, not credentials; a key mixes cases and digits.
-            if not (any(c.islower() for c in token) and any(c.isupper() for c in token) and any(c.isdigit() for c in token)):
+            if any(s < offset + m.end() and offset + m.start() < e for s, e in known) or not _mixed(token):
                 continue
             score = entropy(token)
             if score >= min_entropy:
                 yield Span("secret", offset + m.start(), offset + m.end(), round(score, 2))
+    yield from _assigned(text, rules)
+    yield from _url_passwords(text)
+
+
+_PEM = re.compile(r"-----BEGIN ([A-Z0-9 ]+)-----.*?(?:-----END \1-----|\Z)", re.DOTALL)
+
+
+def _public_blocks(text: str) -> list[tuple[int, int]]:
+    """PEM blocks that are not private keys: certificates, public keys, requests."""
+    if "-----BEGIN " not in text:
+        return []
+    return [m.span() for m in _PEM.finditer(text) if "PRIVATE" not in m.group(1)]
+
+
+def _bounded(value: str, start: int, end: int) -> bool:
+    return (start == 0 or value[start - 1] not in _TOKEN_CHARS) and (end == len(value) or value[end] not in _TOKEN_CHARS)
+
+
+_FIELD_END = re.compile(r"[^\s\"'<>`]*")
+
+
+def _field(text: str, start: int, end: int) -> tuple[int, int]:
+    """The whitespace- or quote-delimited field around text[start:end]."""
+    while start > 0 and not text[start - 1].isspace() and text[start - 1] not in "\"'<>`":
+        start -= 1
+    return start, _FIELD_END.match(text, end).end()
+
+
+# What follows a credential's name: an assignment in code, config, JSON or YAML, then the value.
+# (An Authorization header's scheme word stands before its credential.)
+_ASSIGNED = re.compile(r"[\w.-]*[\"']?\s{0,3}(?::=|=>|[:=：])\s{0,3}[\"'`]?(?:(?:Bearer|Basic|Token|token|bearer) +)?"
+                       r"([^\s\"'`<>,;(){}\[\]]+)")
+_SIGNS = frozenset("0123456789!@#$%^&*+=?~/|\\")
+
+
+def _assigned(text: str, rules: "PiiRules") -> Iterable[Span]:
+    """Values assigned to a name that says it is a credential (password=, "api_key": ...)."""
+    folded = text.lower()
+    if len(folded) != len(text):             # a few characters change length when folded
+        folded = "".join(c.lower()[0] for c in text)
+    for key in rules.assignment_keys:
+        at = folded.find(key)
+        while at >= 0:
+            m = _ASSIGNED.match(text, at + len(key))
+            if m is not None:
+                value = m.group(1).rstrip(".?:")    # a sentence's end is not part of the value
+                if (len(value) >= rules.assignment_min_length and any(c.isalpha() for c in value)
+                        and any(c in _SIGNS for c in value) and not value.startswith(("http", "$", "%", "process.", "os."))):
+                    yield Span("secret", m.start(1), m.start(1) + len(value))
+            at = folded.find(key, at + len(key))
+
+
+# A password in a URL's user information (postgres://app:s3cret@db:5432/prod).
+_URL_PASSWORD = re.compile(r"[A-Za-z][A-Za-z0-9+.-]{1,15}://[^\s:/@]*:([^\s/@<>{}$*]{1,128})@")
+
+
+def _url_passwords(text: str) -> Iterable[Span]:
+    at = text.find("@")
+    last = -1
+    while at >= 0:
+        slashes = text.rfind("://", max(last + 1, at - 200), at)
+        if slashes >= 0:
+            m = _URL_PASSWORD.search(text, max(last + 1, slashes - 16), at + 1)
+            if m is not None and m.end() == at + 1:
+                yield Span("secret", m.start(1), m.end(1))
+        last = at
+        at = text.find("@", at + 1)
+
+
+@dataclass(frozen=True)
+class SecretRule:
+    provider: str
+    pattern: re.Pattern
+    before: re.Pattern | None = None
+    near: re.Pattern | None = None
+    whole_field: bool = False
+
+
+@dataclass(frozen=True)
+class PiiRules:
+    """sidecar/guard/pii_rules.toml: the providers' token shapes, credential names, and the
+    words that make four dotted numbers a version or a section number."""
+    secret: tuple[SecretRule, ...]
+    known: re.Pattern                      # every rule without `near`, one group each (r<index>)
+    near: tuple[tuple[int, SecretRule], ...]
+    assignment_keys: tuple[str, ...]
+    assignment_min_length: int
+    ip_window: int
+    ip_not_after: tuple[str, ...]
+    public_after: tuple[str, ...]
+
+    @classmethod
+    def load(cls, path: Path) -> "PiiRules":
+        with path.open("rb") as handle:
+            data = tomllib.load(handle)
+        rules = tuple(SecretRule(r["provider"], re.compile(r["pattern"]),
+                                 re.compile(r["before"] + r"\Z") if "before" in r else None,
+                                 re.compile(r["near"]) if "near" in r else None, bool(r.get("whole_field")))
+                      for r in data["secret"])
+        known = "|".join(f"(?P<r{i}>{rule.pattern.pattern})" for i, rule in enumerate(rules) if rule.near is None)
+        return cls(rules, re.compile(f"(?<![A-Za-z0-9_-])(?:{known})(?![A-Za-z0-9_-])"),
+                   tuple((i, rule) for i, rule in enumerate(rules) if rule.near is not None),
+                   tuple(k.lower() for k in data["assignment"]["keys"]), int(data["assignment"]["min_length"]),
+                   int(data["ip"]["window"]), tuple(w.lower() for w in data["ip"]["not_after"]),
+                   tuple(w.lower() for w in data["public"]["after"]))
+
+    def version_like(self, text: str, start: int) -> bool:
+        """Whether a context word stands just before text[start] (\"version 1.2.3.4\", \"第4.2.1.3章\")."""
+        before = text[max(0, start - self.ip_window):start].lower().rstrip(" \t:#=(\"'")
+        for word in self.ip_not_after:
+            stem = before[:-1] if before.endswith("s") and not word.endswith("s") else before
+            for candidate in (before, stem):
+                if candidate.endswith(word):
+                    head = candidate[:-len(word)]
+                    # A word of letters stands on its own (not "item" in "system").
+                    if not (word[0].isascii() and word[0].isalpha() and head and head[-1].isalpha()):
+                        return True
+        return False
+
+
+_RULES = PiiRules.load(Path(__file__).with_name("pii_rules.toml"))
 
 
 _PRIVATE_KEY = re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----.*?(?:-----END [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----|\Z)",
