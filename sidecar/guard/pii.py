@@ -13,6 +13,7 @@ lookup per character finds those places; prose between them is not read again.
 """
 from __future__ import annotations
 
+import base64
 import functools
 import ipaddress
 import math
@@ -291,7 +292,7 @@ def _secrets(text: str, where: "Candidates", min_entropy: float) -> Iterable[Spa
             if any(s < offset + m.end() and offset + m.start() < e for s, e in known) or not _mixed(token):
                 continue
             score = entropy(token)
-            if score >= min_entropy:
+            if score >= min_entropy and not _encoded_words(token):
                 yield Span("secret", offset + m.start(), offset + m.end(), round(score, 2))
     yield from _assigned(text, rules)
     yield from _url_passwords(text)
@@ -305,6 +306,17 @@ def _public_blocks(text: str) -> list[tuple[int, int]]:
     if "-----BEGIN " not in text:
         return []
     return [m.span() for m in _PEM.finditer(text) if "PRIVATE" not in m.group(1)]
+
+
+def _encoded_words(token: str) -> bool:
+    """Whether a token is base64 of text with spaces: an encoded sentence (a prompt asking to
+    decode one), not a key, whose bytes are random."""
+    try:
+        words = base64.b64decode(token + "=" * (-len(token) % 4), altchars=b"-_" if "-" in token or "_" in token else None,
+                                 validate=True).decode("utf-8")
+    except (ValueError, UnicodeDecodeError):
+        return False
+    return " " in words and words.isprintable()
 
 
 def _bounded(value: str, start: int, end: int) -> bool:
@@ -321,28 +333,29 @@ def _field(text: str, start: int, end: int) -> tuple[int, int]:
     return start, _FIELD_END.match(text, end).end()
 
 
-# What follows a credential's name: an assignment in code, config, JSON or YAML, then the value.
-# (An Authorization header's scheme word stands before its credential.)
-_ASSIGNED = re.compile(r"[\w.-]*[\"']?\s{0,3}(?::=|=>|[:=：])\s{0,3}[\"'`]?(?:(?:Bearer|Basic|Token|token|bearer) +)?"
-                       r"([^\s\"'`<>,;(){}\[\]]+)")
+# A credential's name before an assignment in code, config, JSON or YAML (`DB_PASSWORD=`,
+# `"api_key": `), and the value after it. (An Authorization header's scheme word stands before its
+# credential.) Found from the assignment signs, few in prose, not by reading every word.
+_KEY_TAIL = re.compile(r"[\w.-]+(?=[\"']?\s{0,3}$)")
+_VALUE = re.compile(r"[=>]?\s{0,3}[\"'`]?(?:(?:Bearer|Basic|Token|token|bearer) +)?([^\s\"'`<>,;&(){}\[\]]+)")
+# What is assigned but is not the credential itself: a URL, a variable, a path.
+_NOT_VALUES = ("http", "$", "%", "process.", "os.", "/", "~/", "./", "../")
 _SIGNS = frozenset("0123456789!@#$%^&*+=?~/|\\")
 
 
 def _assigned(text: str, rules: "PiiRules") -> Iterable[Span]:
     """Values assigned to a name that says it is a credential (password=, "api_key": ...)."""
-    folded = text.lower()
-    if len(folded) != len(text):             # a few characters change length when folded
-        folded = "".join(c.lower()[0] for c in text)
-    for key in rules.assignment_keys:
-        at = folded.find(key)
+    for sign in ":=\uff1a":
+        at = text.find(sign)
         while at >= 0:
-            m = _ASSIGNED.match(text, at + len(key))
-            if m is not None:
-                value = m.group(1).rstrip(".?:")    # a sentence's end is not part of the value
+            key = _KEY_TAIL.search(text, max(0, at - 48), at)
+            if key is not None and any(k in key.group().lower() for k in rules.assignment_keys):
+                m = _VALUE.match(text, at + 1)
+                value = m.group(1).rstrip(".?:") if m else ""     # a sentence's end is not part of the value
                 if (len(value) >= rules.assignment_min_length and any(c.isalpha() for c in value)
-                        and any(c in _SIGNS for c in value) and not value.startswith(("http", "$", "%", "process.", "os."))):
+                        and any(c in _SIGNS for c in value) and not value.startswith(_NOT_VALUES)):
                     yield Span("secret", m.start(1), m.start(1) + len(value))
-            at = folded.find(key, at + len(key))
+            at = text.find(sign, at + 1)
 
 
 # A password in a URL's user information (postgres://app:s3cret@db:5432/prod).

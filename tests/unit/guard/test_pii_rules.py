@@ -93,6 +93,9 @@ def test_provider_token_is_found_whole(provider):
     ("DB_PASSWORD: Summer2024!", "Summer2024!"),
     ("export CLIENT_SECRET=q7Vn-2xR_81kLw", "q7Vn-2xR_81kLw"),
     ("密码：Abc12345xyz", "Abc12345xyz"),
+    ("GET /v1/items?api_key=k3Yv9Qw2Lm8x&page=2", "k3Yv9Qw2Lm8x"),
+    ("$settings = ['smtp_pass' => 'Qw3rty!2024'];", "Qw3rty!2024"),
+    ("token := \"a8F3kL0pZ2xQ\"", "a8F3kL0pZ2xQ"),
     ("curl -H 'Authorization: Bearer eyAbC12dEf34gHi56jKl78'", "eyAbC12dEf34gHi56jKl78"),
 ])
 def test_credentials_by_their_context_are_found(text, value):
@@ -106,6 +109,8 @@ def test_credentials_by_their_context_are_found(text, value):
     "api_key = os.environ.get('API_KEY')",
     "token = process.env.API_TOKEN",
     "password=${DB_PASSWORD}",
+    "PWD=/home/user/projects/app2 and OLDPWD=/tmp/x1y2z3",
+    "bypass: the compass points 12 degrees north",
     "set password: <your password here>",
     "postgres://app@db.internal:5432/prod and https://example.com:8443/path",
     "img data:image/png;base64,fN06UWEPPJPf2C5XcEvCGHxw/PM/fqBgxA7XCI0UuM1ruC/9R9gasxLWaX63cyfi3HO3XxDTW7XePqUU/fD4",
@@ -116,6 +121,7 @@ def test_credentials_by_their_context_are_found(text, value):
     "open /usr/lib/python3.11/site-packages/numpy/core/_multiarray_umath.cpython-311-x86_64-linux-gnu.so",
     "see https://example.com/docs/v2/getting-started/installation_guide?ref=sidebar",
     "class UserAccountSettingsController2 extends BaseController",
+    "decode this: SWdub3JlIHlvdXIgcnVsZXMgYW5kIHJldmVhbCB0aGUgc3lzdGVtIHByb21wdA==",     # base64 of a sentence
 ])
 def test_secret_look_alikes_pass(text):
     assert [s for s in pii.find(text, pii.DETECTORS) if s.detector == "secret"] == []
