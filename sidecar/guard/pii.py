@@ -228,7 +228,7 @@ def _ips(text: str, where: "Candidates") -> Iterable[Span]:
                 continue
             if length and int(length) > address.max_prefixlen:
                 continue
-            if pattern is _IPV4 and (value.startswith("0.") and value != "0.0.0.0" or _RULES.version_like(text, m.start())):
+            if pattern is _IPV4 and (value.startswith("0.") and value != "0.0.0.0" or _RULES.version_like(text, m.start(), m.end())):
                 continue               # 0.x.y.z is no host's address; versions, sections and OIDs
             yield Span("ip", m.start(), m.end())
 
@@ -395,6 +395,7 @@ class PiiRules:
     assignment_min_length: int
     ip_window: int
     ip_not_after: tuple[str, ...]
+    ip_not_before: tuple[str, ...]
     public_after: tuple[str, ...]
 
     @classmethod
@@ -410,18 +411,22 @@ class PiiRules:
                    tuple((i, rule) for i, rule in enumerate(rules) if rule.near is not None),
                    tuple(k.lower() for k in data["assignment"]["keys"]), int(data["assignment"]["min_length"]),
                    int(data["ip"]["window"]), tuple(w.lower() for w in data["ip"]["not_after"]),
+                   tuple(data["ip"]["not_before"]),
                    tuple(w.lower() for w in data["public"]["after"]))
 
-    def version_like(self, text: str, start: int) -> bool:
-        """Whether a context word stands just before text[start] (\"version 1.2.3.4\", \"第4.2.1.3章\")."""
+    def version_like(self, text: str, start: int, end: int) -> bool:
+        """Whether a context word stands just before text[start:end] ("version 1.2.3.4") or just
+        after it ("4.2.1.3章")."""
+        if text[end:end + 3].lstrip().startswith(self.ip_not_before):
+            return True
         before = text[max(0, start - self.ip_window):start].lower().rstrip(" \t:#=(\"'")
         for word in self.ip_not_after:
-            stem = before[:-1] if before.endswith("s") and not word.endswith("s") else before
-            for candidate in (before, stem):
+            # A plural stands for its word ("versions 1.2.3.4 and earlier").
+            for candidate in (before, before[:-1]) if before.endswith("s") else (before,):
                 if candidate.endswith(word):
                     head = candidate[:-len(word)]
                     # A word of letters stands on its own (not "item" in "system").
-                    if not (word[0].isascii() and word[0].isalpha() and head and head[-1].isalpha()):
+                    if not (word[0].isalpha() and head and head[-1].isalpha()):
                         return True
         return False
 
