@@ -267,15 +267,14 @@ def _secrets(text: str, where: "Candidates", min_entropy: float) -> Iterable[Spa
         known = []
         for m in rules.known.finditer(value):
             start, end = offset + m.start(), offset + m.end()
-            rule = rules.secret[int(m.lastgroup[1:])]
-            if rule.before is not None:
-                head = rule.before.search(text, max(0, start - 24), start)
-                if head is None:
-                    continue
-                start = head.start()
-            if rule.whole_field:
+            if rules.secret[int(m.lastgroup[1:])].whole_field:
                 start, end = _field(text, start, end)
             known.append((start, end))
+        for rule in rules.before:                 # the run starts where its head ends
+            head = rule.before.search(text, max(0, offset - 24), offset)
+            m = rule.pattern.fullmatch(value) if head is not None else None
+            if m is not None and _mixed(value):   # a generic body: only a random-looking one
+                known.append((head.start(), offset + m.end()))
         if near is None:                     # once per text, at its first run
             near = [rule.pattern for _, rule in rules.near if rule.near.search(text)]
         for pattern in near:
@@ -389,8 +388,9 @@ class PiiRules:
     """sidecar/guard/pii_rules.toml: the providers' token shapes, credential names, and the
     words that make four dotted numbers a version or a section number."""
     secret: tuple[SecretRule, ...]
-    known: re.Pattern                      # every rule without `near`, one group each (r<index>)
+    known: re.Pattern                      # the rules without `near` or `before`, one group each (r<index>)
     near: tuple[tuple[int, SecretRule], ...]
+    before: tuple[SecretRule, ...]
     assignment_keys: tuple[str, ...]
     assignment_min_length: int
     ip_window: int
@@ -406,9 +406,11 @@ class PiiRules:
                                  re.compile(r["before"] + r"\Z") if "before" in r else None,
                                  re.compile(r["near"]) if "near" in r else None, bool(r.get("whole_field")))
                       for r in data["secret"])
-        known = "|".join(f"(?P<r{i}>{rule.pattern.pattern})" for i, rule in enumerate(rules) if rule.near is None)
+        known = "|".join(f"(?P<r{i}>{rule.pattern.pattern})" for i, rule in enumerate(rules)
+                         if rule.near is None and rule.before is None)
         return cls(rules, re.compile(f"(?<![A-Za-z0-9_-])(?:{known})(?![A-Za-z0-9_-])"),
                    tuple((i, rule) for i, rule in enumerate(rules) if rule.near is not None),
+                   tuple(rule for rule in rules if rule.before is not None),
                    tuple(k.lower() for k in data["assignment"]["keys"]), int(data["assignment"]["min_length"]),
                    int(data["ip"]["window"]), tuple(w.lower() for w in data["ip"]["not_after"]),
                    tuple(data["ip"]["not_before"]),
