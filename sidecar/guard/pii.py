@@ -383,6 +383,9 @@ class SecretRule:
     whole_field: bool = False
 
 
+_WORDS = re.compile(r"\w+")
+
+
 @dataclass(frozen=True)
 class PiiRules:
     """sidecar/guard/pii_rules.toml: the providers' token shapes, credential names, and the
@@ -396,6 +399,7 @@ class PiiRules:
     ip_window: int
     ip_not_after: tuple[str, ...]
     ip_not_before: tuple[str, ...]
+    ip_address_words: frozenset[str]
     public_after: tuple[str, ...]
 
     @classmethod
@@ -413,7 +417,7 @@ class PiiRules:
                    tuple(rule for rule in rules if rule.before is not None),
                    tuple(k.lower() for k in data["assignment"]["keys"]), int(data["assignment"]["min_length"]),
                    int(data["ip"]["window"]), tuple(w.lower() for w in data["ip"]["not_after"]),
-                   tuple(data["ip"]["not_before"]),
+                   tuple(data["ip"]["not_before"]), frozenset(w.lower() for w in data["ip"]["address_words"]),
                    tuple(w.lower() for w in data["public"]["after"]))
 
     def version_like(self, text: str, start: int, end: int) -> bool:
@@ -430,7 +434,17 @@ class PiiRules:
                     # A word of letters stands on its own (not "item" in "system").
                     if not (word[0].isalpha() and head and head[-1].isalpha()):
                         return True
+        for word in reversed(_WORDS.findall(before)[-4:-1]):
+            for form in (word, word[:-1]) if word.endswith("s") else (word,):
+                if form in self.ip_address_words:
+                    return False
+                if form in self._not_after_words:
+                    return True
         return False
+
+    @functools.cached_property
+    def _not_after_words(self) -> frozenset[str]:
+        return frozenset(w for w in self.ip_not_after if w.isalpha())
 
 
 _RULES = PiiRules.load(Path(__file__).with_name("pii_rules.toml"))

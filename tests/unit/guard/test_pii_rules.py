@@ -160,6 +160,8 @@ def test_a_hash_beside_an_aws_key_id_is_not_its_secret():
     ("DNS 8.8.4.4", "8.8.4.4"),
     ("the version control server is 10.1.2.3", "10.1.2.3"),
     ("the build server at 10.1.2.3 is down", "10.1.2.3"),
+    ("the IP of the build server is 10.2.0.1", "10.2.0.1"),
+    ("update the DNS to 10.0.0.2", "10.0.0.2"),
     ("サーバーは192.168.0.10です", "192.168.0.10"),
     ("the observer 172.16.0.4 is up", "172.16.0.4"),            # "ver" only as a word
 ])
@@ -170,7 +172,7 @@ def test_ip_forms_are_found(text, value):
 @pytest.mark.parametrize("text", [
     "upgrade to version 10.1.2.3 tonight", "Version: 4.2.1.3", "see Chapter 4.2.1.3", "section 2.1.3.4 says",
     "§ 1.2.3.4 applies", "OID 1.3.6.1 is iso.org.dod.internet", "im Kapitel 3.1.2.4", "请看第4.2.1.3章",
-    "バージョン 2.0.1.5 です", "参见4.2.1.3章", "제 3.1.2.4조", "Sección 2.3.1.4 del contrato", "глава 1.2.3.4", "build 1.2.3.4-beta", "release 0.9.1.2", "versions 1.2.3.4 and earlier",
+    "バージョン 2.0.1.5 です", "the firmware version is now 10.2.0.1", "Version ist jetzt 2.1.3.4", "参见4.2.1.3章", "제 3.1.2.4조", "Sección 2.3.1.4 del contrato", "глава 1.2.3.4", "build 1.2.3.4-beta", "release 0.9.1.2", "versions 1.2.3.4 and earlier",
     "a C++ scope Ab::Cd and std::vector", "MAC 00:1A:2B:3C:4D:5E", "PCI 0000:00:1f.2", "at 12:30:45",
     "the 10.0.0.1/99 typo", "a bare :: in text",
 ])
