@@ -261,7 +261,7 @@ _RUN = re.compile(r"[A-Za-z0-9_.+/=-](?<![A-Za-z0-9_.+/=-].)[A-Za-z0-9_.+/=-]{19
 def _secrets(text: str, where: "Candidates", min_entropy: float) -> Iterable[Span]:
     rules = _RULES
     public = None                            # PEM blocks other than private keys
-    near = None                              # the patterns of the rules whose `near` is in the text
+    near = None                              # whether each `near` rule's pattern is in the text
     for run in _matches(_RUN, text, where.runs):
         value, offset = run.group(), run.start()
         known = []
@@ -275,11 +275,15 @@ def _secrets(text: str, where: "Candidates", min_entropy: float) -> Iterable[Spa
             m = rule.pattern.fullmatch(value) if head is not None else None
             if m is not None and _mixed(value):   # a generic body: only a random-looking one
                 known.append((head.start(), offset + m.end()))
-        if near is None:                     # once per text, at its first run
-            near = [rule.pattern for _, rule in rules.near if rule.near.search(text)]
-        for pattern in near:
-            known += [(offset + m.start(), offset + m.end()) for m in pattern.finditer(value)
-                      if _bounded(value, m.start(), m.end()) and _mixed(m.group())]
+        for index, rule in rules.near:
+            for m in rule.pattern.finditer(value):
+                if _bounded(value, m.start(), m.end()) and _mixed(m.group()):
+                    if near is None:         # `near` read once per text, and only for a candidate
+                        near = {}
+                    if index not in near:
+                        near[index] = rule.near.search(text) is not None
+                    if near[index]:
+                        known.append((offset + m.start(), offset + m.end()))
         for start, end in known:
             yield Span("secret", start, end)
         if public is None:
@@ -335,7 +339,8 @@ def _field(text: str, start: int, end: int) -> tuple[int, int]:
 # A credential's name before an assignment in code, config, JSON or YAML (`DB_PASSWORD=`,
 # `"api_key": `), and the value after it. (An Authorization header's scheme word stands before its
 # credential.) Found from the assignment signs, few in prose, not by reading every word.
-_KEY_TAIL = re.compile(r"[\w.-]+(?=[\"']?\s{0,3}$)")
+# A name, then a closing quote and up to three spaces before the sign, reversed.
+_NAME_REVERSED = re.compile(r"[ \t]{0,3}[\"']?([\w.-]{1,48})")
 _VALUE = re.compile(r"[=>]?\s{0,3}[\"'`]?(?:(?:Bearer|Basic|Token|token|bearer) +)?([^\s\"'`<>,;&(){}\[\]]+)")
 # What is assigned but is not the credential itself: a URL, a variable, a path.
 _NOT_VALUES = ("http", "$", "%", "process.", "os.", "/", "~/", "./", "../")
@@ -344,11 +349,16 @@ _SIGNS = frozenset("0123456789!@#$%^&*+=?~/|\\")
 
 def _assigned(text: str, rules: "PiiRules") -> Iterable[Span]:
     """Values assigned to a name that says it is a credential (password=, "api_key": ...)."""
+    reverse = None
     for sign in ":=\uff1a":
         at = text.find(sign)
         while at >= 0:
-            key = _KEY_TAIL.search(text, max(0, at - 48), at)
-            if key is not None and any(k in key.group().lower() for k in rules.assignment_keys):
+            # The name before the sign, read backwards by one anchored match on the reversed
+            # text (a log's many colons cost one C call each).
+            if reverse is None:
+                reverse = text[::-1]
+            name = _NAME_REVERSED.match(reverse, len(text) - at)
+            if name is not None and rules.assignment_names.search(name.group(1)):
                 m = _VALUE.match(text, at + 1)
                 value = m.group(1).rstrip(".?:") if m else ""     # a sentence's end is not part of the value
                 if (len(value) >= rules.assignment_min_length and any(c.isalpha() for c in value)
@@ -394,7 +404,7 @@ class PiiRules:
     known: re.Pattern                      # the rules without `near` or `before`, one group each (r<index>)
     near: tuple[tuple[int, SecretRule], ...]
     before: tuple[SecretRule, ...]
-    assignment_keys: tuple[str, ...]
+    assignment_names: re.Pattern           # the keys reversed, case-folded, as one pattern
     assignment_min_length: int
     ip_window: int
     ip_not_after: tuple[str, ...]
@@ -415,7 +425,8 @@ class PiiRules:
         return cls(rules, re.compile(f"(?<![A-Za-z0-9_-])(?:{known})(?![A-Za-z0-9_-])"),
                    tuple((i, rule) for i, rule in enumerate(rules) if rule.near is not None),
                    tuple(rule for rule in rules if rule.before is not None),
-                   tuple(k.lower() for k in data["assignment"]["keys"]), int(data["assignment"]["min_length"]),
+                   re.compile("|".join(re.escape(k[::-1]) for k in data["assignment"]["keys"]), re.IGNORECASE),
+                   int(data["assignment"]["min_length"]),
                    int(data["ip"]["window"]), tuple(w.lower() for w in data["ip"]["not_after"]),
                    tuple(data["ip"]["not_before"]), frozenset(w.lower() for w in data["ip"]["address_words"]),
                    tuple(w.lower() for w in data["public"]["after"]))
