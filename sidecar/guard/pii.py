@@ -355,6 +355,9 @@ def _assigned(text: str, rules: "PiiRules") -> Iterable[Span]:
         while at >= 0:
             # The name before the sign, read backwards by one anchored match on the reversed
             # text (a log's many colons cost one C call each).
+            if "0" <= text[at - 1:at] <= "9" and "0" <= text[at + 1:at + 2] <= "9":
+                at = text.find(sign, at + 1)     # a time, a ratio, an address and port (12:41, 3:2, 10.0.0.1:8080)
+                continue
             if reverse is None:
                 reverse = text[::-1]
             name = _NAME_REVERSED.match(reverse, len(text) - at)
