@@ -13,12 +13,15 @@ lookup per character finds those places; prose between them is not read again.
 """
 from __future__ import annotations
 
+import base64
 import functools
 import ipaddress
 import math
 import re
+import tomllib
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Iterable
 
 import numpy as np
@@ -205,31 +208,32 @@ def _written_nationally(candidate: str, number) -> bool:
     return _NOT_DIGIT.sub("", national) == _NOT_DIGIT.sub("", candidate)
 
 
-_IPV4 = re.compile(r"\d(?<![A-Za-z0-9_.].)\d{0,2}\.(?:\d{1,3}\.){2}\d{1,3}(?![A-Za-z0-9_]|\.\d)")
-_IPV6 = re.compile(r"[0-9A-Fa-f:](?<![A-Za-z0-9_:].)[0-9A-Fa-f]{0,3}:?(?:[0-9A-Fa-f]{0,4}:){1,7}[0-9A-Fa-f]{0,4}(?![A-Za-z0-9_:])")
+# An IPv4 address, with its network's prefix length when it has one (10.0.0.0/8).
+_IPV4 = re.compile(r"\d(?<![A-Za-z0-9_.].)\d{0,2}\.(?:\d{1,3}\.){2}\d{1,3}(?:/\d{1,2})?(?![A-Za-z0-9_]|\.\d|-[A-Za-z])")
+# IPv6: full, compressed, ending in an IPv4 address (::ffff:192.0.2.1), with a zone (fe80::1%eth0)
+# and a prefix length (2001:db8::/32).
+_IPV6 = re.compile(r"[0-9A-Fa-f:](?<![A-Za-z0-9_:.].)[0-9A-Fa-f]{0,3}:?(?:[0-9A-Fa-f]{0,4}:){1,7}"
+                   r"(?:\d{1,3}(?:\.\d{1,3}){3}|[0-9A-Fa-f]{0,4})(?:%[A-Za-z0-9_]+)?(?:/\d{1,3})?(?![A-Za-z0-9_:]|\.\d)")
 
 
 def _ips(text: str, where: "Candidates") -> Iterable[Span]:
     for pattern, ranges in ((_IPV4, where.digits), (_IPV6, where.colons)):
         for m in _matches(pattern, text, ranges):
-            value = m.group()
-            if pattern is _IPV6 and value.count(":") < 3 and "::" not in value:
-                continue               # a time of day (12:30:45) or a ratio
+            value, _, length = m.group().partition("/")
+            if pattern is _IPV6 and (value.count(":") < 3 and "::" not in value or not any(c.isdigit() for c in value)):
+                continue               # a time of day (12:30:45), a ratio, a C++ scope (Ab::Cd)
             try:
-                ipaddress.ip_address(value)
+                address = ipaddress.ip_address(value)
             except ValueError:
                 continue
+            if length and int(length) > address.max_prefixlen:
+                continue
+            if pattern is _IPV4 and (value.startswith("0.") and value != "0.0.0.0" or _RULES.version_like(text, m.start(), m.end())):
+                continue               # 0.x.y.z is no host's address; versions, sections and OIDs
             yield Span("ip", m.start(), m.end())
 
 
-# Tokens whose prefix names them: OpenAI, GitHub, AWS, Slack, Google, Stripe, GitLab, Hugging
-# Face, npm, JWTs.
-_KNOWN_SECRET = re.compile(
-    r"(?:sk-(?:proj-|ant-)?[A-Za-z0-9_-]{20,}|(?:ghp|gho|ghs|ghu|ghr)_[A-Za-z0-9]{30,}|github_pat_\w{30,}"
-    r"|(?:AKIA|ASIA)[0-9A-Z]{16}|xox[abposr]-[A-Za-z0-9-]{10,}|AIza[0-9A-Za-z_-]{35}"
-    r"|(?:sk|rk|pk)_(?:live|test)_[A-Za-z0-9]{16,}|glpat-[A-Za-z0-9_-]{20,}|hf_[A-Za-z0-9]{30,}|npm_[A-Za-z0-9]{36}"
-    r"|eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{4,}\.[A-Za-z0-9_-]{16,})(?![A-Za-z0-9_-])")
-# Any other long run of token characters; kept only when its characters look random.
+# Any long run of token characters that names no provider; kept only when its characters look random.
 _TOKEN = re.compile(r"[A-Za-z0-9+/_-](?<![A-Za-z0-9+/=_-].)[A-Za-z0-9+/_-]{31,99}={0,2}(?![A-Za-z0-9+/=_-])")
 _TOKEN_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
 DEFAULT_MIN_ENTROPY = 4.3   # bits per character; chosen on the dev split (reports/guard.json)
@@ -241,6 +245,11 @@ def entropy(value: str) -> float:
     return -sum(c / n * math.log2(c / n) for c in counts.values())
 
 
+def _mixed(token: str) -> bool:
+    """Hex (hashes, UUIDs) and one-case runs are ids, not credentials; a key mixes cases and digits."""
+    return any(c.islower() for c in token) and any(c.isupper() for c in token) and any(c.isdigit() for c in token)
+
+
 # Every secret lies in a run of token characters of 20 or more: the patterns above run only
 # inside such runs, rare in prose, instead of at every position of the text. (The lookbehind
 # starts a run only at its first character: a plain [...]{20,} reads each shorter word again
@@ -250,22 +259,209 @@ _RUN = re.compile(r"[A-Za-z0-9_.+/=-](?<![A-Za-z0-9_.+/=-].)[A-Za-z0-9_.+/=-]{19
 
 
 def _secrets(text: str, where: "Candidates", min_entropy: float) -> Iterable[Span]:
+    rules = _RULES
+    public = None                            # PEM blocks other than private keys
+    near = None                              # whether each `near` rule's pattern is in the text
     for run in _matches(_RUN, text, where.runs):
         value, offset = run.group(), run.start()
-        known = [(m.start(), m.end()) for m in _KNOWN_SECRET.finditer(value)
-                 if m.start() == 0 or value[m.start() - 1] not in _TOKEN_CHARS]
+        known = []
+        for m in rules.known.finditer(value):
+            start, end = offset + m.start(), offset + m.end()
+            if rules.secret[int(m.lastgroup[1:])].whole_field:
+                start, end = _field(text, start, end)
+            known.append((start, end))
+        for rule in rules.before:                 # the run starts where its head ends
+            head = rule.before.search(text, max(0, offset - 24), offset)
+            m = rule.pattern.fullmatch(value) if head is not None else None
+            if m is not None and _mixed(value):   # a generic body: only a random-looking one
+                known.append((head.start(), offset + m.end()))
+        for index, rule in rules.near:
+            for m in rule.pattern.finditer(value):
+                if _bounded(value, m.start(), m.end()) and _mixed(m.group()):
+                    if near is None:         # `near` read once per text, and only for a candidate
+                        near = {}
+                    if index not in near:
+                        near[index] = rule.near.search(text) is not None
+                    if near[index]:
+                        known.append((offset + m.start(), offset + m.end()))
         for start, end in known:
-            yield Span("secret", offset + start, offset + end)
+            yield Span("secret", start, end)
+        if public is None:
+            public = _public_blocks(text)
+        if any(a <= offset < b for a, b in public) or text[max(0, offset - 28):offset].lower().endswith(rules.public_after):
+            continue                         # a certificate's lines, an image, an SSH public key
         for m in _TOKEN.finditer(value):
             token = m.group()
-            if any(s < m.end() and m.start() < e for s, e in known):
-                continue
-            # Hex (hashes, UUIDs) and one-case runs are ids, not credentials; a key mixes cases and digits.
-            if not (any(c.islower() for c in token) and any(c.isupper() for c in token) and any(c.isdigit() for c in token)):
+            if any(s < offset + m.end() and offset + m.start() < e for s, e in known) or not _mixed(token):
                 continue
             score = entropy(token)
-            if score >= min_entropy:
+            if score >= min_entropy and not _encoded_words(token):
                 yield Span("secret", offset + m.start(), offset + m.end(), round(score, 2))
+    yield from _assigned(text, rules)
+    yield from _url_passwords(text)
+
+
+_PEM = re.compile(r"-----BEGIN ([A-Z0-9 ]+)-----.*?(?:-----END \1-----|\Z)", re.DOTALL)
+
+
+def _public_blocks(text: str) -> list[tuple[int, int]]:
+    """PEM blocks that are not private keys: certificates, public keys, requests."""
+    if "-----BEGIN " not in text:
+        return []
+    return [m.span() for m in _PEM.finditer(text) if "PRIVATE" not in m.group(1)]
+
+
+def _encoded_words(token: str) -> bool:
+    """Whether a token is base64 of text with spaces: an encoded sentence (a prompt asking to
+    decode one), not a key, whose bytes are random."""
+    try:
+        words = base64.b64decode(token + "=" * (-len(token) % 4), altchars=b"-_" if "-" in token or "_" in token else None,
+                                 validate=True).decode("utf-8")
+    except (ValueError, UnicodeDecodeError):
+        return False
+    return " " in words and words.isprintable()
+
+
+def _bounded(value: str, start: int, end: int) -> bool:
+    return (start == 0 or value[start - 1] not in _TOKEN_CHARS) and (end == len(value) or value[end] not in _TOKEN_CHARS)
+
+
+_FIELD_END = re.compile(r"[^\s\"'<>`]*")
+
+
+def _field(text: str, start: int, end: int) -> tuple[int, int]:
+    """The whitespace- or quote-delimited field around text[start:end]."""
+    while start > 0 and not text[start - 1].isspace() and text[start - 1] not in "\"'<>`":
+        start -= 1
+    return start, _FIELD_END.match(text, end).end()
+
+
+# A credential's name before an assignment in code, config, JSON or YAML (`DB_PASSWORD=`,
+# `"api_key": `), and the value after it. (An Authorization header's scheme word stands before its
+# credential.) Found from the assignment signs, few in prose, not by reading every word.
+# A name, then a closing quote and up to three spaces before the sign, reversed.
+_NAME_REVERSED = re.compile(r"[ \t]{0,3}[\"']?([\w.-]{1,48})")
+_VALUE = re.compile(r"[=>]?\s{0,3}[\"'`]?(?:(?:Bearer|Basic|Token|token|bearer) +)?([^\s\"'`<>,;&(){}\[\]]+)")
+# What is assigned but is not the credential itself: a URL, a variable, a path.
+_NOT_VALUES = ("http", "$", "%", "process.", "os.", "/", "~/", "./", "../")
+_SIGNS = frozenset("0123456789!@#$%^&*+=?~/|\\")
+
+
+def _assigned(text: str, rules: "PiiRules") -> Iterable[Span]:
+    """Values assigned to a name that says it is a credential (password=, "api_key": ...)."""
+    reverse = None
+    for sign in ":=\uff1a":
+        at = text.find(sign)
+        while at >= 0:
+            # The name before the sign, read backwards by one anchored match on the reversed
+            # text (a log's many colons cost one C call each).
+            if "0" <= text[at - 1:at] <= "9" and "0" <= text[at + 1:at + 2] <= "9":
+                at = text.find(sign, at + 1)     # a time, a ratio, an address and port (12:41, 3:2, 10.0.0.1:8080)
+                continue
+            if reverse is None:
+                reverse = text[::-1]
+            name = _NAME_REVERSED.match(reverse, len(text) - at)
+            if name is not None and rules.assignment_names.search(name.group(1)):
+                m = _VALUE.match(text, at + 1)
+                value = m.group(1).rstrip(".?:") if m else ""     # a sentence's end is not part of the value
+                if (len(value) >= rules.assignment_min_length and any(c.isalpha() for c in value)
+                        and any(c in _SIGNS for c in value) and not value.startswith(_NOT_VALUES)):
+                    yield Span("secret", m.start(1), m.start(1) + len(value))
+            at = text.find(sign, at + 1)
+
+
+# A password in a URL's user information (postgres://app:s3cret@db:5432/prod).
+_URL_PASSWORD = re.compile(r"[A-Za-z][A-Za-z0-9+.-]{1,15}://[^\s:/@]*:([^\s/@<>{}$*]{1,128})@")
+
+
+def _url_passwords(text: str) -> Iterable[Span]:
+    at = text.find("@")
+    last = -1
+    while at >= 0:
+        slashes = text.rfind("://", max(last + 1, at - 200), at)
+        if slashes >= 0:
+            m = _URL_PASSWORD.search(text, max(last + 1, slashes - 16), at + 1)
+            if m is not None and m.end() == at + 1:
+                yield Span("secret", m.start(1), m.end(1))
+        last = at
+        at = text.find("@", at + 1)
+
+
+@dataclass(frozen=True)
+class SecretRule:
+    provider: str
+    pattern: re.Pattern
+    before: re.Pattern | None = None
+    near: re.Pattern | None = None
+    whole_field: bool = False
+
+
+_WORDS = re.compile(r"\w+")
+
+
+@dataclass(frozen=True)
+class PiiRules:
+    """sidecar/guard/pii_rules.toml: the providers' token shapes, credential names, and the
+    words that make four dotted numbers a version or a section number."""
+    secret: tuple[SecretRule, ...]
+    known: re.Pattern                      # the rules without `near` or `before`, one group each (r<index>)
+    near: tuple[tuple[int, SecretRule], ...]
+    before: tuple[SecretRule, ...]
+    assignment_names: re.Pattern           # the keys reversed, case-folded, as one pattern
+    assignment_min_length: int
+    ip_window: int
+    ip_not_after: tuple[str, ...]
+    ip_not_before: tuple[str, ...]
+    ip_address_words: frozenset[str]
+    public_after: tuple[str, ...]
+
+    @classmethod
+    def load(cls, path: Path) -> "PiiRules":
+        with path.open("rb") as handle:
+            data = tomllib.load(handle)
+        rules = tuple(SecretRule(r["provider"], re.compile(r["pattern"]),
+                                 re.compile(r["before"] + r"\Z") if "before" in r else None,
+                                 re.compile(r["near"]) if "near" in r else None, bool(r.get("whole_field")))
+                      for r in data["secret"])
+        known = "|".join(f"(?P<r{i}>{rule.pattern.pattern})" for i, rule in enumerate(rules)
+                         if rule.near is None and rule.before is None)
+        return cls(rules, re.compile(f"(?<![A-Za-z0-9_-])(?:{known})(?![A-Za-z0-9_-])"),
+                   tuple((i, rule) for i, rule in enumerate(rules) if rule.near is not None),
+                   tuple(rule for rule in rules if rule.before is not None),
+                   re.compile("|".join(re.escape(k[::-1]) for k in data["assignment"]["keys"]), re.IGNORECASE),
+                   int(data["assignment"]["min_length"]),
+                   int(data["ip"]["window"]), tuple(w.lower() for w in data["ip"]["not_after"]),
+                   tuple(data["ip"]["not_before"]), frozenset(w.lower() for w in data["ip"]["address_words"]),
+                   tuple(w.lower() for w in data["public"]["after"]))
+
+    def version_like(self, text: str, start: int, end: int) -> bool:
+        """Whether a context word stands just before text[start:end] ("version 1.2.3.4") or just
+        after it ("4.2.1.3章")."""
+        if text[end:end + 3].lstrip().startswith(self.ip_not_before):
+            return True
+        before = text[max(0, start - self.ip_window):start].lower().rstrip(" \t:#=(\"'")
+        for word in self.ip_not_after:
+            # A plural stands for its word ("versions 1.2.3.4 and earlier").
+            for candidate in (before, before[:-1]) if before.endswith("s") else (before,):
+                if candidate.endswith(word):
+                    head = candidate[:-len(word)]
+                    # A word of letters stands on its own (not "item" in "system").
+                    if not (word[0].isalpha() and head and head[-1].isalpha()):
+                        return True
+        for word in reversed(_WORDS.findall(before)[-4:-1]):
+            for form in (word, word[:-1]) if word.endswith("s") else (word,):
+                if form in self.ip_address_words:
+                    return False
+                if form in self._not_after_words:
+                    return True
+        return False
+
+    @functools.cached_property
+    def _not_after_words(self) -> frozenset[str]:
+        return frozenset(w for w in self.ip_not_after if w.isalpha())
+
+
+_RULES = PiiRules.load(Path(__file__).with_name("pii_rules.toml"))
 
 
 _PRIVATE_KEY = re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----.*?(?:-----END [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----|\Z)",
