@@ -46,3 +46,18 @@ def test_held_out_set_is_reported_apart():
     assert result["by_source"]["holdout"]["detection"]["rate"] == 0.0
     assert result["by_source"]["holdout"]["false_alarms"]["rate"] == 1.0
     assert result["holdout_by_language"]["de"]["detection"]["n"] == 1
+
+
+def test_hand_written_rows_follow_the_split_rule():
+    # data/guard/README.md: within each label every 4th row is test, the next val, the other two
+    # train; a row put in another split by hand would leak into training or choosing.
+    for path, label_of, prefixes in ((guard_data.OURS, lambda r: r["label"], {1: "atk", 0: "ben"}),
+                                     (guard_data.ORDINARY, lambda r: 0, {0: "ord"})):
+        seen: dict[int, int] = {}
+        for line in path.read_text(encoding="utf-8").split("\n")[:-1]:
+            row = json.loads(line)
+            label = label_of(row)
+            k = seen.get(label, 0)
+            seen[label] = k + 1
+            assert row["id"] == f"{prefixes[label]}-{k:03d}", row["id"]
+            assert row["split"] == {0: "test", 1: "val"}.get(k % 4, "train"), row["id"]
