@@ -26,7 +26,7 @@ proto: $(GEN)
 
 # The served CPU embedding model: the packaged int8 weights with int8 arithmetic (the script says why).
 # A stamp: with other library versions the script installs no model (and says so) without failing.
-$(MODEL): scripts/build_model.py scripts/model_graph.py sidecar/embedding/model_files.py $(STAMP)
+$(MODEL): scripts/build_model.py scripts/model_graph.py sidecar/cache/alignment.py sidecar/embedding/model_files.py $(STAMP)
 	$(BIN)/python scripts/build_model.py
 	touch $@
 

@@ -16,7 +16,8 @@ that other load on the machine falls on each alike. Measured, p50 / p99 per text
                                      features, alignment and the trees (profiles cached, as for
                                      a stored prompt and a repeated new one);
   verdict, new prompts               the same with the checks' profiles forgotten first.
-And option (b)'s memory: bytes a stored prompt's states hold (float16), mean and p99.
+And option (b)'s memory: bytes a stored prompt's states are charged in TokenStates (float16
+states, the entry's overhead, its scope and exact keys as the cache stage makes them), mean and p99.
 Prints a table, writes reports/verifier_states.json.
 """
 from __future__ import annotations
@@ -32,7 +33,8 @@ from bench.report import ROOT, table, write
 from sidecar.cache.alignment import STATES_LAYERS
 from sidecar.cache.equivalence import EquivalenceSettings, forget_profiles
 from sidecar.cache.same_question import same_question
-from sidecar.cache.token_states import ENTRY_BYTES
+from sidecar.cache.scope import exact_key, prompt_text, scope_for
+from sidecar.cache.token_states import TokenStates
 from sidecar.embedding.loader import load
 from sidecar.embedding.model_files import resolve_files
 from sidecar.embedding.runtime import open_session
@@ -81,6 +83,22 @@ def _row(name: str, seconds: list[float]) -> dict:
     return {"arm": name, "p50_ms": statistics.median(ms), "p99_ms": ms[int(0.99 * (len(ms) - 1))], "n": len(ms)}
 
 
+def _charged(per_text: dict) -> list[int]:
+    """What TokenStates charges for each text's states, under the keys a request makes."""
+    from sidecar.cache.policy import CachePolicy
+    from sidecar.openai.chat import ChatRequest
+    from sidecar.tenancy import credential_header
+    held, sizes, policy = TokenStates(1 << 40), [], CachePolicy()
+    headers = {credential_header(policy.tenant_header): "Bearer bench"}
+    for text, states in per_text.items():
+        chat = ChatRequest(model="gpt-4o-mini", messages=({"role": "user", "content": text},))
+        scope = scope_for(chat, headers, policy, b"k" * 32, route="chat")
+        before = held.nbytes
+        held.put(scope.key, exact_key(scope, prompt_text(chat)), states)
+        sizes.append(held.nbytes - before)
+    return sizes
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--texts", type=int, default=TEXTS)
@@ -127,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         times["verdict"] += _timed(verdict, pairs)
         times["verdict, new prompts"] += _timed(verdict_new, pairs)
     rows = [_row(name, seconds) for name, seconds in times.items()]
-    sizes = np.array([s.nbytes + ENTRY_BYTES for s in per_text.values()])
+    sizes = np.array(_charged(per_text))
     tokens = np.array([len(i) for i in ids])
     memory = {"states_layers": STATES_LAYERS, "tokens_mean": round(float(tokens.mean()), 1),
               "bytes_per_prompt_mean": int(sizes.mean()), "bytes_per_prompt_p99": int(np.percentile(sizes, 99)),

@@ -17,9 +17,9 @@ The source model is sha256-pinned, so its names are known: layer N's attention i
 3. `fuse_gelu`: the erf form of GELU (Div, Erf, Add, Mul, Mul) becomes one com.microsoft Gelu,
    with onnxruntime.transformers' own fusion (onnxruntime's load-time fusions miss it here).
 
-4. `expose_states`: the token states after the first four layers (`states_layers`) become a second
-   graph output, `token_states` (an Identity of that layer's output LayerNorm): the semantic
-   verifier aligns them (sidecar/cache/alignment.py), and fetching them from the run that makes
+4. `expose_states`: the token states after the first STATES_LAYERS layers (the layer the verifier
+   was trained on) become a second graph output, STATES_OUTPUT (an Identity of that layer's
+   output LayerNorm): the semantic verifier aligns them (sidecar/cache/alignment.py), and fetching them from the run that makes
    the vector costs a copy, not a second run.
 
 On the 2-core machine 1 and 2 took a 10-token text from 2.46 to 2.15 ms and a 42-token one from
@@ -32,6 +32,9 @@ import logging
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
+
+from sidecar.cache.alignment import STATES_LAYERS
+from sidecar.embedding.encoder import STATES_OUTPUT
 
 LAYERS = 6
 HEADS = 12
@@ -135,10 +138,6 @@ def fuse_gelu(model) -> None:
         raise ValueError("expected one GELU per layer to fuse")
 
 
-# The embedding engine's name for the second output (sidecar/embedding/encoder.py).
-STATES_OUTPUT = "token_states"
-
-
 def expose_states(model: onnx.ModelProto, layers: int) -> onnx.ModelProto:
     """Adds STATES_OUTPUT: [batch, sequence, 384] float32, the output of layer `layers` - 1."""
     graph = model.graph
@@ -151,7 +150,7 @@ def expose_states(model: onnx.ModelProto, layers: int) -> onnx.ModelProto:
     return model
 
 
-def rewrite(model: onnx.ModelProto, states_layers: int = 4) -> onnx.ModelProto:
+def rewrite(model: onnx.ModelProto, states_layers: int = STATES_LAYERS) -> onnx.ModelProto:
     """The four rewrites, then one clean-up by onnxruntime.transformers: nodes and
     initializers nothing uses any more dropped, the rest in topological order."""
     from onnxruntime.transformers.onnx_model import OnnxModel

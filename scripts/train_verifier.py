@@ -243,6 +243,8 @@ def build(pairs_path: Path | None = None, align: bool = True) -> tuple[dict, dic
     model = train_trees(x[keep], y[keep], weight)
     seconds = time.perf_counter() - start
     model["features"] = list(names)
+    if align:
+        model["states_layers"] = STATES_LAYERS     # checked at load (sidecar/cache/verifier.py)
     sets, offset = {}, n
     for name, ps in calibration.items():
         sets[name] = (x_all[offset:offset + len(ps)], cos_all[offset:offset + len(ps)],

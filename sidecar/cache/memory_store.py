@@ -115,11 +115,11 @@ class MemoryStore:
         return self.nearest_now(scope, vector, min_similarity)
 
     async def put(self, scope: str, exact_key: str, prompt: str, vector: np.ndarray | None,
-                  answer: bytes, ttl_s: float, asked_at: float | None = None) -> None:
+                  answer: bytes, ttl_s: float, asked_at: float | None = None) -> bool:
         now = self._clock()
         if asked_at is not None and self.purged_since(scope, asked_at):
-            return
-        self.put_now(Entry(exact_key, scope, prompt, answer, now), vector, now + ttl_s)
+            return False
+        return self.put_now(Entry(exact_key, scope, prompt, answer, now), vector, now + ttl_s)
 
     async def purge_scope(self, scope: str) -> int:
         return self.purge_scope_now(scope)
@@ -177,8 +177,9 @@ class MemoryStore:
             s = self._scopes.get(scope)  # the expired hit was dropped; search again
         return None
 
-    def put_now(self, entry: Entry, vector: np.ndarray | None, expires_at: float) -> None:
-        """Store `entry` until `expires_at` (clock time); replaces an entry of the same id."""
+    def put_now(self, entry: Entry, vector: np.ndarray | None, expires_at: float) -> bool:
+        """Store `entry` until `expires_at` (clock time); replaces an entry of the same id.
+        False when it was not stored (expired already, or larger than the whole store)."""
         unit = None if vector is None else as_unit(vector, self.dim)  # raises before changes
         now = self._clock()
         self._purge_expired(now)
@@ -187,7 +188,7 @@ class MemoryStore:
         cost = entry_cost(entry, unit is not None)
         if expires_at <= now or cost + SCOPE_BYTES > self.limits.max_bytes:
             self.discard(scope, key)        # the replaced answer is not served in its stead
-            return
+            return False
         old = self._slots.get((scope, key))
         if old is None:
             s = self._scopes.get(scope)
@@ -215,6 +216,7 @@ class MemoryStore:
             heapq.heapify(self._expiry)
         while self._bytes > self.limits.max_bytes and self._slots:
             self._remove(*next(iter(self._slots)))     # the least recently used, any scope
+        return True
 
     def discard(self, scope: str, exact_key: str) -> bool:
         """Forget one entry; False if it was not here."""

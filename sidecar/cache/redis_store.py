@@ -385,16 +385,16 @@ class RedisStore:
         return entry
 
     async def put(self, scope: str, exact_key: str, prompt: str, vector: np.ndarray | None,
-                  answer: bytes, ttl_s: float, asked_at: float | None = None) -> None:
+                  answer: bytes, ttl_s: float, asked_at: float | None = None) -> bool:
         now = self._clock()
         ttl_s = min(ttl_s, self.limits.max_ttl_s)
         unit = None if vector is None else as_unit(vector, self.dim)  # a bad vector raises
         if ttl_s <= 0 or (asked_at is not None and (asked_at <= self._purged_all_at
                                                     or self._local.purged_since(scope, asked_at))):
-            return
-        self._local.put_now(Entry(exact_key, scope, prompt, answer, now), unit, now + ttl_s)
+            return False
+        stored = self._local.put_now(Entry(exact_key, scope, prompt, answer, now), unit, now + ttl_s)
         if not self._up:
-            return
+            return stored
         expires_ms = int((now + ttl_s) * 1000)
         fields: dict[str, Any] = {"p": prompt, "a": answer, "t": repr(now), "x": expires_ms}
         if unit is not None:
@@ -417,12 +417,12 @@ class RedisStore:
         evicted = await self._run("put", write)
         if evicted is None:             # the scope was purged after the answer was asked for
             self._local.discard(scope, exact_key)
-            return
+            return False
         if evicted is _FAILED:
             # The script may have run before the failure: replicas hear of the entry once Redis
             # answers again (an event for an entry that is not there costs a lookup one fetch).
             self._unpublished.append(event)
-            return
+            return stored
         # The stream is another slot than the scope's keys (Redis Cluster): a second round trip.
         # Events it could not take wait for the next put or reconnect; lost, the entry would
         # stay out of every replica's semantic index for its whole TTL.
@@ -433,6 +433,7 @@ class RedisStore:
             self._unpublished.extend(events[len(backlog):])
         for key in evicted:
             self._local.discard(scope, key.decode())
+        return stored
 
     async def purge_scope(self, scope: str) -> int:
         self._local.purge_scope_now(scope)

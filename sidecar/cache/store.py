@@ -98,11 +98,12 @@ class CacheStore(Protocol):
         least `min_similarity` (cosine; vectors are unit float32 of the store's dim)."""
 
     async def put(self, scope: str, exact_key: str, prompt: str, vector: np.ndarray | None,
-                  answer: bytes, ttl_s: float, asked_at: float | None = None) -> None:
+                  answer: bytes, ttl_s: float, asked_at: float | None = None) -> bool:
         """Store (or replace) the entry under `exact_key`; without a vector it can only be
         found exactly.  Never served after `ttl_s` seconds.  `asked_at` (the store's clock):
         when the answer was asked for; if the scope was purged since, the put is dropped, as
-        the answer may be what the purge was for (an upstream answer in flight during it)."""
+        the answer may be what the purge was for (an upstream answer in flight during it).
+        Whether the entry was stored (False: dropped, and any entry it replaced is gone)."""
 
     async def purge_scope(self, scope: str) -> int:
         """Delete every entry of `scope` (everywhere it is shared); how many were deleted.

@@ -11,7 +11,11 @@ as float16 [tokens, 384] (~0.8 KB a token) in least-recently-used order, within 
 the cache budget (sidecar/cache/budget.py), bytes counted: an array's own bytes plus
 ENTRY_BYTES.  Only this process holds them: an entry stored by another replica (a shared Redis
 store), or whose states were evicted, has none here, and the verifier then refuses the hit
-("verifier_no_states") rather than deciding without them.
+("verifier_no_states") rather than deciding without them.  The cache stage keeps them only for
+a put the store kept, replaces them with the entry, and forgets a scope's on an admin purge
+(CacheStage.store, purge_scope).  Those of an entry the store evicts or expires, or another
+replica purges, are not told of: they age out here in least-recently-used order (a lookup
+reads states only for an entry the store still holds).
 """
 from __future__ import annotations
 
@@ -70,3 +74,8 @@ class TokenStates:
         for scope_, key in keys:
             self.discard(scope_, key)
         return len(keys)
+
+    def clear(self) -> None:
+        """Forget every entry (an admin purge of everything)."""
+        self._held.clear()
+        self.nbytes = 0

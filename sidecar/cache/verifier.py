@@ -10,8 +10,9 @@ held-out pairs, so that a route's `max_false_hit_rate` maps to a score threshold
 
 Pure numpy, no model run.  A model may also read ALIGN_FEATURES (sidecar/cache/alignment.py):
 the greedy matching of the two prompts' token states after the embedder's first layers, which
-the engine returns with the vector when asked; its file lists its features, and a model whose
-features this code cannot compute is refused at load.
+the engine returns with the vector when asked; its file lists its features (and the layer of
+the states it was trained on, `states_layers`), and a model whose features this code cannot
+compute is refused at load.
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sidecar.cache.alignment import ALIGN_FEATURES, align_features, unit_tokens
+from sidecar.cache.alignment import ALIGN_FEATURES, STATES_LAYERS, align_features, unit_tokens
 from sidecar.cache.equivalence import Disagreements, disagreements, profile
 
 __all__ = ["FEATURES", "Verifier", "features", "load_verifier", "MODEL_PATH", "WORDS_PATH", "NoStates"]
@@ -124,6 +125,12 @@ class Verifier:
                 "retrain it (scripts/train_verifier.py)")
         self.features = names
         self.needs_states = names != FEATURES
+        # States of another layer would feed the trees numbers they were never trained on.
+        if self.needs_states and model.get("states_layers") != STATES_LAYERS:
+            raise ValueError(
+                f"verifier model: trained on the token states after layer {model.get('states_layers')!r}, "
+                f"and the embedder gives those after layer {STATES_LAYERS}; retrain it "
+                "(scripts/train_verifier.py)")
         trees = model["trees"]
         self.base = float(model["base"])
         self.feature = np.array([t["feature"] for t in trees], dtype=np.int64)     # [T, 2^d - 1]

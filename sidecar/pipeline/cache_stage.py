@@ -187,6 +187,9 @@ class CacheRuntime:
     memo_pool: BytePool | None = None  # the bytes every route's request memo draws on together
     # Stored prompts' token states for a verifier that aligns them (None: such a verifier misses).
     token_states: TokenStates | None = None
+    # Whether the loaded embedding model gives token states (EmbeddingService.has_states);
+    # None: not known (no check).
+    model_has_states: Callable[[], bool] | None = None
 
 
 OFF = CacheWhy("off")                    # no cache on the route (or the sidecar)
@@ -247,6 +250,7 @@ class CacheStage:
         self._discard = getattr(runtime.store, "discard", None)
         self._route_cache_of = PerSettings()
         self._tasks: set[asyncio.Task] = set()
+        self._warned_no_states = False
 
     # --- decision -----------------------------------------------------------------------
 
@@ -319,8 +323,8 @@ class CacheStage:
             else:
                 ctx.why.cache = CacheWhy(bypass.reason)
                 self._metrics.lookup(ctx.route_name, bypass.reason)
-                vector, states = await self._embed_states(
-                    prompt, self._wants_states(self._checks(policy))) if self._semantic(settings, prompt) else (None, None)
+                vector, states = (await self.embed_prompt(prompt, policy) if self._semantic(settings, prompt)
+                                  else (None, None))
             capture = Capture(scope.key, key, prompt, vector, policy.ttl_s, chat.stream, lead,
                               asked_at=self._clock(), states=states)
             lead = None   # owned by the capture from here on
@@ -374,15 +378,26 @@ class CacheStage:
             log.error("invalid cache settings of route %s, cache off: %s", route_name, exc)
             return None
         warn_unless_internal(route_name, built.policy.tenant_header, "tenant")
+        self._warn_if_no_states(route_name, built.policy)
         return built
+
+    def _warn_if_no_states(self, route_name: str, policy: CachePolicy) -> None:
+        """Once, for the first route whose verifier reads token states when the model has none
+        (a stale build/models falls back to the packaged model, which has no such output):
+        every semantic candidate there is a miss, and nothing else would say why."""
+        has_states = self._rt.model_has_states
+        if (self._warned_no_states or has_states is None or policy.max_false_hit_rate <= 0
+                or self._rt.token_states is None or not load_verifier().needs_states or has_states()):
+            return
+        self._warned_no_states = True
+        log.warning("route %s has max_false_hit_rate > 0, and the embedding model has no token_states "
+                    "output (a stale or missing build/models: `make all` builds the served one); its "
+                    "semantic candidates are misses (verifier_no_states)", route_name)
 
     def _semantic(self, settings: RouteCache, prompt: str) -> bool:
         """Whether the prompt may have a semantic tier: not past max_prompt_chars, where every
         same-question check says no (so its embedding would be model time for nothing)."""
         return settings.semantic and len(prompt) <= self._rt.equivalence.max_prompt_chars
-
-    async def _embed(self, prompt: str) -> np.ndarray | None:
-        return (await self._embed_states(prompt, False))[0]
 
     async def _embed_states(self, prompt: str, with_states: bool) -> tuple[np.ndarray | None, np.ndarray | None]:
         """The prompt's vector and, when asked and the model has them, its token states."""
@@ -409,10 +424,37 @@ class CacheStage:
         return (checks.max_false_hit_rate > 0 and self._rt.token_states is not None
                 and load_verifier().needs_states)
 
-    def keep_states(self, scope: str, key: str, states: np.ndarray | None) -> None:
-        """Keeps a stored prompt's token states for later candidates (TokenStates)."""
-        if states is not None and self._rt.token_states is not None:
-            self._rt.token_states.put(scope, key, states)
+    async def embed_prompt(self, prompt: str, policy: CachePolicy) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """The prompt's vector (None: the embedder is off or failed) and, when the route's
+        verifier reads them, its token states."""
+        return await self._embed_states(prompt, self._wants_states(self._checks(policy)))
+
+    async def store(self, scope: str, key: str, prompt: str, vector: np.ndarray | None,
+                    states: np.ndarray | None, answer: bytes, ttl_s: float,
+                    asked_at: float | None = None) -> bool:
+        """Stores an answer, and its prompt's token states (TokenStates) with it only when the
+        store kept the entry: a put voided by a purge since `asked_at`, or refused, must leave
+        no states behind, and a replaced entry never keeps its predecessor's."""
+        stored = await self._rt.store.put(scope, key, prompt, vector, answer, ttl_s, asked_at=asked_at)
+        held = self._rt.token_states
+        if held is not None:
+            if stored and states is not None and vector is not None:
+                held.put(scope, key, states)
+            else:
+                held.discard(scope, key)
+        return bool(stored)
+
+    async def purge_scope(self, scope: str) -> int:
+        """Admin purge of one scope: its entries and the token states kept beside them."""
+        if self._rt.token_states is not None:      # first: the store may fail half-way (Redis)
+            self._rt.token_states.purge_scope(scope)
+        return await self._rt.store.purge_scope(scope)
+
+    async def purge_all(self) -> int:
+        """Admin purge of every scope (stores that can: both of this project's)."""
+        if self._rt.token_states is not None:
+            self._rt.token_states.clear()
+        return await self._rt.store.purge_all()
 
     async def lookup(self, scope: str, key: str, prompt: str, settings: RouteCache) -> Lookup:
         """The cache's decision for a prompt in its scope: exact tier, then the nearest stored
@@ -580,11 +622,9 @@ class CacheStage:
         payload = answer.to_bytes()
         if capture.lead is not None:
             capture.lead.complete(payload)
-        task = asyncio.get_running_loop().create_task(self._rt.store.put(
-            capture.scope, capture.key, capture.prompt, capture.vector, payload, capture.ttl_s,
-            asked_at=capture.asked_at))
-        if capture.vector is not None:
-            self.keep_states(capture.scope, capture.key, capture.states)
+        task = asyncio.get_running_loop().create_task(self.store(
+            capture.scope, capture.key, capture.prompt, capture.vector, capture.states, payload,
+            capture.ttl_s, asked_at=capture.asked_at))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         self._metrics.stored(ctx.route_name)

@@ -29,7 +29,8 @@ class ClusterView(Protocol):
 
 
 class PurgeableStore(Protocol):
-    """What PurgeCache needs: sidecar.cache.store.CacheStore (purge_all is optional)."""
+    """What PurgeCache needs: sidecar.pipeline.cache_stage.CacheStage, which purges the store
+    and the token states kept beside its entries (purge_all is optional)."""
 
     async def purge_scope(self, scope: str) -> int: ...
 
@@ -169,5 +170,5 @@ def _state(state) -> str:
 
 
 def admin_parts(app) -> tuple[ClusterView | None, PurgeableStore | None]:
-    """The scheduler and the cache store of an assembled App (None when absent)."""
-    return app.scheduler, app.store
+    """The scheduler and what purges the cache of an assembled App (None when absent)."""
+    return app.scheduler, app.pipeline.cache

@@ -88,11 +88,12 @@ async def _run(args) -> int:
         except (ValueError, KeyError, TypeError) as exc:
             print(json.dumps({"error": f"line {line_number}: {exc}"}), flush=True)
             continue
-        stage = CacheStage(CacheRuntime(store=MemoryStore(), inflight=InFlight(), embedder=embedder,
-                                        token_states=TokenStates(CacheBudget(DEFAULT_BUDGET_BYTES).token_states)))
+        runtime = CacheRuntime(store=MemoryStore(), inflight=InFlight(), embedder=embedder,
+                               token_states=TokenStates(CacheBudget(DEFAULT_BUDGET_BYTES).token_states))
+        stage = CacheStage(runtime)
         chat_a, chat_b = (ChatRequest(model=args.model, messages=({"role": "user", "content": text},))
                           for text in (a, b))
-        verdict = (await _check(stage, settings, chat_a, chat_b, headers, answer,
+        verdict = (await _check(stage, runtime.secret, settings, chat_a, chat_b, headers, answer,
                                 cache_decision, scope_for, prompt_text, exact_key) if config.cache
                    else {"hit": False, "tier": None, "similarity": None, "reason": "cache_off", "score": None})
         print(json.dumps(verdict), flush=True)
@@ -146,7 +147,7 @@ def _list(value) -> list:
     return value if isinstance(value, list) else []
 
 
-async def _check(stage, settings, chat_a, chat_b, headers, answer,
+async def _check(stage, secret, settings, chat_a, chat_b, headers, answer,
                  cache_decision, scope_for, prompt_text, exact_key) -> dict:
     policy = settings.policy
     if not policy.enabled:
@@ -157,12 +158,10 @@ async def _check(stage, settings, chat_a, chat_b, headers, answer,
     bypass = cache_decision(chat_b, headers, policy)
     if bypass is not None:
         return {"hit": False, "tier": None, "similarity": None, "reason": bypass.reason, "score": None}
-    scope = scope_for(chat_a, headers, policy, stage._rt.secret)
+    scope = scope_for(chat_a, headers, policy, secret)
     prompt_a, prompt_b = prompt_text(chat_a), prompt_text(chat_b)
-    vector_a, states_a = (await stage._embed_states(prompt_a, stage._wants_states(stage._checks(policy)))
-                          if settings.semantic else (None, None))
-    await stage._rt.store.put(scope.key, exact_key(scope, prompt_a), prompt_a, vector_a, answer, policy.ttl_s)
-    stage.keep_states(scope.key, exact_key(scope, prompt_a), states_a)
+    vector_a, states_a = await stage.embed_prompt(prompt_a, policy) if settings.semantic else (None, None)
+    await stage.store(scope.key, exact_key(scope, prompt_a), prompt_a, vector_a, states_a, answer, policy.ttl_s)
     found = await stage.lookup(scope.key, exact_key(scope, prompt_b), prompt_b, settings)
     similarity = found.similarity
     if similarity is None and vector_a is not None and found.vector is not None:

@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from sidecar.cache.alignment import ALIGN_FEATURES
+from sidecar.cache.alignment import ALIGN_FEATURES, STATES_LAYERS
 from sidecar.cache.equivalence import EquivalenceSettings, disagreements
 from sidecar.cache.same_question import candidate_floor, same_question
 from sidecar.cache.policy import CachePolicy
@@ -31,6 +31,7 @@ def verdict(encoder, a, b, settings):
 def test_the_shipped_model_matches_the_code_and_its_budget():
     model = json.loads(MODEL_PATH.read_text())
     assert tuple(model["features"]) == FEATURES + ALIGN_FEATURES
+    assert model["states_layers"] == STATES_LAYERS
     assert load_verifier().needs_states
     assert MODEL_PATH.stat().st_size < 5 * 1024 * 1024
     verifier = load_verifier()
@@ -59,7 +60,13 @@ def test_a_model_whose_features_this_code_cannot_compute_is_refused_at_load():
              "trees": [{"feature": [0], "split": [0.5], "leaf": [-2.0, 2.0]}],
              "calibration": {"rates": [0.01], "thresholds": [0.9]}}
     assert not Verifier(stump).needs_states
-    assert Verifier({**stump, "features": list(FEATURES + ALIGN_FEATURES)}).needs_states
+    aligned = {**stump, "features": list(FEATURES + ALIGN_FEATURES), "states_layers": STATES_LAYERS}
+    assert Verifier(aligned).needs_states
+    # Trained on another layer's states (or on states of no layer recorded): refused.
+    with pytest.raises(ValueError, match="after layer 2"):
+        Verifier({**aligned, "states_layers": 2})
+    with pytest.raises(ValueError, match="after layer None"):
+        Verifier({**stump, "features": list(FEATURES + ALIGN_FEATURES)})
     with pytest.raises(ValueError, match="unknown: cross_attention"):
         Verifier({**stump, "features": list(FEATURES) + ["cross_attention"]})
     with pytest.raises(ValueError, match="order or subset"):

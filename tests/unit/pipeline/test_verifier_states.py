@@ -36,10 +36,9 @@ def stage_and_route(embedder, token_states, rate=0.05):
     return stage, stage._route_cache_of.get(route, stage._build_route_cache, "chat")
 
 
-async def store(stage, scope, key, prompt, wants=True):
-    vector, states = await stage._embed_states(prompt, wants)
-    await stage._rt.store.put(scope, key, prompt, vector, b"answer", 60)
-    stage.keep_states(scope, key, states)
+async def store(stage, scope, key, prompt, settings, **put):
+    vector, states = await stage.embed_prompt(prompt, settings.policy)
+    await stage.store(scope, key, prompt, vector, states, b"answer", 60, **put)
     return states
 
 
@@ -48,7 +47,7 @@ def test_the_verifier_scores_with_both_prompts_states(embedder):
     stage, settings = stage_and_route(embedder, TokenStates(1 << 20))
 
     async def run():
-        states = await store(stage, "s", "k1", STORED)
+        states = await store(stage, "s", "k1", STORED, settings)
         assert states is not None and states.shape[1] == 384
         return await stage.lookup("s", "k2", REWORDED, settings)
     found = asyncio.run(run())
@@ -62,7 +61,7 @@ def test_a_candidate_without_states_is_a_counted_miss_never_a_guess(embedder):
     before = no_states_count()
 
     async def run():
-        await store(stage, "s", "k1", STORED)
+        await store(stage, "s", "k1", STORED, settings)
         held.discard("s", "k1")                   # evicted, or stored by another replica
         return await stage.lookup("s", "k2", REWORDED, settings)
     found = asyncio.run(run())
@@ -72,7 +71,7 @@ def test_a_candidate_without_states_is_a_counted_miss_never_a_guess(embedder):
     bare, bare_settings = stage_and_route(embedder, None)
 
     async def run_bare():
-        await store(bare, "s", "k1", STORED, wants=False)
+        await store(bare, "s", "k1", STORED, bare_settings)
         return await bare.lookup("s", "k2", REWORDED, bare_settings)
     assert asyncio.run(run_bare()).reason == "verifier_no_states"
 
@@ -82,7 +81,68 @@ def test_routes_without_the_verifier_never_ask_for_states(embedder):
     stage, settings = stage_and_route(embedder, held, rate=0.0)
 
     async def run():
-        vector, states = await stage._embed_states(STORED, stage._wants_states(stage._checks(settings.policy)))
-        return vector, states
+        return await stage.embed_prompt(STORED, settings.policy)
     vector, states = asyncio.run(run())
     assert vector is not None and states is None
+
+
+def test_states_are_kept_only_for_an_entry_the_store_kept(embedder):
+    held = TokenStates(1 << 20)
+    stage, settings = stage_and_route(embedder, held)
+
+    async def run():
+        await store(stage, "s", "k1", STORED, settings)
+        assert held.get("s", "k1") is not None
+        asked_at = stage._clock() - 1.0
+        await stage.purge_scope("s")
+        # An answer asked for before the purge: the store drops it, and keeps no states for it.
+        await store(stage, "s", "k2", REWORDED, settings, asked_at=asked_at)
+        assert await stage._rt.store.get_exact("s", "k2") is None
+        assert held.get("s", "k2") is None
+        # A replacement that comes without states leaves none of its predecessor's.
+        await store(stage, "s", "k3", STORED, settings)
+        await stage.store("s", "k3", STORED, None, None, b"answer", 60)
+        assert held.get("s", "k3") is None
+    asyncio.run(run())
+    assert len(held) == 0
+
+
+def test_an_admin_purge_forgets_the_scopes_states(embedder):
+    held = TokenStates(1 << 20)
+    stage, settings = stage_and_route(embedder, held)
+
+    async def run():
+        for scope, key in (("s", "k1"), ("s", "k2"), ("other", "k1")):
+            await store(stage, scope, key, STORED, settings)
+        assert await stage.purge_scope("s") == 2
+        assert held.get("s", "k1") is None and held.get("s", "k2") is None
+        assert held.get("other", "k1") is not None           # another tenant's stay
+        assert await stage.purge_all() == 1
+    asyncio.run(run())
+    assert len(held) == 0 and held.nbytes == 0
+
+
+def test_a_model_without_states_is_logged_once_for_a_verifier_route(caplog):
+    """A stale build/models loads the packaged model, which has no token_states output."""
+    def stage_with(has_states):
+        return CacheStage(CacheRuntime(store=MemoryStore(), inflight=InFlight(), token_states=TokenStates(1 << 20),
+                                       model_has_states=lambda: has_states))
+
+    def build(stage, name, rate):
+        route = parse_route_settings({"name": name, "candidates": [{"cluster": "a"}],
+                                      "cache": {"max_false_hit_rate": rate}})
+        return stage._route_cache_of.get(route, stage._build_route_cache, name)
+
+    def warnings():
+        return [r for r in caplog.records if r.levelname == "WARNING" and "token_states" in r.getMessage()]
+
+    caplog.set_level("WARNING", logger="sluice.cache")
+    stage = stage_with(False)
+    build(stage, "plain", 0.0)
+    assert warnings() == []                              # no verifier on that route
+    build(stage, "chat", 0.05)
+    build(stage, "other", 0.02)
+    assert len(warnings()) == 1 and "route chat" in warnings()[0].getMessage()
+    caplog.clear()
+    build(stage_with(True), "chat", 0.05)
+    assert warnings() == []

@@ -139,7 +139,7 @@ def test_built_app_names_its_scheduler_and_store():
 
     app = build(SidecarConfig(semantic=False))
     scheduler, store = admin_parts(app)
-    assert scheduler is app.pipeline.route.scheduler and store is app.pipeline.cache._rt.store
+    assert scheduler is app.pipeline.route.scheduler and store is app.pipeline.cache
     assert admin_parts(build(SidecarConfig(cache=False)))[1] is None
 
 
