@@ -214,9 +214,10 @@ async def test_an_answer_asked_for_before_a_purge_is_not_stored_after_it(make_st
     await store.put("t", "k", "p", unit(1), b"wrong", ttl_s=60)
     asked = store._clock() - 1              # the store's clock (fake for memory)
     assert await store.purge_scope("t") == 1
-    await store.put("t", "k", "p", unit(1), b"wrong", ttl_s=60, asked_at=asked)
+    # put says whether it stored: the cache stage keeps token states only for what it did.
+    assert await store.put("t", "k", "p", unit(1), b"wrong", ttl_s=60, asked_at=asked) is False
     assert await store.get_exact("t", "k") is None and await store.nearest("t", unit(1), 0.9) is None
-    await store.put("u", "k", "p", unit(1), b"other scope", ttl_s=60, asked_at=asked)
+    assert await store.put("u", "k", "p", unit(1), b"other scope", ttl_s=60, asked_at=asked) is True
     assert (await store.get_exact("u", "k")).answer == b"other scope"
     await store.put("t", "k", "p", unit(1), b"fresh", ttl_s=60, asked_at=store._clock() + 1)
     assert (await store.get_exact("t", "k")).answer == b"fresh"
@@ -474,12 +475,12 @@ async def test_redis_going_away_is_a_fast_miss_and_coming_back_resumes(tmp_path,
         # never given is a miss; a put is kept locally.
         for call, answer in ((lambda: store.get_exact("t", "k"), b"a"), (lambda: store.nearest("t", v, 0.9), b"a"),
                              (lambda: store.get_exact("t", "never"), None),
-                             (lambda: store.put("t", "k2", "p", unit(2), b"a2", ttl_s=60), None),
+                             (lambda: store.put("t", "k2", "p", unit(2), b"a2", ttl_s=60), True),   # kept locally
                              (lambda: store.get_exact("t", "k2"), b"a2"),
                              (lambda: store.nearest("t", unit(2), 0.9), b"a2")):
             started = time.monotonic()
             found = await call()
-            assert (found if found is None else getattr(found, "entry", found).answer) == answer
+            assert (found if found is None or found is True else getattr(found, "entry", found).answer) == answer
             assert time.monotonic() - started < 0.2
         assert not store.healthy and _metric("sluice_cache_backend_up") == 0
         assert _metric("sluice_cache_backend_errors_total", {"op": "get"}) == errors + 1
@@ -695,10 +696,10 @@ async def test_redis_a_purge_on_one_replica_drops_anothers_put_asked_for_before_
     a, b = await redis_stores(), await redis_stores()
     asked = time.time() - 1
     await a.purge_scope("t")
-    await b.put("t", "k", "p", unit(1), b"wrong", ttl_s=60, asked_at=asked)
+    assert await b.put("t", "k", "p", unit(1), b"wrong", ttl_s=60, asked_at=asked) is False
     assert await a.get_exact("t", "k") is None and await b.get_exact("t", "k") is None
     assert b._local.scope_size("t") == 0                  # not in its semantic index either
-    await b.put("t", "k", "p", unit(1), b"fresh", ttl_s=60, asked_at=time.time())
+    assert await b.put("t", "k", "p", unit(1), b"fresh", ttl_s=60, asked_at=time.time()) is True
     assert (await a.get_exact("t", "k")).answer == b"fresh"
 
 
