@@ -143,6 +143,21 @@ def test_built_app_names_its_scheduler_and_store():
     assert admin_parts(build(SidecarConfig(cache=False)))[1] is None
 
 
+async def test_a_purge_forgets_the_token_states_kept_beside_the_entries():
+    import numpy as np
+    from sidecar.config import SidecarConfig
+    from sidecar.service.app import build
+    app = build(SidecarConfig(semantic=False))
+    held = app.pipeline.cache._rt.token_states
+    for scope in ("gone", "kept"):
+        held.put(scope, "k", np.zeros((3, 384), np.float16))
+    admin, _ = service(admin_parts(app)[1])
+    await admin.PurgeCache(admin_pb2.PurgeCacheRequest(scope="gone"), Context())
+    assert held.get("gone", "k") is None and held.get("kept", "k") is not None
+    await admin.PurgeCache(admin_pb2.PurgeCacheRequest(all=True), Context())
+    assert len(held) == 0 and held.nbytes == 0
+
+
 async def test_unreachable_store_is_unavailable():
     class Down(Store):
         async def purge_scope(self, scope):
