@@ -218,6 +218,13 @@ def test_detectors_do_not_hang_on_long_digit_runs():
     pii.find(text, pii.DETECTORS)
 
 
+def test_ibans_next_to_each_other_and_after_look_alikes_are_each_found():
+    for text, values in [("DE89 3704 0044 0532 0130 00 GB82 WEST 1234 5698 7654 32", ["DE89 3704 0044 0532 0130 00", "GB82 WEST 1234 5698 7654 32"]),
+                         ("ab12 c d e f g h GB82WEST12345698765432", ["GB82WEST12345698765432"]),
+                         ("zz99 a1 GB82 ab12 MT84MALT011000012345MTLCAST001S x", ["MT84MALT011000012345MTLCAST001S"])]:
+        assert [text[s.start:s.end] for s in pii.find(text, ["iban"])] == values
+
+
 def test_many_token_runs_in_non_ascii_text_cost_linear_time():
     # Each run's character offset is counted from the previous run's, not from the start.
     import time
@@ -263,18 +270,22 @@ def test_candidate_ranges_find_what_the_patterns_find_over_the_whole_text():
 def test_ibans_found_from_their_digits_are_those_of_a_scan_of_the_text():
     from stdnum import iban
 
-    def scanned(text):                  # the pattern over the whole text, as finditer reads it
-        for m in pii._IBAN.finditer(text):
-            value = m.group()
-            while value:
+    def scanned(text):                  # the pattern at every position outside the IBANs found
+        end = 0
+        for start in range(len(text)):
+            m = pii._IBAN.match(text, start) if start >= end else None
+            value = m.group() if m else ""
+            while value:                # every prefix that ends at a space, longest first
                 if iban.is_valid(value):
-                    yield (m.start(), m.start() + len(value))
+                    end = start + len(value)
+                    yield (start, end)
                     break
                 cut = value.rfind(" ")
                 value = value[:cut] if cut > 4 else ""
 
     texts = _planted_texts(300, seed=7) + ["DE89 3704 0044 0532 0130 00 GB82 WEST 1234 5698 7654 32", "xDE89370400440532013000",
-                                           "de89 3704 0044 0532 0130 00 and more words", "AB12 CD34 EF56 GH78 DE89 3704"]
+                                           "de89 3704 0044 0532 0130 00 and more words", "AB12 CD34 EF56 GH78 DE89 3704",
+                                           "ab12 c d e f g h GB82WEST12345698765432", "NO93 8601 1117 947 NO9386011117947 x"]
     for text in texts:
         found = [(s.start, s.end) for s in pii._ibans(text, pii.Candidates.of(text))]
         assert found == list(scanned(text)), text
