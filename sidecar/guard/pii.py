@@ -14,6 +14,7 @@ lookup per character finds those places; prose between them is not read again.
 from __future__ import annotations
 
 import base64
+import bisect
 import functools
 import ipaddress
 import itertools
@@ -362,10 +363,15 @@ def _field(text: str, start: int, end: int) -> tuple[int, int]:
 # credential.) Found from the assignment signs, few in prose, not by reading every word.
 # A name, then a closing quote and up to three spaces before the sign, reversed.
 _NAME_REVERSED = re.compile(r"[ \t]{0,3}[\"']?([\w.-]{1,48})")
-_VALUE = re.compile(r"[=>]?\s{0,3}[\"'`]?(?:(?:Bearer|Basic|Token|token|bearer) +)?([^\s\"'`<>,;&(){}\[\]]+)")
+# A value is judged by its first _VALUE_HEAD characters: read whole at each sign, a value of
+# many signs ("password=password=...") would be read again from each of them.
+_VALUE_HEAD = 256
+_VALUE = re.compile(r"[=>]?\s{0,3}[\"'`]?(?:(?:Bearer|Basic|Token|token|bearer) +)?([^\s\"'`<>,;&(){}\[\]]{1,%d})" % _VALUE_HEAD)
+_VALUE_REST = re.compile(r"[^\s\"'`<>,;&(){}\[\]]*")
 # What is assigned but is not the credential itself: a URL, a variable, a path.
 _NOT_VALUES = ("http", "$", "%", "process.", "os.", "/", "~/", "./", "../")
-_SIGNS = frozenset("0123456789!@#$%^&*+=?~/|\\")
+# A digit or sign in the value (one search in C, not a comparison per character).
+_SIGN_IN_VALUE = re.compile(r"[0-9!@#$%^&*+=?~/|\\]")
 
 
 def _assigned(text: str, rules: "PiiRules") -> Iterable[Span]:
@@ -386,8 +392,13 @@ def _assigned(text: str, rules: "PiiRules") -> Iterable[Span]:
                 m = _VALUE.match(text, at + 1)
                 value = m.group(1).rstrip(".?:") if m else ""     # a sentence's end is not part of the value
                 if (len(value) >= rules.assignment_min_length and any(c.isalpha() for c in value)
-                        and any(c in _SIGNS for c in value) and not value.startswith(_NOT_VALUES)):
-                    yield Span("secret", m.start(1), m.start(1) + len(value))
+                        and _SIGN_IN_VALUE.search(value) and not value.startswith(_NOT_VALUES)):
+                    end = m.start(1) + len(value)
+                    if m.end(1) - m.start(1) == _VALUE_HEAD:      # a longer value is redacted whole
+                        end = m.start(1) + len(text[m.start(1):_VALUE_REST.match(text, m.end(1)).end()].rstrip(".?:"))
+                    yield Span("secret", m.start(1), end)
+                    at = text.find(sign, end)     # a sign inside the value is part of it
+                    continue
             at = text.find(sign, at + 1)
 
 
@@ -461,9 +472,9 @@ class PiiRules:
         if text[end:end + 3].lstrip().startswith(self.ip_not_before):
             return True
         before = text[max(0, start - self.ip_window):start].lower().rstrip(" \t:#=(\"'")
-        for word in self.ip_not_after:
-            # A plural stands for its word ("versions 1.2.3.4 and earlier").
-            for candidate in (before, before[:-1]) if before.endswith("s") else (before,):
+        # A plural stands for its word ("versions 1.2.3.4 and earlier").
+        for candidate in (before, before[:-1]) if before.endswith("s") else (before,):
+            for word in self._not_after_by_last.get(candidate[-1:], ()):
                 if candidate.endswith(word):
                     head = candidate[:-len(word)]
                     # A word of letters stands on its own (not "item" in "system").
@@ -476,6 +487,15 @@ class PiiRules:
                 if form in self._not_after_words:
                     return True
         return False
+
+    @functools.cached_property
+    def _not_after_by_last(self) -> dict[str, tuple[str, ...]]:
+        """The not_after words by their last character: only those can end the text before an
+        address (one dictionary lookup, not a comparison with each word, per address)."""
+        by_last: dict[str, tuple[str, ...]] = {}
+        for word in self.ip_not_after:
+            by_last[word[-1:]] = by_last.get(word[-1:], ()) + (word,)
+        return by_last
 
     @functools.cached_property
     def _not_after_words(self) -> frozenset[str]:
@@ -652,11 +672,22 @@ def find(text: str, detectors: Iterable[str], settings: PiiSettings = PiiSetting
     where = locate(text)
     for name in detectors:
         spans.extend(functions[name](text, where))
-    if len(spans) < 2:
-        return spans
-    spans.sort(key=lambda s: (_PRIORITY[s.detector], s.start - s.end))
+    return _without_overlaps(spans) if len(spans) > 1 else spans
+
+
+def _without_overlaps(spans: list[Span]) -> list[Span]:
+    """Of overlapping spans, the one of the stricter detector (_PRIORITY), then the longer,
+    then the one found first; the spans kept, in text order."""
+    spans = sorted(spans, key=lambda s: (_PRIORITY[s.detector], s.start - s.end))
+    # The kept spans do not overlap: ordered by start, their ends are in order too, so the
+    # only kept span that can overlap a new one is the last to start before it ends (a
+    # bisection, not a comparison with every kept span: a text of many items, each also
+    # found by a laxer detector, would cost quadratic time).
+    bounds: list[tuple[int, int]] = []
     kept: list[Span] = []
     for span in spans:
-        if not any(span.start < k.end and k.start < span.end for k in kept):
+        at = bisect.bisect_left(bounds, (span.end,))
+        if at == 0 or bounds[at - 1][1] <= span.start:
+            bounds.insert(at, (span.start, span.end))
             kept.append(span)
     return sorted(kept, key=lambda s: s.start)

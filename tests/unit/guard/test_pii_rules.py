@@ -124,6 +124,16 @@ def test_credentials_by_their_context_are_found(text, value):
     assert [(s.detector, text[s.start:s.end]) for s in pii.find(text, pii.DETECTORS)] == [("secret", value)]
 
 
+def test_a_long_credential_is_redacted_whole_and_each_sign_is_read_once():
+    # A value is judged by its first 256 characters and, found, redacted to its end.
+    value = "Zq8!" + "x7" * 300
+    text = f"DB_PASSWORD={value}. next"
+    assert [(s.detector, text[s.start:s.end]) for s in pii.find(text, pii.DETECTORS)] == [("secret", value)]
+    # Signs inside a value found are part of it, not names and values of their own.
+    text = "password=" * 50 + " ok"
+    assert [text[s.start:s.end] for s in pii._assigned(text, pii._RULES)] == [text[9:-3]]
+
+
 @pytest.mark.parametrize("text", [
     "password: correct horse battery staple",
     "Is this a good password: correcthorsebatterystaple?",
