@@ -397,7 +397,9 @@ def _assigned(text: str, rules: "PiiRules") -> Iterable[Span]:
                     if m.end(1) - m.start(1) == _VALUE_HEAD:      # a longer value is redacted whole
                         end = m.start(1) + len(text[m.start(1):_VALUE_REST.match(text, m.end(1)).end()].rstrip(".?:"))
                     yield Span("secret", m.start(1), end)
-                    at = text.find(sign, end)     # a sign inside the value is part of it
+                    # A sign inside the value is part of it (its own value would end where this
+                    # one does); one that ends it may start a value of its own ("password= pw=").
+                    at = text.find(sign, end - 1)
                     continue
             at = text.find(sign, at + 1)
 

@@ -132,6 +132,9 @@ def test_a_long_credential_is_redacted_whole_and_each_sign_is_read_once():
     # Signs inside a value found are part of it, not names and values of their own.
     text = "password=" * 50 + " ok"
     assert [text[s.start:s.end] for s in pii._assigned(text, pii._RULES)] == [text[9:-3]]
+    # A sign that ends a value starts a value of its own.
+    text = "DB_PASSWORD=api_key= Qw3rty!2024"
+    assert [text[s.start:s.end] for s in pii._assigned(text, pii._RULES)] == ["api_key=", "Qw3rty!2024"]
 
 
 @pytest.mark.parametrize("text", [
