@@ -70,7 +70,6 @@ def readable(data: bytes, metrics: CacheMetrics) -> CachedAnswer | None:
 
 
 _check_failure_warning = Throttle()
-_no_states_warning = Throttle()
 
 
 def checked_same_question(a: str, b: str, cosine: float, settings: EquivalenceSettings,
@@ -411,12 +410,9 @@ class CacheStage:
         except Exception as exc:   # EmbeddingUnavailable and anything else: skip the semantic tier
             self._metrics.embedding_skipped(type(exc).__name__)
             return None, None
-        states = getattr(found, "states", None)
-        if states is None and _no_states_warning.due():
-            log.warning("a route's verifier reads token states and the embedding model gives none "
-                        "(a model without the token_states output: `make all` builds the served one); "
-                        "its semantic candidates are misses (verifier_no_states)")
-        return getattr(found, "vector", found), states
+        # A model without states gives a bare vector: the route's candidates are then misses,
+        # said once when the route was built (_warn_if_no_states).
+        return getattr(found, "vector", found), getattr(found, "states", None)
 
     def _wants_states(self, checks: EquivalenceSettings) -> bool:
         """Whether this route's verifier reads token states (then the embedder returns them
