@@ -115,11 +115,17 @@ class MemoryStore:
         return self.nearest_now(scope, vector, min_similarity)
 
     async def put(self, scope: str, exact_key: str, prompt: str, vector: np.ndarray | None,
-                  answer: bytes, ttl_s: float, asked_at: float | None = None) -> bool:
+                  answer: bytes, ttl_s: float, asked_at: float | None = None,
+                  states: bytes | None = None) -> bool:
+        """CacheStore.put; `states` are not kept: one process's are the cache stage's."""
         now = self._clock()
         if asked_at is not None and self.purged_since(scope, asked_at):
             return False
         return self.put_now(Entry(exact_key, scope, prompt, answer, now), vector, now + ttl_s)
+
+    async def get_states(self, scope: str, exact_keys: list[str], max_bytes: int) -> list[bytes | None]:
+        """None for each: this store keeps no states (the cache stage holds them)."""
+        return [None] * len(exact_keys)
 
     async def purge_scope(self, scope: str) -> int:
         return self.purge_scope_now(scope)

@@ -7,13 +7,20 @@ and script stays inside it.  Nothing ever touches two scopes at once.
 Keys (prefix `sluice`, configurable):
   sluice:{<scope>}:e:<exact_key>  hash   p prompt, a answer (bytes), t stored_at (epoch s),
                                          x expires_at (epoch ms), v vector (float32 bytes,
-                                         absent for an exact-only entry); PEXPIRE = TTL
+                                         absent for an exact-only entry), s the prompt's
+                                         token states (sidecar/cache/token_states.py's
+                                         format; only on a route whose verifier reads
+                                         them); PEXPIRE = TTL
   sluice:{<scope>}:ids            zset   exact keys of the scope, scored by last use (ms);
                                          the per-scope LRU bound; expires with its newest
                                          entry
   sluice:events                   stream put / del / purge events, MAXLEN ~ bound
 
-Exact lookups go straight to Redis (HGETALL, and a ZADD XX that marks the use).  Semantic
+Exact lookups go straight to Redis (HMGET of every field but the states, and a ZADD XX that
+marks the use).  The states travel only when a replica's verifier needs a candidate's that it
+does not hold (get_states: one script call for a request's candidates, each value read only
+if within the size asked for); being fields of the entry, they are written, expired, evicted
+and purged with it, and are never in the stream.  Semantic
 lookups search this replica's mirror of the shared vectors and then fetch the entry, which
 both gets the answer and proves the entry has not expired or been evicted in Redis
 meanwhile; a vanished hit is dropped and the search repeats.  The mirror follows the
@@ -139,6 +146,22 @@ end
 return {n, redis.call('ZCARD', KEYS[1])}
 """
 _PURGE_BATCH_SIZE = 500
+# What a lookup reads of an entry: all but its token states (read only when needed).
+_ENTRY_FIELDS = ("p", "a", "t", "x", "v")
+# The `s` field of each entry in KEYS (all of one scope) when it is at most ARGV[1] bytes,
+# else its length (0: none), so that no reply is larger than asked for.
+_STATES = """
+local out = {}
+for i, key in ipairs(KEYS) do
+  local n = redis.call('HSTRLEN', key, 's')
+  if n > 0 and n <= tonumber(ARGV[1]) then
+    out[i] = redis.call('HGET', key, 's')
+  else
+    out[i] = n
+  end
+end
+return out
+"""
 
 
 @dataclass(frozen=True)
@@ -216,6 +239,7 @@ class RedisStore:
         self._reader: Any = None
         self._put_script: Any = None
         self._purge_script: Any = None
+        self._states_script: Any = None
         self._loop_task: asyncio.Task | None = None
         self._loaded = asyncio.Event()
         self._went_down = asyncio.Event()      # wakes the sync loop out of its blocking XREAD
@@ -285,6 +309,7 @@ class RedisStore:
         self._client, self._reader = client, reader
         self._put_script = client.register_script(_PUT)
         self._purge_script = client.register_script(_PURGE_BATCH)
+        self._states_script = client.register_script(_STATES)
 
     @staticmethod
     async def _aclose(*clients: Any) -> None:
@@ -385,7 +410,8 @@ class RedisStore:
         return entry
 
     async def put(self, scope: str, exact_key: str, prompt: str, vector: np.ndarray | None,
-                  answer: bytes, ttl_s: float, asked_at: float | None = None) -> bool:
+                  answer: bytes, ttl_s: float, asked_at: float | None = None,
+                  states: bytes | None = None) -> bool:
         now = self._clock()
         ttl_s = min(ttl_s, self.limits.max_ttl_s)
         unit = None if vector is None else as_unit(vector, self.dim)  # a bad vector raises
@@ -399,6 +425,8 @@ class RedisStore:
         fields: dict[str, Any] = {"p": prompt, "a": answer, "t": repr(now), "x": expires_ms}
         if unit is not None:
             fields["v"] = unit.tobytes()
+        if states:      # in the entry's hash: written by the same script, gone with the entry
+            fields["s"] = states
 
         async def write(client: Any) -> list[bytes]:
             args: list[Any] = [max(1, int(ttl_s * 1000)), int(now * 1000),
@@ -434,6 +462,15 @@ class RedisStore:
         for key in evicted:
             self._local.discard(scope, key.decode())
         return stored
+
+    async def get_states(self, scope: str, exact_keys: list[str], max_bytes: int) -> list[bytes | None]:
+        if not exact_keys:
+            return []
+        keys = [self._keys.entry(scope, key) for key in exact_keys]     # one scope: one slot
+        found = await self._run("states", lambda c: self._states_script(keys=keys, args=[max_bytes]))
+        if found is _FAILED or not isinstance(found, list) or len(found) != len(keys):
+            return [None] * len(exact_keys)
+        return [value if isinstance(value, bytes) and len(value) <= max_bytes else None for value in found]
 
     async def purge_scope(self, scope: str) -> int:
         self._local.purge_scope_now(scope)
@@ -507,13 +544,14 @@ class RedisStore:
                      ) -> tuple[Entry, float | None, np.ndarray | None] | None:
         """The entry, when it expires (None if unreadable) and its vector (None: none or bad)."""
         pipe = client.pipeline(transaction=False)
-        pipe.hgetall(self._keys.entry(scope, exact_key))
+        pipe.hmget(self._keys.entry(scope, exact_key), *_ENTRY_FIELDS)      # not the states
         pipe.zadd(self._keys.ids(scope), {exact_key: int(self._clock() * 1000)}, xx=True)
         # The LRU mark is a write: Redis full under noeviction refuses it, yet the read stands.
-        fields, _ = await pipe.execute(raise_on_error=False)
-        if isinstance(fields, Exception):
-            raise fields
-        if not fields or b"a" not in fields:
+        values, _ = await pipe.execute(raise_on_error=False)
+        if isinstance(values, Exception):
+            raise values
+        fields = {name.encode(): value for name, value in zip(_ENTRY_FIELDS, values) if value is not None}
+        if b"a" not in fields:
             return None
         try:
             stored_at = float(fields.get(b"t", b"0"))

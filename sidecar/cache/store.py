@@ -98,12 +98,21 @@ class CacheStore(Protocol):
         least `min_similarity` (cosine; vectors are unit float32 of the store's dim)."""
 
     async def put(self, scope: str, exact_key: str, prompt: str, vector: np.ndarray | None,
-                  answer: bytes, ttl_s: float, asked_at: float | None = None) -> bool:
+                  answer: bytes, ttl_s: float, asked_at: float | None = None,
+                  states: bytes | None = None) -> bool:
         """Store (or replace) the entry under `exact_key`; without a vector it can only be
         found exactly.  Never served after `ttl_s` seconds.  `asked_at` (the store's clock):
         when the answer was asked for; if the scope was purged since, the put is dropped, as
         the answer may be what the purge was for (an upstream answer in flight during it).
+        `states`: the prompt's token states (sidecar/cache/token_states.py's encode_states),
+        kept with the entry, and gone with it, by a store that shares them between replicas;
+        a store of one process ignores them (the cache stage keeps its own).
         Whether the entry was stored (False: dropped, and any entry it replaced is gone)."""
+
+    async def get_states(self, scope: str, exact_keys: list[str], max_bytes: int) -> list[bytes | None]:
+        """The states put with each entry, in one round trip, as stored (the caller decodes
+        them): None for an entry without them, one gone, a value over `max_bytes` (never read
+        whole), and all None when the backend cannot answer or keeps none."""
 
     async def purge_scope(self, scope: str) -> int:
         """Delete every entry of `scope` (everywhere it is shared); how many were deleted.

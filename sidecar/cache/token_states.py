@@ -9,22 +9,28 @@ docs/semantic-verifier-experiments.md, section 2).
 Keyed by (scope, exact key): one tenant's states are never read for another's entries.  Held
 as float16 [tokens, 384] (~0.8 KB a token) in least-recently-used order, within their share of
 the cache budget (sidecar/cache/budget.py), bytes counted: an array's own bytes plus
-ENTRY_BYTES.  Only this process holds them: an entry stored by another replica (a shared Redis
-store), or whose states were evicted, has none here, and the verifier then refuses the hit
-("verifier_no_states") rather than deciding without them.  The cache stage keeps them only for
-a put the store kept, replaces them with the entry, and forgets a scope's on an admin purge
-(CacheStage.store, purge_scope).  Those of an entry the store evicts or expires, or another
-replica purges, are not told of: they age out here in least-recently-used order (a lookup
-reads states only for an entry the store still holds).
+ENTRY_BYTES.  This is the process's share.  A store shared by replicas (Redis) also keeps each
+entry's states beside it, in `encode_states`'s format: a replica that finds a candidate whose
+states are not here reads them from there and keeps them here (CacheStage.lookup).  An entry
+with states in neither place (evicted here, stored by a replica whose store was down, a value
+`decode_states` refuses) is refused by the verifier ("verifier_no_states") rather than decided
+without them.  The cache stage keeps them only for a put the store kept, replaces them with the
+entry, and forgets a scope's on an admin purge (CacheStage.store, purge_scope).  Those of an
+entry the store evicts or expires, or another replica purges, are not told of: they age out
+here in least-recently-used order (a lookup reads states only for an entry the store still
+holds, and a key is a hash of its scope and prompt, so states found under it are that prompt's).
 """
 from __future__ import annotations
 
+import struct
 import sys
 from collections import OrderedDict
 
 import numpy as np
 
-__all__ = ["TokenStates", "ENTRY_BYTES"]
+from sidecar.embedding.settings import MODEL_POSITION_LIMIT
+
+__all__ = ["TokenStates", "ENTRY_BYTES", "encode_states", "decode_states", "max_encoded_bytes"]
 
 # An entry besides its array's data: the ndarray object, the key tuple and its two strings'
 # headers (their characters are counted as they come), the OrderedDict node.
@@ -79,3 +85,43 @@ class TokenStates:
         """Forget every entry (an admin purge of everything)."""
         self._held.clear()
         self.nbytes = 0
+
+
+# The shared format: a header (magic with its version, tokens, dim; little-endian), then the
+# float16 values row by row.  A reader refuses anything else rather than guess at it.
+_MAGIC = b"SLT1"
+_HEADER = struct.Struct("<4sHH")
+_FLOAT16 = np.dtype("<f2")
+
+
+def encode_states(states: np.ndarray) -> bytes:
+    """A prompt's token states [tokens, dim] as the bytes a shared store keeps."""
+    rows = np.ascontiguousarray(states, dtype=_FLOAT16)
+    if rows.ndim != 2 or not 0 < rows.shape[0] <= MODEL_POSITION_LIMIT or not 0 < rows.shape[1] < 1 << 16:
+        raise ValueError(f"token states: shape {rows.shape} is not [1..{MODEL_POSITION_LIMIT}, dim]")
+    return _HEADER.pack(_MAGIC, *rows.shape) + rows.tobytes()
+
+
+def max_encoded_bytes(dim: int) -> int:
+    """The most bytes `encode_states` makes for states of `dim` (the longest text the model
+    reads): a reader need never take more."""
+    return _HEADER.size + MODEL_POSITION_LIMIT * dim * _FLOAT16.itemsize
+
+
+def decode_states(data: bytes, dim: int) -> np.ndarray:
+    """`encode_states`'s bytes back as float16 [tokens, dim] (a read-only view of `data`).
+    ValueError for anything else: another format or version, another model's dim, a length
+    that does not match the header, values that are not finite."""
+    if len(data) < _HEADER.size:
+        raise ValueError(f"token states: {len(data)} bytes, shorter than the header")
+    magic, tokens, width = _HEADER.unpack_from(data)
+    if magic != _MAGIC:
+        raise ValueError("token states: unknown format")
+    if width != dim or not 0 < tokens <= MODEL_POSITION_LIMIT:
+        raise ValueError(f"token states: [{tokens}, {width}], expected [1..{MODEL_POSITION_LIMIT}, {dim}]")
+    if len(data) != _HEADER.size + tokens * width * _FLOAT16.itemsize:
+        raise ValueError(f"token states: {len(data)} bytes for [{tokens}, {width}]")
+    rows = np.frombuffer(data, _FLOAT16, offset=_HEADER.size).reshape(tokens, width)
+    if not np.isfinite(rows).all():
+        raise ValueError("token states: values that are not finite")
+    return rows

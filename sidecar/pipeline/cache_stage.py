@@ -32,7 +32,7 @@ from sidecar.cache.budget import BytePool
 from sidecar.cache.capture import IDENTITY_ENCODING, NotCaptured, SseCapture, capture_json, response_refusal
 from sidecar.cache.equivalence import EquivalenceSettings, Verdict
 from sidecar.cache.same_question import candidate_floor, same_question
-from sidecar.cache.token_states import TokenStates
+from sidecar.cache.token_states import TokenStates, decode_states, encode_states, max_encoded_bytes
 from sidecar.cache.verifier import load_verifier
 from sidecar.cache.false_hits import FEEDBACK_HEADER, MemoryFalseHits, pair_id
 from sidecar.cache.inflight import Answered, Follow, Lead, Near, Promoted
@@ -70,6 +70,8 @@ def readable(data: bytes, metrics: CacheMetrics) -> CachedAnswer | None:
 
 
 _check_failure_warning = Throttle()
+# Another replica's states in a format this version cannot read (an upgrade), or corrupt.
+_unreadable_states_warning = Throttle()
 
 
 def checked_same_question(a: str, b: str, cosine: float, settings: EquivalenceSettings,
@@ -431,10 +433,12 @@ class CacheStage:
         """Stores an answer, and its prompt's token states (TokenStates) with it only when the
         store kept the entry: a put voided by a purge since `asked_at`, or refused, must leave
         no states behind, and a replaced entry never keeps its predecessor's."""
-        stored = await self._rt.store.put(scope, key, prompt, vector, answer, ttl_s, asked_at=asked_at)
+        kept = states is not None and vector is not None
+        stored = await self._rt.store.put(scope, key, prompt, vector, answer, ttl_s, asked_at=asked_at,
+                                          states=encode_states(states) if kept else None)
         held = self._rt.token_states
         if held is not None:
-            if stored and states is not None and vector is not None:
+            if stored and kept:
                 held.put(scope, key, states)
             else:
                 held.discard(scope, key)
@@ -474,7 +478,7 @@ class CacheStage:
             return Lookup("exact", "exact", neighbour.entry, 1.0, vector, states=states)
         layer_states = None
         if wants_states:    # the stored prompt's, kept when it was stored, and this prompt's
-            layer_states = (self._rt.token_states.get(scope, neighbour.entry.entry_id), states)
+            layer_states = (await self._stored_states(scope, neighbour.entry.entry_id, states), states)
         verdict = checked_same_question(neighbour.entry.prompt, prompt, neighbour.similarity, checks,
                                         layer_states)
         if verdict.hit and await self._rt.false_hits.known(
@@ -483,6 +487,29 @@ class CacheStage:
         self._metrics.semantic_verdict(verdict.reason)
         return Lookup("semantic" if verdict.hit else None, verdict.reason, neighbour.entry,
                       neighbour.similarity, vector, verdict.score, states)
+
+    async def _stored_states(self, scope: str, key: str, states: np.ndarray | None) -> np.ndarray | None:
+        """A stored prompt's token states: this process's share, else those the store keeps
+        beside the entry (another replica stored it, or they were evicted here), then kept in
+        the share. None (the verifier's counted miss) for none, or for a value that is not
+        states of this model's width: from outside this process, never trusted."""
+        held = self._rt.token_states
+        found = held.get(scope, key)
+        if found is not None or states is None:     # no states of this prompt: nothing to compare
+            return found
+        dim = states.shape[1]
+        data = (await self._rt.store.get_states(scope, [key], max_encoded_bytes(dim)))[0]
+        if data is None:
+            return None
+        try:
+            found = decode_states(data, dim)
+        except ValueError as exc:
+            self._metrics.unreadable()
+            if _unreadable_states_warning.due():
+                log.warning("stored token states unreadable, the candidate is a miss: %s", exc)
+            return None
+        held.put(scope, key, found)
+        return found
 
     def _checks(self, policy: CachePolicy) -> EquivalenceSettings:
         """The sidecar's same-question settings with the route's threshold and false-hit rate."""

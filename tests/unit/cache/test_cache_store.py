@@ -1027,3 +1027,65 @@ async def test_the_sidecar_exports_what_its_cache_holds_against_each_share_of_th
     held = _metric("sluice_cache_memory_bytes", {"part": "store"})
     await app.store.put("t", "k", "p", unit(1), b"a" * 10_000, ttl_s=60)
     assert _metric("sluice_cache_memory_bytes", {"part": "store"}) > held + 10_000
+
+
+# -- token states beside the entries (a verifier's, sidecar/cache/token_states.py) ----------
+
+STATES = b"states of the prompt" * 10
+
+
+async def test_the_memory_store_keeps_no_states(make_store):
+    store = await make_store()
+    assert await store.put("t", "k", "p", unit(1), b"a", 60, states=STATES)
+    expected = [STATES] if isinstance(store, RedisStore) else [None]
+    assert await store.get_states("t", ["k"], 1 << 20) == expected
+
+
+@needs_redis
+async def test_redis_states_put_by_one_replica_are_read_by_another(redis_stores):
+    a, b = await redis_stores(), await redis_stores()
+    await a.put("t", "k1", "p1", unit(1), b"a1", 60, states=STATES)
+    await a.put("t", "k2", "p2", unit(2), b"a2", 60)                       # none kept
+    assert await b.get_states("t", ["k1", "k2", "gone"], 1 << 20) == [STATES, None, None]
+    assert await b.get_states("other-tenant", ["k1"], 1 << 20) == [None]    # scoped
+    assert await b.get_states("t", [], 1 << 20) == []
+    # A value over the bound is never read whole: a miss.
+    assert await b.get_states("t", ["k1"], len(STATES) - 1) == [None]
+    # An exact lookup does not carry the states (they are read only when the verifier needs them).
+    assert (await b.get_exact("t", "k1")).answer == b"a1"
+
+
+@needs_redis
+async def test_redis_states_go_with_their_entry(redis_stores, redis_server):
+    store = await redis_stores()
+    store.limits = StoreLimits(max_entries=100, max_entries_per_scope=1)
+    await store.put("t", "k1", "p", unit(1), b"a", 60, states=STATES)
+    await store.put("t", "k2", "p", unit(2), b"a", 60, states=STATES)      # evicts k1
+    assert await store.get_states("t", ["k1", "k2"], 1 << 20) == [None, STATES]
+    await store.put("t", "k2", "p", unit(2), b"a", 60)                       # replaced without
+    assert await store.get_states("t", ["k2"], 1 << 20) == [None]
+    await store.put("t", "k3", "p", unit(3), b"a", 60, states=STATES)
+    await store.put("u", "k3", "p", unit(3), b"a", 60, states=STATES)
+    await store.purge_scope("t")
+    assert await store.get_states("t", ["k3"], 1 << 20) == [None]
+    assert await store.get_states("u", ["k3"], 1 << 20) == [STATES]
+    client = AsyncRedis.from_url(redis_server.url)
+    try:
+        ttl = await client.pttl(store._keys.entry("u", "k3"))
+        assert 0 < ttl <= 60_000                                            # the entry's TTL
+    finally:
+        await client.aclose()
+
+
+@needs_redis
+async def test_redis_states_of_a_broken_entry_or_a_down_backend_are_none(redis_stores, redis_server):
+    store = await redis_stores()
+    client = AsyncRedis.from_url(redis_server.url)
+    try:
+        await client.set(store._keys.entry("t", "not-a-hash"), b"x")       # not this code's
+    finally:
+        await client.aclose()
+    assert await store.get_states("t", ["not-a-hash"], 1 << 20) == [None]
+    await store.put("t", "k", "p", unit(1), b"a", 60, states=STATES)
+    store._mark_down("test", ConnectionError("down"))
+    assert await store.get_states("t", ["k"], 1 << 20) == [None]

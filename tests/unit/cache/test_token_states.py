@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from sidecar.cache.token_states import ENTRY_BYTES, TokenStates
+from sidecar.cache.token_states import ENTRY_BYTES, TokenStates, decode_states, encode_states, max_encoded_bytes
 
 
 def states(tokens: int, value: float = 0.5) -> np.ndarray:
@@ -42,3 +42,37 @@ def test_a_purged_scope_loses_its_states_and_bytes():
     assert held.get("s", "a") is None and held.get("t", "a") is not None and held.nbytes < before
     with pytest.raises(ValueError):
         TokenStates(0)
+
+
+# -- the shared format (states kept beside an entry in Redis) ------------------------------
+
+def test_encoded_states_decode_to_the_same_float16_rows():
+    rows = np.random.default_rng(1).standard_normal((17, 384)).astype(np.float32)
+    data = encode_states(rows)
+    assert len(data) <= max_encoded_bytes(384)
+    back = decode_states(data, 384)
+    assert back.dtype == np.float16 and back.shape == (17, 384)
+    assert np.array_equal(back, rows.astype(np.float16))
+
+
+GOOD = encode_states(states(4))
+
+
+@pytest.mark.parametrize("data", [
+    b"", b"SLT1", GOOD[:-1], GOOD + b"\0\0", b"XXXX" + GOOD[4:],            # short, long, other format
+    GOOD[:4] + (0).to_bytes(2, "little") + GOOD[6:],                      # zero tokens
+    GOOD[:4] + (5).to_bytes(2, "little") + GOOD[6:],                      # header says more than there is
+    GOOD[:4] + (600).to_bytes(2, "little") + GOOD[6:],                    # more than the model reads
+    encode_states(np.full((4, 256), 0.5, np.float32)),                     # another model's width
+    GOOD[:8] + np.full(4 * 384, np.nan, np.float16).tobytes(),           # not finite
+], ids=["empty", "header-only", "truncated", "trailing", "magic", "zero-tokens", "more-tokens",
+        "too-many-tokens", "other-dim", "nan"])
+def test_anything_but_states_of_this_width_is_refused(data):
+    with pytest.raises(ValueError):
+        decode_states(data, 384)
+
+
+@pytest.mark.parametrize("rows", [np.zeros((0, 384)), np.zeros(384), np.zeros((513, 384))])
+def test_only_states_a_reader_accepts_are_encoded(rows):
+    with pytest.raises(ValueError):
+        encode_states(rows)

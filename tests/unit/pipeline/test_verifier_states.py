@@ -1,20 +1,27 @@
 """The cache stage feeds a verifier that aligns token states: the new prompt's from its own
 embedding run, the stored prompt's kept with its entry; without them, a counted miss."""
 import asyncio
+import shutil
 
+import numpy as np
 import pytest
 from prometheus_client import REGISTRY
+from redis.asyncio import Redis
 
 from sidecar.cache.inflight import InFlight
 from sidecar.cache.memory_store import MemoryStore
+from sidecar.cache.redis_store import RedisSettings, RedisStore
 from sidecar.cache.token_states import TokenStates
 from sidecar.cache.verifier import load_verifier
 from sidecar.embedding import EmbeddingSettings
 from sidecar.embedding.service import EmbeddingService
 from sidecar.pipeline.cache_stage import CacheRuntime, CacheStage
 from sidecar.route_settings import parse_route_settings
+from tests.support.redis_server import RedisServer
 
 STORED, REWORDED = "How do I reset my password?", "How can I reset my password?"
+# A rewording the verifier serves by a wide margin (P ~0.99 against a threshold of ~0.93).
+SERVED = ("What is the capital of France?", "What's the capital of France?")
 
 
 @pytest.fixture(scope="module")
@@ -28,8 +35,8 @@ def no_states_count() -> float:
     return REGISTRY.get_sample_value("sluice_cache_semantic_checks_total", {"reason": "verifier_no_states"}) or 0
 
 
-def stage_and_route(embedder, token_states, rate=0.05):
-    stage = CacheStage(CacheRuntime(store=MemoryStore(), inflight=InFlight(), embedder=embedder,
+def stage_and_route(embedder, token_states, rate=0.05, store=None):
+    stage = CacheStage(CacheRuntime(store=store or MemoryStore(), inflight=InFlight(), embedder=embedder,
                                     secret=b"a test secret of 32 bytes, fixed", token_states=token_states))
     route = parse_route_settings({"name": "chat", "candidates": [{"cluster": "a"}],
                                   "cache": {"max_false_hit_rate": rate}})
@@ -146,3 +153,81 @@ def test_a_model_without_states_is_logged_once_for_a_verifier_route(caplog):
     caplog.clear()
     build(stage_with(True), "chat", 0.05)
     assert warnings() == []
+
+
+# -- replicas sharing Redis: the states travel beside the entry ----------------------------
+
+@pytest.fixture(scope="module")
+def redis_server(tmp_path_factory):
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed")
+    server = RedisServer(tmp_path_factory.mktemp("redis")).start()
+    yield server
+    server.stop()
+
+
+def replica(embedder, server, held):
+    store = RedisStore(RedisSettings(url=server.url, timeout_s=0.5, connect_timeout_s=0.5, stream_block_ms=200))
+    return stage_and_route(embedder, held, store=store)
+
+
+def unreadable_count() -> float:
+    return REGISTRY.get_sample_value("sluice_cache_unreadable_total") or 0
+
+
+def test_an_entry_stored_by_one_replica_is_verified_by_another(embedder, redis_server):
+    held_a, held_b = TokenStates(1 << 20), TokenStates(1 << 20)
+    (a, settings), (b, _) = replica(embedder, redis_server, held_a), replica(embedder, redis_server, held_b)
+
+    async def run():
+        await a._rt.store.start()
+        await b._rt.store.start()
+        try:
+            stored = await store(a, "s", "k1", SERVED[0], settings)
+            vector = (await b.embed_prompt(SERVED[0], settings.policy))[0]
+            for _ in range(100):                           # b's index hears of the put
+                if b._rt.store._local.nearest_now("s", vector, 0.99):
+                    break
+                await asyncio.sleep(0.02)
+            found = await b.lookup("s", "k2", SERVED[1], settings)
+            other_tenant = await b.lookup("t", "k2", SERVED[1], settings)
+            return stored, found, other_tenant
+        finally:
+            await a._rt.store.close()
+            await b._rt.store.close()
+    stored, found, other_tenant = asyncio.run(run())
+    assert found.entry is not None and found.entry.entry_id == "k1"
+    assert found.reason != "verifier_no_states" and found.score is not None
+    assert found.tier == "semantic"                              # the same question, reworded
+    kept = held_b.get("s", "k1")                                 # now in b's own share
+    assert kept is not None and np.array_equal(kept, stored.astype(np.float16))
+    assert other_tenant.entry is None and held_b.get("t", "k1") is None
+
+
+@pytest.mark.parametrize("value", [b"junk", None], ids=["corrupt", "missing"])
+def test_states_in_redis_that_are_not_states_are_a_counted_miss(embedder, redis_server, value):
+    held_a, held_b = TokenStates(1 << 20), TokenStates(1 << 20)
+    (a, settings), (b, _) = replica(embedder, redis_server, held_a), replica(embedder, redis_server, held_b)
+    before, unreadable = no_states_count(), unreadable_count()
+
+    async def run():
+        await a._rt.store.start()
+        await b._rt.store.start()
+        try:
+            await store(a, "s", "k1", STORED, settings)
+            client = Redis.from_url(redis_server.url)
+            key = a._rt.store._keys.entry("s", "k1")
+            await (client.hset(key, "s", value) if value is not None else client.hdel(key, "s"))
+            await client.aclose()
+            for _ in range(100):
+                found = await b.lookup("s", "k2", REWORDED, settings)
+                if found.entry is not None:
+                    return found
+                await asyncio.sleep(0.02)
+        finally:
+            await a._rt.store.close()
+            await b._rt.store.close()
+    found = asyncio.run(run())
+    assert found.tier is None and found.reason == "verifier_no_states" and found.score is None
+    assert no_states_count() == before + 1 and held_b.get("s", "k1") is None
+    assert unreadable_count() == unreadable + (value is not None)
