@@ -188,9 +188,9 @@ class CacheRuntime:
     memo_pool: BytePool | None = None  # the bytes every route's request memo draws on together
     # Stored prompts' token states for a verifier that aligns them (None: such a verifier misses).
     token_states: TokenStates | None = None
-    # Whether the loaded embedding model gives token states (EmbeddingService.has_states);
-    # None: not known (no check).
-    model_has_states: Callable[[], bool] | None = None
+    # Whether the loaded embedding model gives token states (EmbeddingService.has_states), or
+    # None while that is not known yet (the model still loading); itself None: no check.
+    model_has_states: Callable[[], bool | None] | None = None
 
 
 OFF = CacheWhy("off")                    # no cache on the route (or the sidecar)
@@ -252,6 +252,8 @@ class CacheStage:
         self._route_cache_of = PerSettings()
         self._tasks: set[asyncio.Task] = set()
         self._warned_no_states = False
+        # Verifier routes built before the model loaded: checked for states once it has.
+        self._states_unchecked: list[str] = []
 
     # --- decision -----------------------------------------------------------------------
 
@@ -385,15 +387,25 @@ class CacheStage:
     def _warn_if_no_states(self, route_name: str, policy: CachePolicy) -> None:
         """Once, for the first route whose verifier reads token states when the model has none
         (a stale build/models falls back to the packaged model, which has no such output):
-        every semantic candidate there is a miss, and nothing else would say why."""
-        has_states = self._rt.model_has_states
-        if (self._warned_no_states or has_states is None or policy.max_false_hit_rate <= 0
-                or self._rt.token_states is None or not load_verifier().needs_states or has_states()):
+        every semantic candidate there is a miss, and nothing else would say why.  A route
+        built before the model has loaded is checked at its first embedding after."""
+        if (self._warned_no_states or self._rt.model_has_states is None or policy.max_false_hit_rate <= 0
+                or self._rt.token_states is None or not load_verifier().needs_states):
+            return
+        self._check_states_of([route_name])
+
+    def _check_states_of(self, route_names: list[str]) -> None:
+        has_states = self._rt.model_has_states()
+        if has_states is None:                      # not loaded yet: known at a later embedding
+            self._states_unchecked = list(dict.fromkeys([*self._states_unchecked, *route_names]))
+            return
+        self._states_unchecked = []
+        if has_states or self._warned_no_states:
             return
         self._warned_no_states = True
         log.warning("route %s has max_false_hit_rate > 0, and the embedding model has no token_states "
                     "output (a stale or missing build/models: `make all` builds the served one); its "
-                    "semantic candidates are misses (verifier_no_states)", route_name)
+                    "semantic candidates are misses (verifier_no_states)", ", ".join(route_names))
 
     def _semantic(self, settings: RouteCache, prompt: str) -> bool:
         """Whether the prompt may have a semantic tier: not past max_prompt_chars, where every
@@ -413,7 +425,9 @@ class CacheStage:
             self._metrics.embedding_skipped(type(exc).__name__)
             return None, None
         # A model without states gives a bare vector: the route's candidates are then misses,
-        # said once when the route was built (_warn_if_no_states).
+        # said once (_warn_if_no_states), here for routes built while the model was loading.
+        if self._states_unchecked:
+            self._check_states_of(self._states_unchecked)
         return getattr(found, "vector", found), getattr(found, "states", None)
 
     def _wants_states(self, checks: EquivalenceSettings) -> bool:

@@ -95,7 +95,8 @@ def build(config: SidecarConfig) -> App:
     shared_embedder = None if embedder is None else SharedEmbeddings(embedder)
     runtime = CacheRuntime(store=store, inflight=inflight, embedder=shared_embedder, secret=secret,
                            false_hits=false_hits, memo_pool=memo_pool, token_states=token_states,
-                           model_has_states=None if embedder is None else lambda: embedder.has_states)
+                           model_has_states=None if embedder is None else (
+                               lambda: embedder.has_states if embedder.ready else None))
     return App(Pipeline(routing, CacheStage(runtime), _guard(shared_embedder)), embedder, closers,
                scheduler=routing.scheduler, store=store)
 

@@ -129,21 +129,27 @@ def test_an_admin_purge_forgets_the_scopes_states(embedder):
     assert len(held) == 0 and held.nbytes == 0
 
 
-def test_a_model_without_states_is_logged_once_for_a_verifier_route(caplog):
-    """A stale build/models loads the packaged model, which has no token_states output."""
-    def stage_with(has_states):
-        return CacheStage(CacheRuntime(store=MemoryStore(), inflight=InFlight(), token_states=TokenStates(1 << 20),
-                                       model_has_states=lambda: has_states))
+def stage_with(has_states, embedder=None):
+    """has_states: the model's answer, or a callable giving it (None: not loaded yet)."""
+    return CacheStage(CacheRuntime(store=MemoryStore(), inflight=InFlight(), token_states=TokenStates(1 << 20),
+                                   embedder=embedder, secret=b"a test secret of 32 bytes, fixed",
+                                   model_has_states=has_states if callable(has_states) else lambda: has_states))
 
-    def build(stage, name, rate):
-        route = parse_route_settings({"name": name, "candidates": [{"cluster": "a"}],
-                                      "cache": {"max_false_hit_rate": rate}})
-        return stage._route_cache_of.get(route, stage._build_route_cache, name)
 
-    def warnings():
-        return [r for r in caplog.records if r.levelname == "WARNING" and "token_states" in r.getMessage()]
+def build(stage, name, rate):
+    route = parse_route_settings({"name": name, "candidates": [{"cluster": "a"}],
+                                  "cache": {"max_false_hit_rate": rate}})
+    return stage._route_cache_of.get(route, stage._build_route_cache, name)
 
+
+@pytest.fixture
+def warnings(caplog):
     caplog.set_level("WARNING", logger="sluice.cache")
+    return lambda: [r for r in caplog.records if r.levelname == "WARNING" and "token_states" in r.getMessage()]
+
+
+def test_a_model_without_states_is_logged_once_for_a_verifier_route(caplog, warnings):
+    """A stale build/models loads the packaged model, which has no token_states output."""
     stage = stage_with(False)
     build(stage, "plain", 0.0)
     assert warnings() == []                              # no verifier on that route
@@ -231,3 +237,32 @@ def test_states_in_redis_that_are_not_states_are_a_counted_miss(embedder, redis_
     assert found.tier is None and found.reason == "verifier_no_states" and found.score is None
     assert no_states_count() == before + 1 and held_b.get("s", "k1") is None
     assert unreadable_count() == unreadable + (value is not None)
+
+
+class LoadingModel:
+    """An embedder whose model loads later; until then has_states is not known."""
+    def __init__(self, has_states: bool):
+        self.loaded, self._has_states = False, has_states
+
+    def has_states(self) -> bool | None:
+        return self._has_states if self.loaded else None
+
+    async def embed(self, text, with_states=False):
+        vector = np.ones(384, np.float32) / np.sqrt(384)
+        if with_states and self._has_states:
+            return type("WithStates", (), {"vector": vector, "states": np.ones((5, 384), np.float16)})()
+        return vector
+
+
+@pytest.mark.parametrize("has_states", [True, False])
+def test_a_route_built_before_the_model_loads_is_checked_once_it_has(warnings, has_states):
+    model = LoadingModel(has_states)
+    stage = stage_with(model.has_states, embedder=model)
+    settings = build(stage, "chat", 0.05)
+    assert warnings() == []                          # not known yet: no warning, true or false
+    model.loaded = True
+    for key in ("k1", "k2"):
+        asyncio.run(stage.lookup("s", key, STORED, settings))
+    assert len(warnings()) == (0 if has_states else 1)
+    if not has_states:
+        assert "route chat" in warnings()[0].getMessage()
