@@ -43,7 +43,6 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from sidecar.cache.alignment import run_content_states, unaligned  # noqa: E402
 from sidecar.cache.equivalence import EquivalenceSettings, forget_profiles, requirement  # noqa: E402
 from sidecar.cache.same_question import same_question  # noqa: E402
 
@@ -151,14 +150,6 @@ SUITE = (
     ("hit", "is a tomato a fruit or a vegetable", "is a tomato a vegetable or a fruit"),
     ("hit", "When will the next iPhone come out?", "When is the next iPhone going to come out?"),
 )
-
-# Token alignment (sidecar/cache/alignment.py), measured on top of the default checks.
-# Its two knobs are chosen on the tune half at the default threshold: the most overall
-# precision such that every source keeps at least ALIGN_KEEP_RECALL of the recall it has
-# with the checks alone ("better precision at about equal recall").
-ALIGN_GRID = {"alignment_floor": (0.4, 0.45, 0.5, 0.55, 0.6),
-              "max_unaligned_tokens": (0, 1, 2, 3, 4)}
-ALIGN_KEEP_RECALL = 0.95
 
 # A stricter content-word setting, reported next to the default for routes that want it.
 STRICT_CONTENT = dict(extra_word_cost=0.02, max_extra_words=2, substitution_margin=1.0)
@@ -270,60 +261,10 @@ def cosines_of(pairs: list[tuple[str, str]]) -> np.ndarray:
     return np.einsum("ij,ij->i", a, b).astype(float)
 
 
-def token_states_all(texts: list[str]) -> list[np.ndarray]:
-    """Each text's content-token states (sidecar.cache.alignment.content_states), float16.
-
-    The same model run as the embedding, its per-token output kept instead of pooled.
-    Cached in build/semantic/ like the vectors.
-    """
-    import pickle
-
-    from sidecar.embedding.errors import NothingToEmbed
-
-    name, _ = _engine()
-    code = "".join((ROOT / "sidecar" / f).read_text() for f in (
-        "embedding/normalize.py", "embedding/tokens.py", "embedding/tensors.py", "cache/alignment.py",
-        "cache/equivalence.py"))
-    key = hashlib.sha256("\n".join([name, code, *texts]).encode()).hexdigest()[:16]
-    cached = CACHE_DIR / f"tokens-{key}.pkl"
-    if cached.exists():
-        with open(cached, "rb") as handle:
-            return pickle.load(handle)
-    encoder = _MODEL.encoder
-    out: list[np.ndarray] = [np.zeros((0, _MODEL.dimension), dtype=np.float16)] * len(texts)
-    order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
-    start = time.perf_counter()
-    for first in range(0, len(order), 64):
-        chunk = []
-        for i in order[first:first + 64]:
-            try:
-                encoder.tokenize(texts[i])
-                chunk.append(i)
-            except NothingToEmbed:  # no states; never a hit (its cosine is 0)
-                continue
-        if chunk:
-            for i, rows in zip(chunk, run_content_states(encoder, [texts[i] for i in chunk])):
-                out[i] = rows.astype(np.float16)
-        if first // 64 % 100 == 99:
-            print(f"token states {first + 64}/{len(order)} ({time.perf_counter() - start:.0f}s)",
-                  file=sys.stderr, flush=True)
-    CACHE_DIR.mkdir(parents=True, exist_ok=True)
-    with open(cached, "wb") as handle:
-        pickle.dump(out, handle, protocol=5)
-    return out
-
-
-def states_of(pairs: list[tuple[str, str]]) -> list[tuple[np.ndarray, np.ndarray]]:
-    texts = sorted({t for pair in pairs for t in pair})
-    index = {t: i for i, t in enumerate(texts)}
-    states = [s.astype(np.float32) for s in token_states_all(texts)]
-    return [(states[index[a]], states[index[b]]) for a, b in pairs]
-
-
-def suite_results(cosines, settings: EquivalenceSettings, states=None) -> list[dict]:
+def suite_results(cosines, settings: EquivalenceSettings) -> list[dict]:
     out = []
-    for i, ((kind, a, b), cosine) in enumerate(zip(SUITE, cosines)):
-        verdict = same_question(a, b, float(cosine), settings, None if states is None else states[i])
+    for (kind, a, b), cosine in zip(SUITE, cosines):
+        verdict = same_question(a, b, float(cosine), settings)
         out.append({"expect": kind, "a": a, "b": b, "cosine": round(float(cosine), 4),
                     "hit": verdict.hit, "reason": verdict.reason})
     return out
@@ -331,14 +272,11 @@ def suite_results(cosines, settings: EquivalenceSettings, states=None) -> list[d
 
 # ---------------------------------------------------------------- evaluation
 
-def evaluate(pairs: list[Pair], cosines, settings: EquivalenceSettings, states=None) -> dict:
-    """Per source and overall: counts, precision, recall, false-hit rate, and why pairs missed.
-
-    states: each pair's content-token states, for settings with check_alignment."""
+def evaluate(pairs: list[Pair], cosines, settings: EquivalenceSettings) -> dict:
+    """Per source and overall: counts, precision, recall, false-hit rate, and why pairs missed."""
     counts = {s: Counter() for s in (*SOURCES, ALL)}
-    for i, (pair, cosine) in enumerate(zip(pairs, cosines)):
-        verdict = same_question(pair.a, pair.b, float(cosine), settings,
-                                None if states is None else states[i])
+    for pair, cosine in zip(pairs, cosines):
+        verdict = same_question(pair.a, pair.b, float(cosine), settings)
         for source in (pair.source, ALL):
             c = counts[source]
             c["positives" if pair.label else "negatives"] += 1
@@ -398,26 +336,6 @@ def tune_alone(pairs: list[Pair], cosines) -> float:
     return max(allowed, key=lambda t: (results[t][ALL]["recall"], t))
 
 
-def tune_alignment(pairs: list[Pair], cosines, states, base: EquivalenceSettings
-                   ) -> tuple[EquivalenceSettings, dict]:
-    """ALIGN_GRID at base's threshold: the most overall precision such that every source keeps
-    ALIGN_KEEP_RECALL of its recall under `base`.  Ties go to the looser setting."""
-    before = evaluate(pairs, cosines, base)
-    best, best_key, allowed = base, None, 0
-    for combo in itertools.product(*ALIGN_GRID.values()):
-        knobs = dict(zip(ALIGN_GRID, combo))
-        settings = dataclasses.replace(base, check_alignment=True, **knobs)
-        after = evaluate(pairs, cosines, settings, states)
-        if any(after[s]["recall"] < ALIGN_KEEP_RECALL * before[s]["recall"] for s in SOURCES):
-            continue
-        allowed += 1
-        key = (round(after[ALL]["precision"] or 0.0, 6), round(after[ALL]["recall"], 6),
-               knobs["max_unaligned_tokens"], -knobs["alignment_floor"])
-        if best_key is None or key > best_key:
-            best_key, best = key, settings
-    return best, {"tried": len(list(itertools.product(*ALIGN_GRID.values()))), "allowed": allowed}
-
-
 def extra_words_by_label(pairs: list[Pair], cosines, settings: EquivalenceSettings,
                          source: str = "qqp") -> dict:
     """Among `source`'s pairs that `settings` serves: the mean count of content words that only
@@ -439,41 +357,14 @@ def extra_words_by_label(pairs: list[Pair], cosines, settings: EquivalenceSettin
             "precision_ceiling": len(counts[1]) / (len(counts[1]) + same_words) if counts[1] else None}
 
 
-def time_alignment(pairs: list[Pair], states) -> dict:
-    """What the alignment check costs: the comparison itself, the model run that would give
-    the stored prompt's token states again, and the bytes to keep them instead."""
-    sample = list(range(0, len(pairs), max(1, len(pairs) // 2000)))[:2000]  # every source
-    start = time.perf_counter()
-    for i in sample:
-        unaligned(*states[i], 0.5)
-    compare_us = (time.perf_counter() - start) / len(sample) * 1e6
-    encoder = _MODEL.encoder
-    runs = []
-    for i in sample[::4]:
-        ids = encoder.tokenize(pairs[i].a)
-        started = time.perf_counter()
-        encoder.run([ids])
-        runs.append(time.perf_counter() - started)
-    content = [len(x) for i in sample for x in states[i]]
-    tokens = [len(encoder.tokenize(pairs[i].a)) for i in sample]
-    dim = _MODEL.dimension
-    return {"compare_us": round(compare_us, 1),
-            "model_run_ms_p50": round(float(np.percentile(runs, 50)) * 1e3, 2),
-            "model_run_ms_p99": round(float(np.percentile(runs, 99)) * 1e3, 2),
-            "content_tokens_mean": round(float(np.mean(content)), 1),
-            "tokens_mean": round(float(np.mean(tokens)), 1),
-            "int8_bytes_mean": round(float(np.mean(content)) * (dim + 4)),
-            "int8_bytes_max": 256 * (dim + 4), "pairs": len(sample), "runs": len(runs)}
-
-
 def alone_settings(threshold: float) -> EquivalenceSettings:
     return EquivalenceSettings(threshold=threshold, **NO_CHECKS)
 
 
-def best_precision_at_recall(pairs, cosines, settings_for, recall: float, states=None) -> dict:
+def best_precision_at_recall(pairs, cosines, settings_for, recall: float) -> dict:
     """Per source: the best precision over the threshold sweep with recall >= `recall`."""
     out = {}
-    results = [(t, evaluate(pairs, cosines, settings_for(t), states)) for t in SWEEP]
+    results = [(t, evaluate(pairs, cosines, settings_for(t))) for t in SWEEP]
     for source in (*SOURCES, ALL):
         ok = [(r[source]["precision"], t) for t, r in results
               if r[source]["recall"] is not None and r[source]["recall"] >= recall
@@ -656,13 +547,10 @@ def markdown(report: dict) -> str:
         + ("met.**" if goal_met else "not met.**")
         + f" The best precision anywhere on the τ sweep with recall ≥ {TARGET['recall']} (held-out half):",
         "",
-        *_table(["source", "embedding alone", "with checks", "checks + token alignment"],
+        *_table(["source", "embedding alone", "with checks"],
                 [[s] + [("–" if x is None else f"{x['precision']:.3f} (τ {x['threshold']})")
                         for x in (held["best_at_target_recall"]["alone"][s],
-                                  held["best_at_target_recall"]["checks"][s],
-                                  held["best_at_target_recall"]["aligned"][s])] for s in sources]),
-        "",
-        *alignment_section(report),
+                                  held["best_at_target_recall"]["checks"][s])] for s in sources]),
         "",
         "A stricter content-word setting for routes that would rather miss more "
         f"({', '.join(f'`{k}={v}`' for k, v in report['strict_content'].items())}), same τ, held-out half:",
@@ -722,64 +610,6 @@ def markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def alignment_section(report: dict) -> list[str]:
-    held, full, a = report["held_out"], report["all_pairs"], report["alignment"]
-    cost, d = a["cost"], report["default_settings"]
-    sources = (*SOURCES, ALL)
-    suite = report["suite"]["aligned"]
-    missed = sum(1 for r in suite if r["expect"] == "miss" and not r["hit"])
-    hits = sum(1 for r in suite if r["expect"] == "hit" and r["hit"])
-    lost = [r for r in suite if r["expect"] == "hit" and r["reason"] == "alignment_differs"]
-    knobs = ", ".join(f"`{k}={v}`" for k, v in a["settings"].items())
-    gained = {s: held["aligned"][s]["precision"] - held["checks"][s]["precision"] for s in sources}
-    return [
-        "## Token alignment (measured; the server does not run it yet)",
-        "",
-        "The embedding is the mean of the model's per-token vectors, so one changed word among "
-        "twenty barely moves it. `sidecar/cache/alignment.py` keeps the per-token vectors (the same "
-        "model run's last hidden states) of each prompt's content tokens (no stop words, punctuation or "
-        "special tokens) and, BERTScore-style, finds each token's nearest token in the other prompt. "
-        "`check_alignment` refuses a hit (`alignment_differs`) when either prompt has more than "
-        "`max_unaligned_tokens` content tokens whose nearest counterpart is below `alignment_floor`. "
-        f"Knobs chosen on the tune half at τ {d['threshold']}: {a['rule']} (grid "
-        + " × ".join(f"`{k}` {list(v)}" for k, v in ALIGN_GRID.items())
-        + f", {a['tuning']['allowed']} of {a['tuning']['tried']} allowed): {knobs}"
-        + ("; they are the fields' defaults." if a["equals_default"] else
-           "; **not the fields' defaults: review.**"),
-        "",
-        "Held-out half, default checks without and with the alignment check:",
-        "",
-        *_table(["source", "checks", "checks + token alignment", "precision change"],
-                [[s, _prf(held["checks"][s]), _prf(held["aligned"][s]), f"{gained[s]:+.3f}"]
-                 for s in sources]),
-        "",
-        "All pairs: " + "; ".join(f"{s} {_prf(full['aligned'][s])}" for s in sources) + ".",
-        "",
-        f"Prompt suite with it: {missed}/{sum(1 for r in suite if r['expect'] == 'miss')} different "
-        f"questions missed, {hits}/{sum(1 for r in suite if r['expect'] == 'hit')} rewordings hit"
-        + (f" (lost to it: {', '.join(repr(r['b']) for r in lost)})" if lost else "") + ".",
-        "",
-        f"Cost: comparing two prompts' token states takes {cost['compare_us']:.0f} µs ({cost['pairs']} "
-        f"pairs from every source, numpy, one core); their prompts have {cost['tokens_mean']:.0f} tokens on "
-        "average, "
-        f"{cost['content_tokens_mean']:.0f} of them content tokens. The new prompt's states come from the "
-        "run that embeds it (no extra model time). The stored prompt's states must be either kept with the "
-        f"entry, int8 with a scale per token: {cost['int8_bytes_mean']} bytes on average, up to "
-        f"{cost['int8_bytes_max']} at 256 tokens (the vector itself is 1536), or computed again for the "
-        f"one candidate that passed the other checks: one more model run, {cost['model_run_ms_p50']} ms "
-        f"p50 / {cost['model_run_ms_p99']} ms p99 for one prompt ({cost['runs']} runs on this 2-core machine, "
-        "shared), which would about double a semantic hit's time. Exact hits and misses below τ pay "
-        "nothing either way.",
-        "",
-        "Why it is not on: the embedding engine (`sidecar.embedding`) returns pooled vectors only, "
-        "so the server has no token states to compare; with `check_alignment` on and no states, "
-        "`same_question` answers `alignment_unavailable` (a miss). Serving it needs the engine to hand "
-        "back the content-token states with the vector, and the store to keep them (or the lookup to "
-        "embed the candidate again). The gain is on MRPC and STS-B, whose false hits add or swap a "
-        "clause or a noun; on QQP it changes almost nothing (see the caveats).",
-    ]
-
-
 def caveats(report: dict) -> list[str]:
     q = report["qqp_extra_words"]
     return [
@@ -802,14 +632,13 @@ def caveats(report: dict) -> list[str]:
         f"{q['label0_same_words']} of the {q['label0']} wrong hits have the same content words on both "
         "sides, so a check that removed every other wrong hit and no right one would still leave QQP at "
         f"precision {q['precision_ceiling']:.3f}, and recall 0.3 needs a lower τ with more of them. "
-        "Token alignment (above) "
-        "catches the MRPC and STS-B false hits that add or swap a word, not these. MRPC recall is capped by the checks on purpose: its label-1 pairs add names, "
+        "MRPC recall is capped by the checks on purpose: its label-1 pairs add names, "
         "days and figures, which the cache treats as a different question. A cross-encoder was not "
         "tried: no PyPI package ships a paraphrase cross-encoder's weights (flashrank and rerankers fetch "
         "theirs from a model hub at run time, and MS MARCO rerankers score relevance, not equivalence); "
         "one of MiniLM-L6's size would cost one more model run over both prompts per candidate.",
-        "- **Overfitting.** Six values were chosen on the tune half (τ, three content-word knobs and two "
-        "token-alignment knobs); the held-out figures are the ones to quote. The word lists (`sidecar/cache/lexicon.toml`: negations, interrogatives, polar words, "
+        "- **Overfitting.** Four values were chosen on the tune half (τ and three content-word knobs); "
+        "the held-out figures are the ones to quote. The word lists (`sidecar/cache/lexicon.toml`: negations, interrogatives, polar words, "
         "stop words, titles) were written from general English, not mined from the pairs, but reading "
         "the pairs did shape which rules exist (that `what`/`how`/`which` are usually interchangeable, "
         "that a swapped `good`/`best` is not a different question), so the tune/held-out gap understates "
@@ -844,10 +673,6 @@ def main(argv=None) -> int:
 
     tune_pairs, tune_cos = pick("tune")
     held_pairs, held_cos = pick("held-out")
-    states = states_of([(p.a, p.b) for p in pairs])
-    suite_states = states_of([(a, b) for _, a, b in SUITE])
-    tune_states = [states[i] for i in halves["tune"]]
-    held_states = [states[i] for i in halves["held-out"]]
 
     default = EquivalenceSettings()
     checks_at = lambda t: dataclasses.replace(default, threshold=t)  # noqa: E731
@@ -859,10 +684,6 @@ def main(argv=None) -> int:
     if not tuned_equals_default:
         print(f"NOTE: differs from the defaults {default}", file=sys.stderr)
     alone_t = tune_alone(tune_pairs, tune_cos)
-    aligned, align_tuning = tune_alignment(tune_pairs, tune_cos, tune_states, default)
-    aligned_at = lambda t: dataclasses.replace(aligned, threshold=t)  # noqa: E731
-    print(f"alignment knobs on the tune half: floor {aligned.alignment_floor}, "
-          f"max {aligned.max_unaligned_tokens} ({align_tuning})")
 
     held_checks = evaluate(held_pairs, held_cos, default)
     held_sweep = {t: evaluate(held_pairs, held_cos, alone_settings(t)) for t in SWEEP}
@@ -872,18 +693,14 @@ def main(argv=None) -> int:
         "alone_matched": held_sweep[matched_t],
         "checks": held_checks,
         "strict_content": evaluate(held_pairs, held_cos, strict),
-        "aligned": evaluate(held_pairs, held_cos, aligned, held_states),
         "best_at_target_recall": {
             "alone": best_precision_at_recall(held_pairs, held_cos, alone_settings, TARGET["recall"]),
             "checks": best_precision_at_recall(held_pairs, held_cos, checks_at, TARGET["recall"]),
-            "aligned": best_precision_at_recall(held_pairs, held_cos, aligned_at, TARGET["recall"],
-                                                held_states),
         },
     }
     full = {"alone_tuned": evaluate(pairs, cosines, alone_settings(alone_t)),
             "alone_same_threshold": evaluate(pairs, cosines, alone_settings(default.threshold)),
-            "checks": evaluate(pairs, cosines, default),
-            "aligned": evaluate(pairs, cosines, aligned, states)}
+            "checks": evaluate(pairs, cosines, default)}
     ablation = {name: evaluate(pairs, cosines, dataclasses.replace(default, **{name: False}))
                 for name in CHECKS}
     sweep = [{"threshold": t, "alone": evaluate(pairs, cosines, alone_settings(t)),
@@ -909,26 +726,19 @@ def main(argv=None) -> int:
         "ablation": ablation,
         "sweep": sweep,
         "suite": {"default": suite_results(suite_cos, default),
-                  "alone_tuned": suite_results(suite_cos, alone_settings(alone_t)),
-                  "aligned": suite_results(suite_cos, aligned, suite_states)},
+                  "alone_tuned": suite_results(suite_cos, alone_settings(alone_t))},
         "timing": time_checks(pairs, default),
         "qqp_extra_words": extra_words_by_label(held_pairs, held_cos, default),
-        "alignment": {"settings": {k: getattr(aligned, k) for k in ALIGN_GRID},
-                      "rule": (f"at the default threshold, max overall precision on the tune half s.t. "
-                               f"every source keeps >= {ALIGN_KEEP_RECALL} of its recall with the checks alone"),
-                      "tuning": align_tuning, "cost": time_alignment(pairs, states),
-                      "equals_default": all(getattr(aligned, k) == getattr(default, k) for k in ALIGN_GRID)},
     }
     print(f"\nheld-out half (precision / recall / false-hit rate); embedding alone at tau {alone_t} "
           f"(same rule) vs checks at tau {default.threshold}:")
     for s in (*SOURCES, ALL):
-        print(f"  {s:11s} alone {_prf(held['alone_tuned'][s])}   checks {_prf(held['checks'][s])}   "
-              f"+alignment {_prf(held['aligned'][s])}")
+        print(f"  {s:11s} alone {_prf(held['alone_tuned'][s])}   checks {_prf(held['checks'][s])}")
     missed = sum(1 for r in report["suite"]["default"] if r["expect"] == "miss" and not r["hit"])
     hits = sum(1 for r in report["suite"]["default"] if r["expect"] == "hit" and r["hit"])
     print(f"prompt suite: {missed}/{sum(1 for k, _, _ in SUITE if k == 'miss')} different questions missed, "
           f"{hits}/{sum(1 for k, _, _ in SUITE if k == 'hit')} rewordings hit")
-    print(f"timing: {report['timing']}; alignment: {report['alignment']['cost']}")
+    print(f"timing: {report['timing']}")
     if not args.no_write:
         REPORT.parent.mkdir(parents=True, exist_ok=True)
         REPORT.write_text(json.dumps(report, indent=1) + "\n")

@@ -77,15 +77,6 @@ class EquivalenceSettings:
     # the last 256 tokens, past 40 words every content word must match anyway, and the checks
     # run on the event loop (a 1 MB prompt's profile takes about a second there).
     max_prompt_chars: int = 4000
-    # Token alignment (sidecar/cache/alignment.py): a hit also needs each prompt to have at
-    # most max_unaligned_tokens content tokens whose nearest token in the other prompt
-    # (the model's per-token vectors) is below alignment_floor.  It needs the two prompts'
-    # token states, which the serving engine does not return yet: off by default, and
-    # a miss ("alignment_unavailable") when on without them.  The two knobs are what
-    # scripts/tune_semantic.py picks for it.
-    check_alignment: bool = False
-    alignment_floor: float = 0.6
-    max_unaligned_tokens: int = 4
     # The learned verifier (sidecar/cache/verifier.py): above 0, candidates come from the
     # model's measured cosine floor instead of `threshold`, and a hit needs its score to
     # clear the threshold calibrated for this false-hit rate; the checks then act only as
@@ -106,10 +97,7 @@ class EquivalenceSettings:
         unknown = set(self.verifier_vetoes) - {f for _, f, _ in CHECK_ORDER}
         if unknown:
             raise ValueError(f"verifier_vetoes: unknown checks {sorted(unknown)}")
-        if not -1.0 <= self.alignment_floor <= 1.0:
-            raise ValueError(f"alignment_floor: must be in [-1, 1], got {self.alignment_floor!r}")
-        for name in ("max_extra_words", "long_prompt_words", "tail_prompt_words", "max_unaligned_tokens",
-                     "max_prompt_chars"):
+        for name in ("max_extra_words", "long_prompt_words", "tail_prompt_words", "max_prompt_chars"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)!r}")
 

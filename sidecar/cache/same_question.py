@@ -1,7 +1,7 @@
 """May the answer stored for one prompt serve another?  The semantic tier's decision.
 
-Today's default: the embeddings' cosine clears the route's threshold and every check of
-sidecar/cache/equivalence.py agrees (and, where turned on, token alignment). With a route's
+Without the verifier: the embeddings' cosine clears the route's threshold and every check of
+sidecar/cache/equivalence.py agrees. With a route's
 `max_false_hit_rate` above 0 the learned verifier (sidecar/cache/verifier.py) decides instead,
 its features being those checks' findings, with the checks in `verifier_vetoes` still able to
 say no. Pure but for the verifier's model, loaded once.
@@ -12,7 +12,6 @@ from __future__ import annotations
 import re
 import unicodedata
 
-from sidecar.cache.alignment import unaligned
 from sidecar.cache.equivalence import CHECK_ORDER, EquivalenceSettings, Verdict, disagreements, requirement
 from sidecar.cache.verifier import NoStates, load_verifier
 
@@ -20,17 +19,14 @@ __all__ = ["same_question", "candidate_floor"]
 
 
 def same_question(a_text: str, b_text: str, cosine: float,
-                  settings: EquivalenceSettings, token_states: tuple[object, object] | None = None,
+                  settings: EquivalenceSettings,
                   layer_states: tuple[object, object] | None = None) -> Verdict:
     """May the answer stored for one prompt be served for the other?
 
-    `cosine` is the similarity of the two prompts' embeddings.  `token_states`, needed
-    only with settings.check_alignment, is the two prompts' content-token states
-    (sidecar.cache.alignment.content_states), in the order of the texts.  Symmetric in
-    the prompts.  `layer_states`: the two prompts' token states from the embedding engine
-    (sidecar.embedding's WithStates), in the order of the texts, for a verifier whose model
-    reads them (without them: a miss, "verifier_no_states").  The reason names the first
-    check that said no, or "ok".
+    `cosine` is the similarity of the two prompts' embeddings.  Symmetric in the prompts.
+    `layer_states`: the two prompts' token states from the embedding engine (sidecar.embedding's
+    WithStates), in the order of the texts, for a verifier whose model reads them (without
+    them: a miss, "verifier_no_states").  The reason names the first check that said no, or "ok".
     """
     if _unseen_difference(a_text, b_text, cosine):
         return Verdict(False, "unseen_words")
@@ -41,11 +37,6 @@ def same_question(a_text: str, b_text: str, cosine: float,
     need = requirement(a_text, b_text, settings)
     if cosine < need.min_cosine:
         return Verdict(False, need.reason)
-    if settings.check_alignment:
-        if token_states is None:
-            return Verdict(False, "alignment_unavailable")
-        if unaligned(*token_states, settings.alignment_floor) > settings.max_unaligned_tokens:
-            return Verdict(False, "alignment_differs")
     return Verdict(True, "ok")
 
 

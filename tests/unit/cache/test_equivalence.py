@@ -11,7 +11,6 @@ import time
 import numpy as np
 import pytest
 
-from sidecar.cache.alignment import content_states, run_content_states, unaligned
 from sidecar.cache.equivalence import EquivalenceSettings, Requirement, Verdict, profile, requirement
 from sidecar.cache.same_question import same_question
 
@@ -340,99 +339,6 @@ def test_long_prompts_must_match_word_for_word():
     short = dataclasses.replace(DEFAULT, long_prompt_words=10_000)
     assert same_question(a, b, 0.999, short) == Verdict(True, "ok")
     assert same_question(a, b, 1.0, short) == Verdict(False, "unseen_words")
-
-
-# ---------------------------------------------------------------- token alignment
-
-def _unit(*rows):
-    rows = np.array(rows, dtype=np.float32)
-    return rows / np.linalg.norm(rows, axis=1, keepdims=True)
-
-
-# Four directions: tokens with the same direction are "the same word in context".
-RESET, PASSWORD, MY, WINDOWS = _unit([1, 0, 0, 0]), _unit([0, 1, 0, 0]), _unit([0, 0, 1, 0]), _unit([0, 0, 0, 1])
-NEAR_RESET = _unit([0.9, 0.1, 0, 0])
-
-
-@pytest.mark.parametrize("a, b, floor, expected", [
-    (np.vstack([RESET, PASSWORD]), np.vstack([PASSWORD, RESET]), 0.5, 0),     # same words, any order
-    (np.vstack([RESET, PASSWORD]), np.vstack([NEAR_RESET, PASSWORD]), 0.5, 0),  # a close word
-    (np.vstack([RESET, PASSWORD]), np.vstack([NEAR_RESET, PASSWORD]), 0.999, 1),
-    (np.vstack([RESET, PASSWORD]), np.vstack([RESET, WINDOWS]), 0.5, 1),     # one word swapped
-    (np.vstack([RESET]), np.vstack([RESET, PASSWORD, MY]), 0.5, 2),          # two words added
-    (np.vstack([RESET, PASSWORD]), np.zeros((0, 4), np.float32), 0.5, 2),    # nothing to align with
-    (np.zeros((0, 4), np.float32), np.zeros((0, 4), np.float32), 0.5, 0),
-])
-def test_unaligned_counts_tokens_without_a_counterpart(a, b, floor, expected):
-    assert unaligned(a, b, floor) == expected
-    assert unaligned(b, a, floor) == expected
-
-
-def test_content_states_drop_special_tokens_punctuation_and_stop_words():
-    vocab = {101: "[CLS]", 1: "what", 2: "is", 3: "the", 4: "capital", 5: "##s", 6: "?", 102: "[SEP]"}
-    states = np.arange(8 * 3, dtype=np.float32).reshape(8, 3) + 1
-    rows = content_states([101, 1, 2, 3, 4, 5, 6, 102], states, vocab.get)
-    assert rows.shape == (2, 3)                                 # "capital", "##s"
-    np.testing.assert_allclose(rows[0], states[4] / np.linalg.norm(states[4]), rtol=1e-6)
-    np.testing.assert_allclose(np.linalg.norm(rows, axis=1), 1.0, rtol=1e-6)
-
-
-ALIGNED = dataclasses.replace(DEFAULT, check_alignment=True, alignment_floor=0.5, max_unaligned_tokens=0)
-SAME_STATES = (np.vstack([RESET, PASSWORD]), np.vstack([PASSWORD, RESET]))
-SWAPPED_STATES = (np.vstack([RESET, PASSWORD]), np.vstack([RESET, WINDOWS]))
-
-
-def test_alignment_is_off_by_default_and_then_ignores_states():
-    assert not DEFAULT.check_alignment
-    assert same_question("reset my password", "reset my password please", HIGH, DEFAULT,
-                         SWAPPED_STATES) == Verdict(True, "ok")
-
-
-@pytest.mark.parametrize("settings, states, verdict", [
-    (ALIGNED, SAME_STATES, Verdict(True, "ok")),
-    (ALIGNED, SWAPPED_STATES, Verdict(False, "alignment_differs")),
-    (dataclasses.replace(ALIGNED, max_unaligned_tokens=1), SWAPPED_STATES, Verdict(True, "ok")),
-    (dataclasses.replace(ALIGNED, alignment_floor=-1.0), SWAPPED_STATES, Verdict(True, "ok")),
-    # Switched on without token states: a miss, never an unchecked hit.
-    (ALIGNED, None, Verdict(False, "alignment_unavailable")),
-])
-def test_alignment_check(settings, states, verdict):
-    assert same_question("reset my password", "reset my password please", HIGH, settings, states) == verdict
-
-
-def test_text_checks_and_the_threshold_decide_before_alignment():
-    assert same_question("What is 15% of 200?", "What is 20% of 200?", HIGH, ALIGNED,
-                         SAME_STATES) == Verdict(False, "numbers_differ")
-    assert same_question("reset my password", "reset my password please", 0.5, ALIGNED,
-                         None) == Verdict(False, "below_threshold")
-
-
-@pytest.mark.parametrize("field, value", [
-    ("alignment_floor", 1.5), ("alignment_floor", -2.0), ("max_unaligned_tokens", -1),
-])
-def test_alignment_settings_are_validated(field, value):
-    with pytest.raises(ValueError, match=field):
-        EquivalenceSettings(**{field: value})
-
-
-@pytest.fixture(scope="module")
-def encoder():
-    from sidecar.embedding import EmbeddingSettings
-    from sidecar.embedding.loader import load
-    return load(EmbeddingSettings(provider="cpu")).encoder
-
-
-@pytest.mark.parametrize("a, b, expect_aligned", [
-    ("How do I reset my password?", "How can I reset my password?", True),
-    ("Translate 'good morning' to French", "Translate 'good morning' into French", True),
-    # One word changed: the sentence vectors stay close, the changed token finds no match.
-    ("Is it safe to give my dog grapes?", "Is it safe to give my dog blueberries?", False),
-    ("Write a limerick about a lighthouse keeper", "Write a sonnet about a lighthouse keeper", False),
-    ("how to cook rice", "how to cook pasta", False),
-])
-def test_real_token_states_align_rewordings_not_swapped_words(encoder, a, b, expect_aligned):
-    states = run_content_states(encoder, [a, b])
-    assert (unaligned(*states, 0.5) == 0) == expect_aligned
 
 
 def test_the_profile_cache_is_bounded_in_bytes_and_charges_what_profiles_take():
