@@ -18,12 +18,23 @@ that other load on the machine falls on each alike. Measured, p50 / p99 per text
   verdict, new prompts               the same with the checks' profiles forgotten first.
 And option (b)'s memory: bytes a stored prompt's states are charged in TokenStates (float16
 states, the entry's overhead, its scope and exact keys as the cache stage makes them), mean and p99.
+
+Replicas sharing Redis (a real redis-server on loopback, started here; skipped without one):
+  states read from Redis             what a replica pays for a candidate whose states it does
+                                     not hold: RedisStore.get_states for the one key, and
+                                     decode_states (CacheStage._stored_states without the share);
+  entry fetch from Redis             for scale: the fetch every semantic candidate already costs;
+and the bytes Redis holds per entry (MEMORY USAGE of its hash) with the states and without, and
+the encoded states' own size, mean and p99.
 Prints a table, writes reports/verifier_states.json.
 """
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
+import shutil
+import tempfile
 import statistics
 import time
 
@@ -34,7 +45,7 @@ from sidecar.cache.alignment import STATES_LAYERS
 from sidecar.cache.equivalence import EquivalenceSettings, forget_profiles
 from sidecar.cache.same_question import same_question
 from sidecar.cache.scope import exact_key, prompt_text, scope_for
-from sidecar.cache.token_states import TokenStates
+from sidecar.cache.token_states import TokenStates, decode_states, encode_states, max_encoded_bytes
 from sidecar.embedding.loader import load
 from sidecar.embedding.model_files import resolve_files
 from sidecar.embedding.runtime import open_session
@@ -99,6 +110,45 @@ def _charged(per_text: dict) -> list[int]:
     return sizes
 
 
+async def _shared(per_text: dict, vectors: dict, rounds: int) -> tuple[dict[str, list[float]], dict]:
+    """Through a real Redis: the states read's time and the bytes an entry holds there."""
+    from pathlib import Path
+
+    from sidecar.cache.redis_store import RedisSettings, RedisStore
+    from tests.support.redis_server import RedisServer
+    with tempfile.TemporaryDirectory() as workdir:
+        server = RedisServer(Path(workdir)).start()
+        store = RedisStore(RedisSettings(url=server.url, timeout_s=1.0, connect_timeout_s=1.0))
+        try:
+            await store.start()
+            keys, encoded = {}, []
+            for n, (text, states) in enumerate(per_text.items()):
+                keys[text] = f"k{n}"
+                encoded.append(len(data := encode_states(states)))
+                await store.put("with", keys[text], text, vectors[text], b"x" * 600, 3600, states=data)
+                await store.put("without", keys[text], text, vectors[text], b"x" * 600, 3600)
+            dim = next(iter(per_text.values())).shape[1]
+            times: dict[str, list[float]] = {"states read from Redis": [], "entry fetch from Redis": []}
+            for _ in range(rounds):
+                for key in keys.values():
+                    start = time.perf_counter()
+                    decode_states((await store.get_states("with", [key], max_encoded_bytes(dim)))[0], dim)
+                    times["states read from Redis"].append(time.perf_counter() - start)
+                    start = time.perf_counter()
+                    await store.get_exact("with", key)
+                    times["entry fetch from Redis"].append(time.perf_counter() - start)
+            usage = {scope: np.array([await store._client.memory_usage(store._keys.entry(scope, key), samples=0)
+                                      for key in keys.values()]) for scope in ("with", "without")}
+        finally:
+            await store.close()
+            server.stop()
+    return times, {"redis_entry_bytes_mean": int(usage["with"].mean()),
+                   "redis_entry_bytes_p99": int(np.percentile(usage["with"], 99)),
+                   "redis_entry_bytes_without_states_mean": int(usage["without"].mean()),
+                   "encoded_states_bytes_mean": int(np.mean(encoded)),
+                   "encoded_states_bytes_p99": int(np.percentile(encoded, 99))}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--texts", type=int, default=TEXTS)
@@ -144,6 +194,13 @@ def main(argv: list[str] | None = None) -> int:
             times[name] += _timed(fn, inputs[name])
         times["verdict"] += _timed(verdict, pairs)
         times["verdict, new prompts"] += _timed(verdict_new, pairs)
+    shared = {}
+    if shutil.which("redis-server") is not None:
+        vectors = {t: encoder.run([i])[0] for t, i in zip(texts, ids)}
+        redis_times, shared = asyncio.run(_shared(per_text, vectors, args.rounds))
+        times.update(redis_times)
+    else:
+        print("no redis-server: the shared-store arms are skipped (`make system-deps`)")
     rows = [_row(name, seconds) for name, seconds in times.items()]
     sizes = np.array(_charged(per_text))
     tokens = np.array([len(i) for i in ids])
@@ -152,7 +209,9 @@ def main(argv: list[str] | None = None) -> int:
               "vector_bytes": int(encoder.run([ids[0]]).nbytes)}
     print(table(rows, ["arm", "p50_ms", "p99_ms", "n"]))
     print(f"\nstored states (option b): {memory}")
-    path = write("verifier_states", {"texts": len(texts), "rounds": args.rounds, "rows": rows, "memory": memory,
+    if shared:
+        print(f"in Redis, per entry: {shared}")
+    path = write("verifier_states", {"texts": len(texts), "rounds": args.rounds, "rows": rows, "memory": memory, "redis": shared,
                                      "intra_op_threads": settings.intra_op_threads})
     print(f"wrote {path.relative_to(ROOT)}")
     return 0
