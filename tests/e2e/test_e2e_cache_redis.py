@@ -20,7 +20,9 @@ from tests.support.redis_server import RedisServer
 
 SECRET = "a-secret-of-at-least-16-bytes"
 REPLICAS = ("sidecar", "sidecar2")
-ROUTES = [chat_route("chat", "/", [{"cluster": "upstream_a"}])]
+VERIFIED = chat_route("verified", "/verified/", [{"cluster": "upstream_a"}], rewrite="/")
+VERIFIED["metadata"]["filter_metadata"]["sluice"]["cache"] = {"max_false_hit_rate": 0.02}
+ROUTES = [VERIFIED, chat_route("chat", "/", [{"cluster": "upstream_a"}])]
 FAST = {"ttft_ms": 20, "tokens": 8, "tokens_per_s": 1000, "error_rate": 0.0}
 
 
@@ -76,8 +78,9 @@ def upstream_requests(stack) -> int:
     return httpx.get(f"http://127.0.0.1:{stack.ports.upstream_a}/admin/stats").json()["requests"]
 
 
-def sdk(stack, key) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{stack.base_url}", api_key=key, max_retries=0, timeout=30)
+def sdk(stack, key, path=None) -> openai.OpenAI:
+    base_url = stack.base_url if path is None else f"http://127.0.0.1:{stack.ports.http}{path}"
+    return openai.OpenAI(base_url=base_url, api_key=key, max_retries=0, timeout=30)
 
 
 def ask(stack, c, prompt):
@@ -117,6 +120,17 @@ def ask_on_other_replica(stack, c, prompt, first, tries=30):
     pytest.fail(f"Envoy sent {tries} requests in a row to {first}")
 
 
+def semantic_on_other_replica(stack, c, prompt, first):
+    """Ask on a replica other than `first` until it serves a semantic hit (it learns the stored
+    vector from the Redis stream: within a few seconds): the last (content, status)."""
+    deadline, status = time.monotonic() + 5, None
+    while status != "semantic" and time.monotonic() < deadline:
+        content, status = ask_on_other_replica(stack, c, prompt, first)
+        if status != "semantic":
+            time.sleep(0.2)
+    return content, status
+
+
 def store_via_one_replica(stack, c, prompt):
     """Ask once (a miss), wait until the serving replica stored it: (content, replica)."""
     stored = {r: replica_metric(stack, r, "sluice_cache_stored_total") for r in REPLICAS}
@@ -147,13 +161,21 @@ def test_answer_stored_via_one_replica_is_an_exact_hit_via_the_other(stack):
 def test_semantic_hit_across_replicas(stack):
     c = sdk(stack, "key-shared-semantic")
     original, first = store_via_one_replica(stack, c, "How do I reset my router?")
-    # The other replica learns the vector from the Redis stream: within a few seconds.
-    deadline, status = time.monotonic() + 5, None
-    while status != "semantic" and time.monotonic() < deadline:
-        content, status = ask_on_other_replica(stack, c, "how can I reset my router?", first)
-        if status != "semantic":
-            time.sleep(0.2)
+    content, status = semantic_on_other_replica(stack, c, "how can I reset my router?", first)
     assert status == "semantic" and content == original
+
+
+def test_a_verifier_route_serves_across_replicas_with_the_states_stored_beside_the_entry(stack):
+    """The verifier reads the stored prompt's token states: a replica that did not store the
+    entry reads them from Redis, where the storing replica put them with it."""
+    c = sdk(stack, "key-shared-verified", "/verified/v1")
+    checks = "sluice_cache_semantic_checks_total"
+    missing = {r: replica_metric(stack, r, checks, reason="verifier_no_states") for r in REPLICAS}
+    original, first = store_via_one_replica(stack, c, "Can you explain how a star becomes a black hole?")
+    other = next(r for r in REPLICAS if r != first)
+    content, status = semantic_on_other_replica(stack, c, "Explain how a star becomes a black hole.", first)
+    assert status == "semantic" and content == original
+    assert replica_metric(stack, other, checks, reason="verifier_no_states") == missing[other]
 
 
 def test_tenants_stay_apart_across_replicas(stack):
