@@ -28,6 +28,7 @@ from collections import OrderedDict
 
 import numpy as np
 
+from sidecar.cache.alignment import STATES_LAYERS
 from sidecar.embedding.settings import MODEL_POSITION_LIMIT
 
 __all__ = ["TokenStates", "ENTRY_BYTES", "encode_states", "decode_states", "max_encoded_bytes"]
@@ -87,10 +88,11 @@ class TokenStates:
         self.nbytes = 0
 
 
-# The shared format: a header (magic with its version, tokens, dim; little-endian), then the
-# float16 values row by row.  A reader refuses anything else rather than guess at it.
+# The shared format: a header (magic with its version, the layer the states are the output of,
+# tokens, dim; little-endian), then the float16 values row by row.  A reader refuses anything
+# else rather than guess at it: a replica built with another layer is read as having none.
 _MAGIC = b"SLT1"
-_HEADER = struct.Struct("<4sHH")
+_HEADER = struct.Struct("<4sBHH")
 _FLOAT16 = np.dtype("<f2")
 
 
@@ -99,7 +101,7 @@ def encode_states(states: np.ndarray) -> bytes:
     rows = np.ascontiguousarray(states, dtype=_FLOAT16)
     if rows.ndim != 2 or not 0 < rows.shape[0] <= MODEL_POSITION_LIMIT or not 0 < rows.shape[1] < 1 << 16:
         raise ValueError(f"token states: shape {rows.shape} is not [1..{MODEL_POSITION_LIMIT}, dim]")
-    return _HEADER.pack(_MAGIC, *rows.shape) + rows.tobytes()
+    return _HEADER.pack(_MAGIC, STATES_LAYERS, *rows.shape) + rows.tobytes()
 
 
 def max_encoded_bytes(dim: int) -> int:
@@ -110,13 +112,16 @@ def max_encoded_bytes(dim: int) -> int:
 
 def decode_states(data: bytes, dim: int) -> np.ndarray:
     """`encode_states`'s bytes back as float16 [tokens, dim] (a read-only view of `data`).
-    ValueError for anything else: another format or version, another model's dim, a length
-    that does not match the header, values that are not finite."""
+    ValueError for anything else: another format or version, another layer's states (not
+    STATES_LAYERS) or another model's dim, a length that does not match the header, values
+    that are not finite."""
     if len(data) < _HEADER.size:
         raise ValueError(f"token states: {len(data)} bytes, shorter than the header")
-    magic, tokens, width = _HEADER.unpack_from(data)
+    magic, layer, tokens, width = _HEADER.unpack_from(data)
     if magic != _MAGIC:
         raise ValueError("token states: unknown format")
+    if layer != STATES_LAYERS:
+        raise ValueError(f"token states: of layer {layer}, expected {STATES_LAYERS}")
     if width != dim or not 0 < tokens <= MODEL_POSITION_LIMIT:
         raise ValueError(f"token states: [{tokens}, {width}], expected [1..{MODEL_POSITION_LIMIT}, {dim}]")
     if len(data) != _HEADER.size + tokens * width * _FLOAT16.itemsize:

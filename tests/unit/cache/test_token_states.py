@@ -2,6 +2,7 @@
 import numpy as np
 import pytest
 
+from sidecar.cache.alignment import STATES_LAYERS
 from sidecar.cache.token_states import ENTRY_BYTES, TokenStates, decode_states, encode_states, max_encoded_bytes
 
 
@@ -59,13 +60,14 @@ GOOD = encode_states(states(4))
 
 
 @pytest.mark.parametrize("data", [
-    b"", b"SLT1", GOOD[:-1], GOOD + b"\0\0", b"XXXX" + GOOD[4:],            # short, long, other format
-    GOOD[:4] + (0).to_bytes(2, "little") + GOOD[6:],                      # zero tokens
-    GOOD[:4] + (5).to_bytes(2, "little") + GOOD[6:],                      # header says more than there is
-    GOOD[:4] + (600).to_bytes(2, "little") + GOOD[6:],                    # more than the model reads
+    b"", GOOD[:9], GOOD[:-1], GOOD + b"\0\0", b"XXXX" + GOOD[4:],            # short, long, other format
+    GOOD[:4] + bytes([STATES_LAYERS + 1]) + GOOD[5:],                    # another layer's states
+    GOOD[:5] + (0).to_bytes(2, "little") + GOOD[7:],                      # zero tokens
+    GOOD[:5] + (5).to_bytes(2, "little") + GOOD[7:],                      # header says more than there is
+    GOOD[:5] + (600).to_bytes(2, "little") + GOOD[7:],                    # more than the model reads
     encode_states(np.full((4, 256), 0.5, np.float32)),                     # another model's width
-    GOOD[:8] + np.full(4 * 384, np.nan, np.float16).tobytes(),           # not finite
-], ids=["empty", "header-only", "truncated", "trailing", "magic", "zero-tokens", "more-tokens",
+    GOOD[:9] + np.full(4 * 384, np.nan, np.float16).tobytes(),           # not finite
+], ids=["empty", "header-only", "truncated", "trailing", "magic", "other-layer", "zero-tokens", "more-tokens",
         "too-many-tokens", "other-dim", "nan"])
 def test_anything_but_states_of_this_width_is_refused(data):
     with pytest.raises(ValueError):
