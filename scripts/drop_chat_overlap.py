@@ -4,7 +4,7 @@
     .venv/bin/python scripts/drop_chat_overlap.py data/semantic/handwritten.jsonl --rewrite
 
 A pair is dropped when either of its texts has a character 5-gram Jaccard similarity above 0.5
-with any text of the held-out chat suites, data/semantic/chat-test/ and data/semantic/chat-holdout/
+with any text of the held-out chat suites, data/semantic/chat-test/, chat-holdout/ and chat-holdout2/
 (lower case, runs of white space as one). Only counts are printed, never a test text: the suites
 stay unseen by whoever writes training pairs. With
 --into, the kept pairs not already there (same a and b) are appended to that file; with
@@ -20,7 +20,7 @@ from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-TEST_DIRS = (ROOT / "data" / "semantic" / "chat-test", ROOT / "data" / "semantic" / "chat-holdout")
+TEST_DIRS = tuple(ROOT / "data" / "semantic" / name for name in ("chat-test", "chat-holdout", "chat-holdout2"))
 N = 5
 LIMIT = 0.5
 
