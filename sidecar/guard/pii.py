@@ -4,7 +4,7 @@ or a parser can check them, so look-alikes (order numbers, versions, dates, hash
 Every detector is a cheap regular expression that proposes candidates and a validator that
 decides: Luhn and the issuer's prefix for cards, ISO 13616 mod-97 for IBANs (python-stdnum),
 libphonenumber's validity rules for phone numbers (phonenumbers), the address parser for IPs,
-known token prefixes or character entropy for secrets.
+known token prefixes or character entropy for secrets (secrets.py).
 
 A regular expression costs ~10-30 ns per character it is tried at, so each detector's pattern
 runs only where it can match (`Candidates`): around digits (phone, card, IBAN, IPv4), colons
@@ -13,18 +13,13 @@ lookup per character finds those places; prose between them is not read again.
 """
 from __future__ import annotations
 
-import base64
 import bisect
 import functools
 import ipaddress
 import itertools
-import math
 import re
 import string
-import tomllib
-from collections import Counter
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable, Iterable
 
 import numpy as np
@@ -33,17 +28,13 @@ from phonenumbers import phonenumbermatcher as _phonenumbermatcher
 from stdnum import iban as stdnum_iban
 from stdnum import numdb as stdnum_numdb
 
+from sidecar.guard import secrets
+from sidecar.guard.secrets import DEFAULT_MIN_ENTROPY
+from sidecar.guard.spans import Span, matches
+
 DETECTORS = ("email", "phone", "card", "iban", "ip", "secret", "private_key")
 # Regions whose national-format numbers (without +country code) count as phone numbers.
 DEFAULT_PHONE_REGIONS = ("US", "GB", "DE", "FR", "ES", "IT", "CN", "JP", "RU", "BR", "IN")
-
-
-@dataclass(frozen=True)
-class Span:
-    detector: str
-    start: int
-    end: int
-    score: float = 1.0
 
 
 # Local parts of ASCII and Latin letters (Zoë.Ng@, o'connor@), not \w: a CJK sentence runs
@@ -77,7 +68,7 @@ def luhn_ok(digits: str) -> bool:
 
 
 def _cards(text: str, where: "Candidates") -> Iterable[Span]:
-    for m in _matches(_CARD, text, where.digits):
+    for m in matches(_CARD, text, where.digits):
         digits = re.sub(r"[ -]", "", m.group())
         if _card_shaped(digits) and luhn_ok(digits):
             yield Span("card", m.start(), m.end())
@@ -114,7 +105,7 @@ _IBAN_PREFIX = {n: re.compile(r"(?: ?[A-Za-z0-9]){%d}" % n) for n in set(_IBAN_L
 
 def _ibans(text: str, where: "Candidates") -> Iterable[Span]:
     end = 0
-    for anchor in _matches(_IBAN_START, text, where.digits):
+    for anchor in matches(_IBAN_START, text, where.digits):
         if anchor.start() - 2 < end:
             continue            # inside the IBAN found last
         m = _IBAN.match(text, anchor.start() - 2)
@@ -148,7 +139,7 @@ MAX_PHONE_CANDIDATES = 64
 
 def _phones(text: str, where: "Candidates", regions: tuple[str, ...]) -> Iterable[Span]:
     verdicts: dict[str, bool] = {}
-    for m in _matches(_PHONE, text, where.digits):
+    for m in matches(_PHONE, text, where.digits):
         candidate = m.group()
         valid = verdicts.get(candidate)
         if valid is None:
@@ -240,7 +231,7 @@ _IPV6 = re.compile(r"[0-9A-Fa-f:](?<![A-Za-z0-9_:.].)[0-9A-Fa-f]{0,3}:?(?:[0-9A-
 
 def _ips(text: str, where: "Candidates") -> Iterable[Span]:
     for pattern, ranges in ((_IPV4, where.digits), (_IPV6, where.colons)):
-        for m in _matches(pattern, text, ranges):
+        for m in matches(pattern, text, ranges):
             value, _, length = m.group().partition("/")
             if pattern is _IPV6 and (value.count(":") < 3 and "::" not in value or not any(c.isdigit() for c in value)):
                 continue               # a time of day (12:30:45), a ratio, a C++ scope (Ab::Cd)
@@ -250,261 +241,11 @@ def _ips(text: str, where: "Candidates") -> Iterable[Span]:
                 continue
             if length and int(length) > address.max_prefixlen:
                 continue
-            if pattern is _IPV4 and (value.startswith("0.") and value != "0.0.0.0" or _RULES.version_like(text, m.start(), m.end())):
+            if pattern is _IPV4 and (value.startswith("0.") and value != "0.0.0.0" or secrets.RULES.version_like(text, m.start(), m.end())):
                 continue               # 0.x.y.z is no host's address; versions, sections and OIDs
             yield Span("ip", m.start(), m.end())
 
 
-# Any long run of token characters that names no provider; kept only when its characters look random.
-_TOKEN = re.compile(r"[A-Za-z0-9+/_-](?<![A-Za-z0-9+/=_-].)[A-Za-z0-9+/_-]{31,99}={0,2}(?![A-Za-z0-9+/=_-])")
-_TOKEN_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
-DEFAULT_MIN_ENTROPY = 4.3   # bits per character; chosen on the dev split (reports/guard.json)
-
-
-def entropy(value: str) -> float:
-    counts = Counter(value)
-    n = len(value)
-    return -sum(c / n * math.log2(c / n) for c in counts.values())
-
-
-def _mixed(token: str) -> bool:
-    """Hex (hashes, UUIDs) and one-case runs are ids, not credentials; a key mixes cases and digits."""
-    return any(c.islower() for c in token) and any(c.isupper() for c in token) and any(c.isdigit() for c in token)
-
-
-# Every secret lies in a run of token characters of 20 or more: the patterns above run only
-# inside such runs, rare in prose, instead of at every position of the text. (The lookbehind
-# starts a run only at its first character: a plain [...]{20,} reads each shorter word again
-# from each of its characters.)
-_RUN_CHARS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.+/=-"
-_RUN = re.compile(r"[A-Za-z0-9_.+/=-](?<![A-Za-z0-9_.+/=-].)[A-Za-z0-9_.+/=-]{19,}")
-
-
-def _secrets(text: str, where: "Candidates", min_entropy: float) -> Iterable[Span]:
-    rules = _RULES
-    public = None                            # PEM blocks other than private keys
-    near = None                              # whether each `near` rule's pattern is in the text
-    for run in _matches(_RUN, text, where.runs):
-        value, offset = run.group(), run.start()
-        known = []
-        for m in rules.known.finditer(value):
-            start, end = offset + m.start(), offset + m.end()
-            if rules.secret[int(m.lastgroup[1:])].whole_field:
-                start, end = _field(text, start, end)
-            known.append((start, end))
-        for rule in rules.before:                 # the run starts where its head ends
-            head = rule.before.search(text, max(0, offset - 24), offset)
-            m = rule.pattern.fullmatch(value) if head is not None else None
-            if m is not None and _mixed(value):   # a generic body: only a random-looking one
-                known.append((head.start(), offset + m.end()))
-        for index, rule in rules.near:
-            for m in rule.pattern.finditer(value):
-                if _bounded(value, m.start(), m.end()) and _mixed(m.group()):
-                    if near is None:         # `near` read once per text, and only for a candidate
-                        near = {}
-                    if index not in near:
-                        near[index] = rule.near.search(text) is not None
-                    if near[index]:
-                        known.append((offset + m.start(), offset + m.end()))
-        for start, end in known:
-            yield Span("secret", start, end)
-        if public is None:
-            public = _public_blocks(text)
-        if any(a <= offset < b for a, b in public) or text[max(0, offset - 28):offset].lower().endswith(rules.public_after):
-            continue                         # a certificate's lines, an image, an SSH public key
-        for m in _TOKEN.finditer(value):
-            token = m.group()
-            if any(s < offset + m.end() and offset + m.start() < e for s, e in known) or not _mixed(token):
-                continue
-            score = entropy(token)
-            if score >= min_entropy and not _encoded_words(token):
-                yield Span("secret", offset + m.start(), offset + m.end(), round(score, 2))
-    yield from _assigned(text, rules)
-    yield from _url_passwords(text)
-
-
-_PEM = re.compile(r"-----BEGIN ([A-Z0-9 ]+)-----.*?(?:-----END \1-----|\Z)", re.DOTALL)
-
-
-def _public_blocks(text: str) -> list[tuple[int, int]]:
-    """PEM blocks that are not private keys: certificates, public keys, requests."""
-    if "-----BEGIN " not in text:
-        return []
-    return [m.span() for m in _PEM.finditer(text) if "PRIVATE" not in m.group(1)]
-
-
-def _encoded_words(token: str) -> bool:
-    """Whether a token is base64 of text with spaces: an encoded sentence (a prompt asking to
-    decode one), not a key, whose bytes are random."""
-    try:
-        words = base64.b64decode(token + "=" * (-len(token) % 4), altchars=b"-_" if "-" in token or "_" in token else None,
-                                 validate=True).decode("utf-8")
-    except (ValueError, UnicodeDecodeError):
-        return False
-    return " " in words and words.isprintable()
-
-
-def _bounded(value: str, start: int, end: int) -> bool:
-    return (start == 0 or value[start - 1] not in _TOKEN_CHARS) and (end == len(value) or value[end] not in _TOKEN_CHARS)
-
-
-_FIELD_END = re.compile(r"[^\s\"'<>`]*")
-
-
-def _field(text: str, start: int, end: int) -> tuple[int, int]:
-    """The whitespace- or quote-delimited field around text[start:end]."""
-    while start > 0 and not text[start - 1].isspace() and text[start - 1] not in "\"'<>`":
-        start -= 1
-    return start, _FIELD_END.match(text, end).end()
-
-
-# A credential's name before an assignment in code, config, JSON or YAML (`DB_PASSWORD=`,
-# `"api_key": `), and the value after it. (An Authorization header's scheme word stands before its
-# credential.) Found from the assignment signs, few in prose, not by reading every word.
-# A name, then a closing quote and up to three spaces before the sign, reversed.
-_NAME_REVERSED = re.compile(r"[ \t]{0,3}[\"']?([\w.-]{1,48})")
-# A value is judged by its first _VALUE_HEAD characters: read whole at each sign, a value of
-# many signs ("password=password=...") would be read again from each of them.
-_VALUE_HEAD = 256
-_VALUE = re.compile(r"[=>]?\s{0,3}[\"'`]?(?:(?:Bearer|Basic|Token|token|bearer) +)?([^\s\"'`<>,;&(){}\[\]]{1,%d})" % _VALUE_HEAD)
-_VALUE_REST = re.compile(r"[^\s\"'`<>,;&(){}\[\]]*")
-# What is assigned but is not the credential itself: a URL, a variable, a path.
-_NOT_VALUES = ("http", "$", "%", "process.", "os.", "/", "~/", "./", "../")
-# A digit or sign in the value (one search in C, not a comparison per character).
-_SIGN_IN_VALUE = re.compile(r"[0-9!@#$%^&*+=?~/|\\]")
-
-
-def _assigned(text: str, rules: "PiiRules") -> Iterable[Span]:
-    """Values assigned to a name that says it is a credential (password=, "api_key": ...)."""
-    reverse = None
-    for sign in ":=\uff1a":
-        at = text.find(sign)
-        while at >= 0:
-            # The name before the sign, read backwards by one anchored match on the reversed
-            # text (a log's many colons cost one C call each).
-            if "0" <= text[at - 1:at] <= "9" and "0" <= text[at + 1:at + 2] <= "9":
-                at = text.find(sign, at + 1)     # a time, a ratio, an address and port (12:41, 3:2, 10.0.0.1:8080)
-                continue
-            if reverse is None:
-                reverse = text[::-1]
-            name = _NAME_REVERSED.match(reverse, len(text) - at)
-            if name is not None and rules.assignment_names.search(name.group(1)):
-                m = _VALUE.match(text, at + 1)
-                value = m.group(1).rstrip(".?:") if m else ""     # a sentence's end is not part of the value
-                if (len(value) >= rules.assignment_min_length and any(c.isalpha() for c in value)
-                        and _SIGN_IN_VALUE.search(value) and not value.startswith(_NOT_VALUES)):
-                    end = m.start(1) + len(value)
-                    if m.end(1) - m.start(1) == _VALUE_HEAD:      # a longer value is redacted whole
-                        end = m.start(1) + len(text[m.start(1):_VALUE_REST.match(text, m.end(1)).end()].rstrip(".?:"))
-                    yield Span("secret", m.start(1), end)
-                    # A sign inside the value is part of it (its own value would end where this
-                    # one does); one that ends it may start a value of its own ("password= pw=").
-                    at = text.find(sign, end - 1)
-                    continue
-            at = text.find(sign, at + 1)
-
-
-# A password in a URL's user information (postgres://app:s3cret@db:5432/prod).
-_URL_PASSWORD = re.compile(r"[A-Za-z][A-Za-z0-9+.-]{1,15}://[^\s:/@]*:([^\s/@<>{}$*]{1,128})@")
-
-
-def _url_passwords(text: str) -> Iterable[Span]:
-    at = text.find("@")
-    last = -1
-    while at >= 0:
-        slashes = text.rfind("://", max(last + 1, at - 200), at)
-        if slashes >= 0:
-            m = _URL_PASSWORD.search(text, max(last + 1, slashes - 16), at + 1)
-            if m is not None and m.end() == at + 1:
-                yield Span("secret", m.start(1), m.end(1))
-        last = at
-        at = text.find("@", at + 1)
-
-
-@dataclass(frozen=True)
-class SecretRule:
-    provider: str
-    pattern: re.Pattern
-    before: re.Pattern | None = None
-    near: re.Pattern | None = None
-    whole_field: bool = False
-
-
-_WORDS = re.compile(r"\w+")
-
-
-@dataclass(frozen=True)
-class PiiRules:
-    """sidecar/guard/pii_rules.toml: the providers' token shapes, credential names, and the
-    words that make four dotted numbers a version or a section number."""
-    secret: tuple[SecretRule, ...]
-    known: re.Pattern                      # the rules without `near` or `before`, one group each (r<index>)
-    near: tuple[tuple[int, SecretRule], ...]
-    before: tuple[SecretRule, ...]
-    assignment_names: re.Pattern           # the keys reversed, case-folded, as one pattern
-    assignment_min_length: int
-    ip_window: int
-    ip_not_after: tuple[str, ...]
-    ip_not_before: tuple[str, ...]
-    ip_address_words: frozenset[str]
-    public_after: tuple[str, ...]
-
-    @classmethod
-    def load(cls, path: Path) -> "PiiRules":
-        with path.open("rb") as handle:
-            data = tomllib.load(handle)
-        rules = tuple(SecretRule(r["provider"], re.compile(r["pattern"]),
-                                 re.compile(r["before"] + r"\Z") if "before" in r else None,
-                                 re.compile(r["near"]) if "near" in r else None, bool(r.get("whole_field")))
-                      for r in data["secret"])
-        known = "|".join(f"(?P<r{i}>{rule.pattern.pattern})" for i, rule in enumerate(rules)
-                         if rule.near is None and rule.before is None)
-        return cls(rules, re.compile(f"(?<![A-Za-z0-9_-])(?:{known})(?![A-Za-z0-9_-])"),
-                   tuple((i, rule) for i, rule in enumerate(rules) if rule.near is not None),
-                   tuple(rule for rule in rules if rule.before is not None),
-                   re.compile("|".join(re.escape(k[::-1]) for k in data["assignment"]["keys"]), re.IGNORECASE),
-                   int(data["assignment"]["min_length"]),
-                   int(data["ip"]["window"]), tuple(w.lower() for w in data["ip"]["not_after"]),
-                   tuple(data["ip"]["not_before"]), frozenset(w.lower() for w in data["ip"]["address_words"]),
-                   tuple(w.lower() for w in data["public"]["after"]))
-
-    def version_like(self, text: str, start: int, end: int) -> bool:
-        """Whether a context word stands just before text[start:end] ("version 1.2.3.4") or just
-        after it ("4.2.1.3章")."""
-        if text[end:end + 3].lstrip().startswith(self.ip_not_before):
-            return True
-        before = text[max(0, start - self.ip_window):start].lower().rstrip(" \t:#=(\"'")
-        # A plural stands for its word ("versions 1.2.3.4 and earlier").
-        for candidate in (before, before[:-1]) if before.endswith("s") else (before,):
-            for word in self._not_after_by_last.get(candidate[-1:], ()):
-                if candidate.endswith(word):
-                    head = candidate[:-len(word)]
-                    # A word of letters stands on its own (not "item" in "system").
-                    if not (word[0].isalpha() and head and head[-1].isalpha()):
-                        return True
-        for word in reversed(_WORDS.findall(before)[-4:-1]):
-            for form in (word, word[:-1]) if word.endswith("s") else (word,):
-                if form in self.ip_address_words:
-                    return False
-                if form in self._not_after_words:
-                    return True
-        return False
-
-    @functools.cached_property
-    def _not_after_by_last(self) -> dict[str, tuple[str, ...]]:
-        """The not_after words by their last character: only those can end the text before an
-        address (one dictionary lookup, not a comparison with each word, per address)."""
-        by_last: dict[str, tuple[str, ...]] = {}
-        for word in self.ip_not_after:
-            by_last[word[-1:]] = by_last.get(word[-1:], ()) + (word,)
-        return by_last
-
-    @functools.cached_property
-    def _not_after_words(self) -> frozenset[str]:
-        return frozenset(w for w in self.ip_not_after if w.isalpha())
-
-
-_RULES = PiiRules.load(Path(__file__).with_name("pii_rules.toml"))
 
 
 _PRIVATE_KEY = re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----.*?(?:-----END [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----|\Z)",
@@ -519,7 +260,7 @@ def _private_keys(text: str, where: "Candidates") -> Iterable[Span]:
 
 
 def _emails(text: str, where: "Candidates") -> Iterable[Span]:
-    for m in _matches(_EMAIL, text, where.ats):
+    for m in matches(_EMAIL, text, where.ats):
         yield Span("email", m.start(), m.end())
 
 
@@ -531,14 +272,8 @@ class PiiSettings:
 
 def detector_functions(settings: PiiSettings) -> dict[str, Callable[[str, "Candidates"], Iterable[Span]]]:
     return {"email": _emails, "phone": lambda t, w: _phones(t, w, settings.phone_regions), "card": _cards,
-            "iban": _ibans, "ip": _ips, "secret": lambda t, w: _secrets(t, w, settings.min_entropy),
+            "iban": _ibans, "ip": _ips, "secret": lambda t, w: secrets.find(t, w.runs, settings.min_entropy),
             "private_key": _private_keys}
-
-
-def _matches(pattern: re.Pattern, text: str, ranges: list[tuple[int, int]]) -> Iterable[re.Match]:
-    """The pattern's matches inside `ranges` (lookbehinds still read the text before a range)."""
-    for start, end in ranges:
-        yield from pattern.finditer(text, start, end)
 
 
 # The text is read in blocks; a block with a digit is scanned with the block before and the one
@@ -551,7 +286,7 @@ _DIGIT_BIT, _COLON_BIT = 1, 2
 _ASCII_CLASSES = bytes(_DIGIT_BIT if 48 <= i <= 57 else _COLON_BIT if i == 58 else 0 for i in range(256))
 _BLOCK_STARTS = np.arange(0, 1 << 16, _BLOCK)
 # Token characters as "a", all else (bytes of non-ASCII characters too) as " ".
-_TOKEN_BYTES = bytes(97 if i < 128 and chr(i) in _RUN_CHARS else 32 for i in range(256))
+_TOKEN_BYTES = bytes(97 if i < 128 and chr(i) in secrets.RUN_CHARS else 32 for i in range(256))
 _LONG_RUN = b"a" * 20
 _DOMAIN_RUN = re.compile(r"[A-Za-z0-9.-]*")
 _LOCAL_PART = 64     # an e-mail's local part is at most this long (_EMAIL)

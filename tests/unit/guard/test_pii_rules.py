@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.guard import pii
+from sidecar.guard import pii, secrets
 
 _R = "Zx8Yw7Vu6Ts5Rq4Po3Nm2Lk1Jh0Gf9EdCbAa1B2c3D4e5F6g7H8i9J0kLmNoPqRsTuVwXyZ0123456789AbCdEfGhIjKlMnOpQrStUvWx"
 _HEX = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
@@ -103,7 +103,7 @@ def test_provider_token_is_found_whole(provider):
     text = f"please debug this, the value is {token} and it fails"
     found = [text[s.start:s.end] for s in pii.find(text, pii.DETECTORS, _BY_RULES) if s.detector == "secret"]
     assert EXPECTED.get(provider, token) in found, (provider, found)
-    own = [rule for rule in pii._RULES.secret if rule.provider == provider]
+    own = [rule for rule in secrets.RULES.secret if rule.provider == provider]
     assert len(own) == 1 and own[0].pattern.search(EXPECTED.get(provider, token)), provider
     assert pii.find(text, pii.DETECTORS) == pii.find(text, pii.DETECTORS, locate=pii.Candidates.whole)
 
@@ -131,10 +131,10 @@ def test_a_long_credential_is_redacted_whole_and_each_sign_is_read_once():
     assert [(s.detector, text[s.start:s.end]) for s in pii.find(text, pii.DETECTORS)] == [("secret", value)]
     # Signs inside a value found are part of it, not names and values of their own.
     text = "password=" * 50 + " ok"
-    assert [text[s.start:s.end] for s in pii._assigned(text, pii._RULES)] == [text[9:-3]]
+    assert [text[s.start:s.end] for s in secrets._assigned(text, secrets.RULES)] == [text[9:-3]]
     # A sign that ends a value starts a value of its own.
     text = "DB_PASSWORD=api_key= Qw3rty!2024"
-    assert [text[s.start:s.end] for s in pii._assigned(text, pii._RULES)] == ["api_key=", "Qw3rty!2024"]
+    assert [text[s.start:s.end] for s in secrets._assigned(text, secrets.RULES)] == ["api_key=", "Qw3rty!2024"]
 
 
 @pytest.mark.parametrize("text", [
