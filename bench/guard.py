@@ -223,9 +223,12 @@ def _pii_counts(rows: list[dict]) -> dict:
     counts = {d: {"tp": 0, "fp": 0, "fn": 0} for d in DETECTORS}
     for row in rows:
         text = row["text"]
-        items = []
+        items, after = [], {}
         for item in row["items"]:
-            start = text.index(item["value"])
+            # Items are listed in text order: a value planted twice is two items, the second
+            # one after the first.
+            start = text.index(item["value"], after.get(item["value"], 0))
+            after[item["value"]] = start + 1
             items.append((item["detector"], start, start + len(item["value"])))
         matched = set()
         for span in find(text, DETECTORS):

@@ -61,3 +61,11 @@ def test_hand_written_rows_follow_the_split_rule():
             seen[label] = k + 1
             assert row["id"] == f"{prefixes[label]}-{k:03d}", row["id"]
             assert row["split"] == {0: "test", 1: "val"}.get(k % 4, "train"), row["id"]
+
+
+def test_a_value_planted_twice_is_two_items_each_at_its_own_place():
+    # A log that names one address on two lines holds two items: each found span is a hit.
+    text = "198.51.100.23 - - GET /\n198.51.100.23 - - POST /login"
+    row = {"text": text, "items": [{"detector": "ip", "value": "198.51.100.23"}] * 2}
+    ip = guard._pii_counts([row])["detectors"]["ip"]
+    assert (ip["precision"]["rate"], ip["recall"]["rate"], ip["recall"]["n"]) == (1.0, 1.0, 2)
