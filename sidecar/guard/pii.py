@@ -37,11 +37,12 @@ DETECTORS = ("email", "phone", "card", "iban", "ip", "secret", "private_key")
 DEFAULT_PHONE_REGIONS = ("US", "GB", "DE", "FR", "ES", "IT", "CN", "JP", "RU", "BR", "IN")
 
 
-# Local parts of ASCII and Latin letters (Zoë.Ng@, o'connor@), not \w: a CJK sentence runs
-# into an address without a space, and \w would take it along.
+# Local parts and domain labels of ASCII and Latin letters (Zoë.Ng@, o'connor@,
+# @bäckerei-müller.de), not \w: a CJK sentence runs into an address without a space, and \w
+# would take it along.
 # A leading lookbehind is tried at every position of the text; after the first character it is
 # tried only where that character matched (the patterns below put it there: ~5x faster).
-_EMAIL = re.compile(r"[A-Za-z0-9._%+\u00c0-\u024f-](?<![A-Za-z0-9._%+\u00c0-\u024f-].)[A-Za-z0-9._%+'\u00c0-\u024f-]{0,63}@(?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.)+"
+_EMAIL = re.compile(r"[A-Za-z0-9._%+\u00c0-\u024f-](?<![A-Za-z0-9._%+\u00c0-\u024f-].)[A-Za-z0-9._%+'\u00c0-\u024f-]{0,63}@(?:[A-Za-z0-9\u00c0-\u024f](?:[A-Za-z0-9\u00c0-\u024f-]{0,61}[A-Za-z0-9\u00c0-\u024f])?\.)+"
                     r"[A-Za-z]{2,24}(?![A-Za-z0-9@-])")
 
 # 13 to 19 digits, in groups split by single spaces or dashes.
@@ -121,11 +122,19 @@ def _ibans(text: str, where: "Candidates") -> Iterable[Span]:
             yield Span("iban", m.start(), end)
 
 
-# A phone-number candidate: a + or a digit, then digits with spaces, dots, dashes, brackets.
-_PHONE = re.compile(r"[+(\d](?<![A-Za-z0-9+./_-].)[\d ().\-–]{5,22}\d(?![A-Za-z0-9_]|[.-]?[A-Za-z0-9])")
+# A phone-number candidate: a + or a digit, then digits with spaces, dots, dashes, brackets,
+# slashes.
+_PHONE = re.compile(r"[+(\d](?<![A-Za-z0-9+./_-].)[\d ().\-–/]{5,22}\d(?![A-Za-z0-9_]|[.-]?[A-Za-z0-9])")
 # Dates and times: libphonenumber accepts some as numbers of some region.
 _NOT_DIGIT = re.compile(r"\D")
 _DATE = re.compile(r"\d{4}[-./]\d{1,2}[-./]\d{1,2}|\d{1,2}[-./]\d{1,2}[-./]\d{2,4}|\d{4}-\d{1,2}")
+# One point between two runs of digits is a decimal number (a log's 912.448371 seconds, a
+# price); numbers written with points have two or more (555.123.4567, 06.12.34.56.78).
+_DECIMAL = re.compile(r"\d+\.\d+")
+# A slash splits an area code (with its trunk prefix, or after a country code) from its number
+# (030/4492 1837, +49 30/4492 1837: as German and Austrian numbers are written); anywhere else
+# it makes a fraction, a path or a date.
+_AREA_SLASH = re.compile(r"(?:\+\d{1,3} ?(?:\(0\) ?)?\(?\d{1,5}\)?|\(?0\d{1,5}\)?)/[^/]*")
 # An ISO 8601 date and the hour after it (2024-06-05 12:41 in a log): a look-alike that costs a
 # parse in every region before the grouping rejects it.
 _TIMESTAMP = re.compile(r"\d{4}-\d{2}-\d{2}[ T]\d")
@@ -151,7 +160,9 @@ def _phones(text: str, where: "Candidates", regions: tuple[str, ...]) -> Iterabl
 
 
 def _is_phone(candidate: str, regions: tuple[str, ...]) -> bool:
-    if _DATE.fullmatch(candidate) or _TIMESTAMP.match(candidate):
+    if _DATE.fullmatch(candidate) or _TIMESTAMP.match(candidate) or _DECIMAL.fullmatch(candidate):
+        return False
+    if "/" in candidate and not _AREA_SLASH.fullmatch(candidate):
         return False
     digits = sum(ch.isdigit() for ch in candidate)
     if digits < 7 or digits > 15:
@@ -217,8 +228,16 @@ def _written_nationally(candidate: str, number) -> bool:
     with its trunk prefix (the 0 of 030 901820) where the region dials one. libphonenumber
     accepts a national number without it, and then many order numbers, ids and counts of
     seven to twelve digits are valid numbers of some region."""
-    national = phonenumbers.format_number(number, phonenumbers.PhoneNumberFormat.NATIONAL)
-    return _NOT_DIGIT.sub("", national) == _NOT_DIGIT.sub("", candidate)
+    national = _NOT_DIGIT.sub("", phonenumbers.format_number(number, phonenumbers.PhoneNumberFormat.NATIONAL))
+    digits = _NOT_DIGIT.sub("", candidate)
+    if digits == national:
+        return True
+    # Where the national format leaves the trunk prefix out (North America's 1: (800) 642-7736
+    # is dialled 1-800-642-7736), the prefix written as a group of its own counts too; the
+    # grouping check then holds it to its own group.
+    prefix = phonenumbers.ndd_prefix_for_region(phonenumbers.region_code_for_number(number), True)
+    return (bool(prefix) and not national.startswith(prefix) and digits == prefix + national
+            and _NOT_DIGIT.search(candidate[len(prefix):len(prefix) + 1]) is not None)
 
 
 # An IPv4 address, with its network's prefix length when it has one (10.0.0.0/8).
@@ -241,8 +260,11 @@ def _ips(text: str, where: "Candidates") -> Iterable[Span]:
                 continue
             if length and int(length) > address.max_prefixlen:
                 continue
-            if pattern is _IPV4 and (value.startswith("0.") and value != "0.0.0.0" or secrets.RULES.version_like(text, m.start(), m.end())):
-                continue               # 0.x.y.z is no host's address; versions, sections and OIDs
+            # 0.x.y.z is no host's address; versions, sections and OIDs are told by the words
+            # around them, except with a prefix length, which only a network has (10.0.0.0/8).
+            if pattern is _IPV4 and (value.startswith("0.") and value != "0.0.0.0"
+                                     or not length and secrets.RULES.version_like(text, m.start(), m.end())):
+                continue
             yield Span("ip", m.start(), m.end())
 
 
@@ -288,7 +310,7 @@ _BLOCK_STARTS = np.arange(0, 1 << 16, _BLOCK)
 # Token characters as "a", all else (bytes of non-ASCII characters too) as " ".
 _TOKEN_BYTES = bytes(97 if i < 128 and chr(i) in secrets.RUN_CHARS else 32 for i in range(256))
 _LONG_RUN = b"a" * 20
-_DOMAIN_RUN = re.compile(r"[A-Za-z0-9.-]*")
+_DOMAIN_RUN = re.compile(r"[A-Za-z0-9.\u00c0-\u024f-]*")
 _LOCAL_PART = 64     # an e-mail's local part is at most this long (_EMAIL)
 
 

@@ -47,7 +47,8 @@ def find(text: str, runs: list[tuple[int, int]], min_entropy: float) -> Iterable
     public = None                            # PEM blocks other than private keys
     near = None                              # whether each `near` rule's pattern is in the text
     for run in matches(_RUN, text, runs):
-        value, offset = run.group(), run.start()
+        # A full stop after a token ends the sentence, not the token (no token shape ends in one).
+        value, offset = run.group().rstrip("."), run.start()
         known = []
         for m in rules.known.finditer(value):
             start, end = offset + m.start(), offset + m.end()

@@ -160,6 +160,14 @@ def test_fold_drops_invisible_characters_and_folds_case():
     # With its country code, in groups other than libphonenumber's: the code is evidence enough.
     ("phone", "Call me on +49 3090 1820 tomorrow", "+49 3090 1820"),
     ("phone", "call +44 2079 460958", "+44 2079 460958"),
+    # An internationalised domain, in the Latin letters a local part may hold.
+    ("email", "write to müller@bäckerei-müller.de today", "müller@bäckerei-müller.de"),
+    # An area code and the number split by a slash, as German numbers are written.
+    ("phone", "Sie erreichen mich unter 030/4492 1837 oder", "030/4492 1837"),
+    ("phone", "Tel. +49 30/4492 1837 (Zentrale)", "+49 30/4492 1837"),
+    # A North American number with its trunk prefix 1, which its national format leaves out.
+    ("phone", "call 1-800-642-7736 toll free", "1-800-642-7736"),
+    ("phone", "or 1 (415) 555-2671 at home", "1 (415) 555-2671"),
 ])
 def test_detectors_find_planted_items(detector, text, value):
     spans = pii.find(text, pii.DETECTORS)
@@ -187,6 +195,10 @@ def test_detectors_find_planted_items(detector, text, value):
     "invoice 0312345678 paid", "Konto 0301234567 bitte",
     # A log's timestamps: a date and the hour after it.
     "2024-06-05 12:41:03 ORD-2019-961168 qty 35\n2024-04-21 20:37:03 ORD-2023-713984 qty 26",
+    # A decimal number: one point between two groups of digits (a kernel log's seconds).
+    "dmesg: [  912.448371] e1000e: NIC Link is Up", "total 4155.550132 EUR",
+    # Slashes that split no area code from its number: a fraction, a path, a date.
+    "ratio 030/4492/1837 here", "see /api/0304492/1837 now", "date 03/04/2024 1837",
 ])
 
 def test_detectors_pass_look_alikes(text):

@@ -86,6 +86,16 @@ def test_hand_written_tokens_are_found_by_their_prefix(token):
     assert [(s.detector, text[s.start:s.end]) for s in pii.find(text, pii.DETECTORS)] == [("secret", token)]
 
 
+@pytest.mark.parametrize("text,token", [
+    # A sentence's full stop after a token is not part of it.
+    ("Our bot token leaked: 7384921056:AAHq2Lw9TzXk4RbN7vMc1Yp8DsFe6JaG3uO. How do I revoke it?",
+     "7384921056:AAHq2Lw9TzXk4RbN7vMc1Yp8DsFe6JaG3uO"),
+    ("leaked: ghp_Zx8Yw7Vu6Ts5Rq4Po3Nm2Lk1Jh0Gf9EdCbAa1B... again", "ghp_Zx8Yw7Vu6Ts5Rq4Po3Nm2Lk1Jh0Gf9EdCbAa1B"),
+])
+def test_a_token_at_the_end_of_a_sentence_is_found_whole(text, token):
+    assert [(s.detector, text[s.start:s.end]) for s in pii.find(text, pii.DETECTORS)] == [("secret", token)]
+
+
 def test_every_provider_rule_has_a_planted_token():
     data = tomllib.loads((Path(pii.__file__).with_name("pii_rules.toml")).read_text(encoding="utf-8"))
     assert {rule["provider"] for rule in data["secret"]} == set(PLANTED)
@@ -185,6 +195,8 @@ def test_a_hash_beside_an_aws_key_id_is_not_its_secret():
     ("update the DNS to 10.0.0.2", "10.0.0.2"),
     ("サーバーは192.168.0.10です", "192.168.0.10"),
     ("the observer 172.16.0.4 is up", "172.16.0.4"),            # "ver" only as a word
+    # A prefix length makes four dotted numbers a network, whatever word precedes them.
+    ("our firewall rule allows 10.0.0.0/8 only", "10.0.0.0/8"),
 ])
 def test_ip_forms_are_found(text, value):
     assert [(s.detector, text[s.start:s.end]) for s in pii.find(text, pii.DETECTORS)] == [("ip", value)]
