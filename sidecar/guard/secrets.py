@@ -71,6 +71,9 @@ def find(text: str, runs: list[tuple[int, int]], min_entropy: float) -> Iterable
                         known.append((offset + m.start(), offset + m.end()))
         for start, end in known:
             yield Span("secret", start, end)
+        if not known and _named(text, offset, value, rules):
+            yield Span("secret", offset, offset + len(value))
+            continue
         if public is None:
             public = _public_blocks(text)
         if any(a <= offset < b for a, b in public) or text[max(0, offset - 28):offset].lower().endswith(rules.public_after):
@@ -84,6 +87,26 @@ def find(text: str, runs: list[tuple[int, int]], min_entropy: float) -> Iterable
                 yield Span("secret", offset + m.start(), offset + m.end(), round(score, 2))
     yield from _assigned(text, rules)
     yield from _url_passwords(text)
+
+
+# A token named by the words just before it, with no sign or a colon between ("Datadog API key
+# 3f9a...", "access token: 9c1e..."): one or two words, read backwards from the token.
+_NAME_WORDS_REVERSED = re.compile(r"[ \t]{0,3}[:\uff1a]?[ \t]{1,3}[\"'`]?([\w-]{1,32})(?:[ \t]([\w-]{1,32}))?")
+_NAMED_VALUE = re.compile(r"[A-Za-z0-9_+/=-]+")
+_JOINERS = str.maketrans("", "", " _-")
+
+
+def _named(text: str, offset: int, value: str, rules: "PiiRules") -> bool:
+    """Whether the token at text[offset:] follows a credential's name (`[named]` of the rules):
+    then any token of letters and digits is one, hex included (an API key of 32 hex digits has
+    the shape of a digest; only its name tells them apart)."""
+    if not (_NAMED_VALUE.fullmatch(value) and any(c.isdigit() for c in value) and any(c.isalpha() for c in value)):
+        return False
+    name = _NAME_WORDS_REVERSED.match(text[max(0, offset - 72):offset][::-1])
+    if name is None:
+        return False
+    words = ((name.group(2) or "")[::-1] + name.group(1)[::-1]).lower().translate(_JOINERS)
+    return words.endswith(rules.named)
 
 
 _PEM = re.compile(r"-----BEGIN ([A-Z0-9 ]+)-----.*?(?:-----END \1-----|\Z)", re.DOTALL)
@@ -206,6 +229,7 @@ class PiiRules:
     before: tuple[SecretRule, ...]
     assignment_names: re.Pattern           # the keys reversed, case-folded, as one pattern
     assignment_min_length: int
+    named: tuple[str, ...]                 # credential names a token may follow without a sign
     ip_window: int
     ip_not_after: tuple[str, ...]
     ip_not_before: tuple[str, ...]
@@ -227,6 +251,7 @@ class PiiRules:
                    tuple(rule for rule in rules if rule.before is not None),
                    re.compile("|".join(re.escape(k[::-1]) for k in data["assignment"]["keys"]), re.IGNORECASE),
                    int(data["assignment"]["min_length"]),
+                   tuple(w.lower().translate(_JOINERS) for w in data["named"]["names"]),
                    int(data["ip"]["window"]), tuple(w.lower() for w in data["ip"]["not_after"]),
                    tuple(data["ip"]["not_before"]), frozenset(w.lower() for w in data["ip"]["address_words"]),
                    tuple(w.lower() for w in data["public"]["after"]))

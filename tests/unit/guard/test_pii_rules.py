@@ -96,6 +96,27 @@ def test_a_token_at_the_end_of_a_sentence_is_found_whole(text, token):
     assert [(s.detector, text[s.start:s.end]) for s in pii.find(text, pii.DETECTORS)] == [("secret", token)]
 
 
+@pytest.mark.parametrize("text,token", [
+    # A key of plain hex digits has a digest's shape: the name before it tells them apart.
+    ("Datadog API key 3f9a2e81b4d05c6f8a2e4b9d17c3f0a8 showed up in our bundle", "3f9a2e81b4d05c6f8a2e4b9d17c3f0a8"),
+    ("the access token: 9c1e2f8a9b0c3d4e5f6a7b8c9d0e1f2a3b4c5d6e expires", "9c1e2f8a9b0c3d4e5f6a7b8c9d0e1f2a3b4c5d6e"),
+    ("Mein API-Key 0c4f2a9e8b7d6c5b4a39281706f5e4d3c2b1a098.", "0c4f2a9e8b7d6c5b4a39281706f5e4d3c2b1a098"),
+])
+def test_a_token_named_by_the_words_before_it_is_found(text, token):
+    assert [(s.detector, text[s.start:s.end]) for s in pii.find(text, pii.DETECTORS)] == [("secret", token)]
+
+
+@pytest.mark.parametrize("text", [
+    "the tokenizer bert-base-multilingual-cased1 splits it",       # a name that only starts with one
+    "primary key 550e8400-e29b-41d4-a716-446655440000 is taken",   # a bare key is an id
+    "cache key 9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822c",
+    "the token budget-planning-spreadsheet-final is shared",       # no digit: words
+    "secret santa list: https://example.com/2024/santa-list-final",
+])
+def test_named_token_look_alikes_pass(text):
+    assert [s for s in pii.find(text, pii.DETECTORS) if s.detector == "secret"] == []
+
+
 def test_every_provider_rule_has_a_planted_token():
     data = tomllib.loads((Path(pii.__file__).with_name("pii_rules.toml")).read_text(encoding="utf-8"))
     assert {rule["provider"] for rule in data["secret"]} == set(PLANTED)
