@@ -249,6 +249,12 @@ _IPV6 = re.compile(r"[0-9A-Fa-f:](?<![A-Za-z0-9_:.].)[0-9A-Fa-f]{0,3}:?(?:[0-9A-
 
 
 def _ips(text: str, where: "Candidates") -> Iterable[Span]:
+    # Four dotted numbers with no word of their own around them are read as the others of the
+    # text with the same first two numbers are: "firmware 4.2.1.0. Is that newer than
+    # 4.2.0.15?" compares two versions. (Addresses of one network share them too, but a text
+    # rarely names a version and an address of the same two first numbers.)
+    versions: set[str] = set()
+    unread: list[tuple[str, Span]] = []
     for pattern, ranges in ((_IPV4, where.digits), (_IPV6, where.colons)):
         for m in matches(pattern, text, ranges):
             value, _, length = m.group().partition("/")
@@ -260,12 +266,24 @@ def _ips(text: str, where: "Candidates") -> Iterable[Span]:
                 continue
             if length and int(length) > address.max_prefixlen:
                 continue
+            span = Span("ip", m.start(), m.end())
             # 0.x.y.z is no host's address; versions, sections and OIDs are told by the words
             # around them, except with a prefix length, which only a network has (10.0.0.0/8).
-            if pattern is _IPV4 and (value.startswith("0.") and value != "0.0.0.0"
-                                     or not length and secrets.RULES.version_like(text, m.start(), m.end())):
-                continue
-            yield Span("ip", m.start(), m.end())
+            if pattern is _IPV4 and not length:
+                if value.startswith("0.") and value != "0.0.0.0":
+                    continue
+                version = secrets.RULES.version_like(text, m.start(), m.end())
+                head = value[:value.index(".", value.index(".") + 1)]
+                if version:
+                    versions.add(head)
+                if version is None:
+                    unread.append((head, span))
+                if version is not False:
+                    continue
+            yield span
+    for head, span in unread:
+        if head not in versions:
+            yield span
 
 
 

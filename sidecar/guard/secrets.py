@@ -256,9 +256,10 @@ class PiiRules:
                    tuple(data["ip"]["not_before"]), frozenset(w.lower() for w in data["ip"]["address_words"]),
                    tuple(w.lower() for w in data["public"]["after"]))
 
-    def version_like(self, text: str, start: int, end: int) -> bool:
+    def version_like(self, text: str, start: int, end: int) -> bool | None:
         """Whether a context word stands just before text[start:end] ("version 1.2.3.4") or just
-        after it ("4.2.1.3章")."""
+        after it ("4.2.1.3章"): True; False where an address word decides ("the IP of the build
+        server is 10.2.0.1"); None where no word of either list is near."""
         if text[end:end + 3].lstrip().startswith(self.ip_not_before):
             return True
         before = text[max(0, start - self.ip_window):start].lower().rstrip(" \t:#=(\"'")
@@ -270,13 +271,17 @@ class PiiRules:
                     # A word of letters stands on its own (not "item" in "system").
                     if not (word[0].isalpha() and head and head[-1].isalpha()):
                         return True
-        for word in reversed(_WORDS.findall(before)[-4:-1]):
+        words = _WORDS.findall(before)[-4:]
+        for word in words[-1:]:               # the nearest word: only an address word decides
+            if word in self.ip_address_words or word.endswith("s") and word[:-1] in self.ip_address_words:
+                return False
+        for word in reversed(words[:-1]):
             for form in (word, word[:-1]) if word.endswith("s") else (word,):
                 if form in self.ip_address_words:
                     return False
                 if form in self._not_after_words:
                     return True
-        return False
+        return None
 
     @functools.cached_property
     def _not_after_by_last(self) -> dict[str, tuple[str, ...]]:

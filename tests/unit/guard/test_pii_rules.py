@@ -218,6 +218,11 @@ def test_a_hash_beside_an_aws_key_id_is_not_its_secret():
     ("the observer 172.16.0.4 is up", "172.16.0.4"),            # "ver" only as a word
     # A prefix length makes four dotted numbers a network, whatever word precedes them.
     ("our firewall rule allows 10.0.0.0/8 only", "10.0.0.0/8"),
+    # An address word just before the number decides, whatever stands before it.
+    ("restart the build server 10.1.2.3 please", "10.1.2.3"),
+    # A version of the text does not make an address of other first numbers one.
+    ("Version 1.2.3.4 of the agent talks to 10.0.0.5 now", "10.0.0.5"),
+    ("firmware 4.2.1.0 runs on host 4.2.0.15", "4.2.0.15"),
 ])
 def test_ip_forms_are_found(text, value):
     assert [(s.detector, text[s.start:s.end]) for s in pii.find(text, pii.DETECTORS)] == [("ip", value)]
@@ -229,6 +234,10 @@ def test_ip_forms_are_found(text, value):
     "バージョン 2.0.1.5 です", "the firmware version is now 10.2.0.1", "Version ist jetzt 2.1.3.4", "参见4.2.1.3章", "제 3.1.2.4조", "Sección 2.3.1.4 del contrato", "глава 1.2.3.4", "build 1.2.3.4-beta", "release 0.9.1.2", "versions 1.2.3.4 and earlier",
     "a C++ scope Ab::Cd and std::vector", "MAC 00:1A:2B:3C:4D:5E", "PCI 0000:00:1f.2", "at 12:30:45",
     "the 10.0.0.1/99 typo", "a bare :: in text",
+    # Four dotted numbers without words of their own, read as another of the text with the
+    # same first two numbers is.
+    "The board reports firmware 4.2.1.0. Is that newer than 4.2.0.15?",
+    "Is 2.1.0.7 older than release 2.1.3.0, or the same?",
 ])
 def test_ip_look_alikes_pass(text):
     assert [s for s in pii.find(text, pii.DETECTORS) if s.detector == "ip"] == []
