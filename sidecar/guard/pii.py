@@ -35,6 +35,16 @@ from sidecar.guard.spans import Span, matches
 DETECTORS = ("email", "phone", "card", "iban", "ip", "secret", "private_key")
 # Regions whose national-format numbers (without +country code) count as phone numbers.
 DEFAULT_PHONE_REGIONS = ("US", "GB", "DE", "FR", "ES", "IT", "CN", "JP", "RU", "BR", "IN")
+# Where a route names no regions, national numbers written in groups and starting with the trunk
+# prefix 0 (0412 738 195, 01 5892713) also count in these: the other regions among the 40
+# largest economies whose numbers are dialled at home with that prefix. The prefix and a
+# grouping the region's format confirms are the evidence; an unbroken run of digits, weaker
+# evidence (~75% of random 10-digit runs starting with 0 are a valid mobile number of one of
+# them), counts in DEFAULT_PHONE_REGIONS only. Regions without a trunk prefix (DK, NO, SG, HK,
+# MX, PL) are left out: their national numbers are bare runs of 8 to 10 digits, as years, ids
+# and amounts are.
+GROUPED_PHONE_REGIONS = ("AU", "KR", "ID", "NL", "TR", "SA", "CH", "TW", "BE", "SE", "AR", "IE", "TH", "AT", "IL",
+                         "AE", "PH", "VN", "BD", "MY", "EG", "NG", "CO")
 
 
 # Local parts and domain labels of ASCII and Latin letters (Zoë.Ng@, o'connor@,
@@ -146,7 +156,7 @@ _TIMESTAMP = re.compile(r"\d{4}-\d{2}-\d{2}[ T]\d")
 MAX_PHONE_CANDIDATES = 64
 
 
-def _phones(text: str, where: "Candidates", regions: tuple[str, ...]) -> Iterable[Span]:
+def _phones(text: str, where: "Candidates", regions: tuple[str, ...], grouped: tuple[str, ...] = ()) -> Iterable[Span]:
     verdicts: dict[str, bool] = {}
     for m in matches(_PHONE, text, where.digits):
         candidate = m.group()
@@ -154,12 +164,12 @@ def _phones(text: str, where: "Candidates", regions: tuple[str, ...]) -> Iterabl
         if valid is None:
             if len(verdicts) >= MAX_PHONE_CANDIDATES:
                 return
-            valid = verdicts[candidate] = _is_phone(candidate, regions)
+            valid = verdicts[candidate] = _is_phone(candidate, regions, grouped)
         if valid:
             yield Span("phone", m.start(), m.end())
 
 
-def _is_phone(candidate: str, regions: tuple[str, ...]) -> bool:
+def _is_phone(candidate: str, regions: tuple[str, ...], grouped: tuple[str, ...] = ()) -> bool:
     if _DATE.fullmatch(candidate) or _TIMESTAMP.match(candidate) or _DECIMAL.fullmatch(candidate):
         return False
     if "/" in candidate and not _AREA_SLASH.fullmatch(candidate):
@@ -171,6 +181,8 @@ def _is_phone(candidate: str, regions: tuple[str, ...]) -> bool:
         candidate = "+" + candidate[2:]      # 00 dials abroad from most countries, as + does
     international = candidate.startswith("+")
     bare = not international and _NOT_DIGIT.search(candidate) is None
+    if not (international or bare) and candidate.lstrip("(")[:1] == "0":
+        regions += grouped
     for region in (None,) if international else regions:
         try:
             # The raw input is kept: the grouping check reads it (a national prefix where needed).
@@ -308,10 +320,11 @@ def _emails(text: str, where: "Candidates") -> Iterable[Span]:
 class PiiSettings:
     phone_regions: tuple[str, ...] = DEFAULT_PHONE_REGIONS
     min_entropy: float = DEFAULT_MIN_ENTROPY
+    grouped_phone_regions: tuple[str, ...] = GROUPED_PHONE_REGIONS
 
 
 def detector_functions(settings: PiiSettings) -> dict[str, Callable[[str, "Candidates"], Iterable[Span]]]:
-    return {"email": _emails, "phone": lambda t, w: _phones(t, w, settings.phone_regions), "card": _cards,
+    return {"email": _emails, "phone": lambda t, w: _phones(t, w, settings.phone_regions, settings.grouped_phone_regions), "card": _cards,
             "iban": _ibans, "ip": _ips, "secret": lambda t, w: secrets.find(t, w.runs, settings.min_entropy),
             "private_key": _private_keys}
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from sidecar.guard.injection import DEFAULT_FALSE_ALARM_RATE
 from sidecar.guard.normalize import prepare_offsets
-from sidecar.guard.pii import DETECTORS, DEFAULT_MIN_ENTROPY, DEFAULT_PHONE_REGIONS, PiiSettings
+from sidecar.guard.pii import DETECTORS, DEFAULT_MIN_ENTROPY, DEFAULT_PHONE_REGIONS, GROUPED_PHONE_REGIONS, PiiSettings
 from sidecar.guard.pii import prepare as prepare_phones
 from sidecar.guard.words import WordMatcher
 
@@ -82,6 +82,8 @@ def build_policy(guard, injection_head=None) -> GuardPolicy | None:
             raise ValueError(f"guard.personal_data.detectors has no detector {name!r} (known: {', '.join(DETECTORS)})")
         pii[name] = _choice(action, PII_ACTIONS, f"personal_data.detectors[{name}]", "block")
     regions = tuple(r.upper() for r in data.phone_regions) or DEFAULT_PHONE_REGIONS
+    # Regions a route names are all it wants; without them, grouped numbers of more regions count.
+    grouped = () if data.phone_regions else GROUPED_PHONE_REGIONS
     entropy = data.min_secret_entropy if data.HasField("min_secret_entropy") else DEFAULT_MIN_ENTROPY
     if not 0 < entropy <= 7:
         raise ValueError(f"guard.personal_data.min_secret_entropy must be in (0, 7], got {entropy}")
@@ -105,6 +107,6 @@ def build_policy(guard, injection_head=None) -> GuardPolicy | None:
     # request that needs them.
     prepare_offsets()
     if "phone" in pii:
-        prepare_phones(regions)
+        prepare_phones(regions + grouped)
     return GuardPolicy(messages, tuple(rules), WordMatcher(lists) if rules else None, pii,
-                       PiiSettings(regions, entropy), injection)
+                       PiiSettings(regions, entropy, grouped), injection)

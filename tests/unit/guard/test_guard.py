@@ -168,6 +168,9 @@ def test_fold_drops_invisible_characters_and_folds_case():
     # A North American number with its trunk prefix 1, which its national format leaves out.
     ("phone", "call 1-800-642-7736 toll free", "1-800-642-7736"),
     ("phone", "or 1 (415) 555-2671 at home", "1 (415) 555-2671"),
+    # National numbers of more regions, written in groups with their trunk prefix.
+    ("phone", "Sam's mobile is 0412 345 678, call after six", "0412 345 678"),
+    ("phone", "ons kantoor: 020 794 1234 (receptie)", "020 794 1234"),
 ])
 def test_detectors_find_planted_items(detector, text, value):
     spans = pii.find(text, pii.DETECTORS)
@@ -364,6 +367,17 @@ def test_a_phone_policy_loads_its_regions_rules_when_built():
     pii.prepare.cache_clear()
     policy(personal_data={"detectors": {"phone": "flag"}, "phone_regions": ["ch", "zz"]})   # ZZ: no such region
     assert pii.prepare.cache_info().currsize == 1          # prepare(("CH", "ZZ")) ran, and did not raise
+
+def test_grouped_numbers_of_more_regions_count_only_where_a_route_names_no_regions():
+    text = "Sam's mobile 0412 345 678, or 0412345678"
+    def found(settings):
+        return [text[s.start:s.end] for s in pii.find(text, ("phone",), settings)]
+    # By default the grouped number counts; an unbroken run of a region outside the defaults does not.
+    assert found(policy(personal_data={"detectors": {"phone": "flag"}}).pii_settings) == ["0412 345 678"]
+    assert found(policy(personal_data={"detectors": {"phone": "flag"}, "phone_regions": ["de"]}).pii_settings) == []
+    assert found(policy(personal_data={"detectors": {"phone": "flag"}, "phone_regions": ["au"]}).pii_settings) == [
+        "0412 345 678", "0412345678"]
+
 
 def test_policy_rejects_bad_values_by_name(tmp_path):
     with pytest.raises(ValueError, match="guard.words\\[0\\].action"):
