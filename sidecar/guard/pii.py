@@ -132,9 +132,9 @@ def _ibans(text: str, where: "Candidates") -> Iterable[Span]:
             yield Span("iban", m.start(), end)
 
 
-# A phone-number candidate: a + or a digit, then digits with spaces, dots, dashes, brackets,
-# slashes.
-_PHONE = re.compile(r"[+(\d](?<![A-Za-z0-9+./_-].)[\d ().\-–/]{5,22}\d(?![A-Za-z0-9_]|[.-]?[A-Za-z0-9])")
+# A phone-number candidate: a + (also in brackets: "(+34) 912 345 678") or a digit, then digits
+# with spaces, dots, dashes, brackets, slashes.
+_PHONE = re.compile(r"[+(\d](?<![A-Za-z0-9+./_-].)(?:(?<=\()\+)?[\d ().\-–/]{5,22}\d(?![A-Za-z0-9_]|[.-]?[A-Za-z0-9])")
 # Dates and times: libphonenumber accepts some as numbers of some region.
 _NOT_DIGIT = re.compile(r"\D")
 _DATE = re.compile(r"\d{4}[-./]\d{1,2}[-./]\d{1,2}|\d{1,2}[-./]\d{1,2}[-./]\d{2,4}|\d{4}-\d{1,2}")
@@ -179,7 +179,7 @@ def _is_phone(candidate: str, regions: tuple[str, ...], grouped: tuple[str, ...]
         return False
     if candidate.startswith("00"):
         candidate = "+" + candidate[2:]      # 00 dials abroad from most countries, as + does
-    international = candidate.startswith("+")
+    international = candidate.startswith(("+", "(+"))
     bare = not international and _NOT_DIGIT.search(candidate) is None
     if not (international or bare) and candidate.lstrip("(")[:1] == "0":
         regions += grouped

@@ -171,6 +171,8 @@ def test_fold_drops_invisible_characters_and_folds_case():
     # National numbers of more regions, written in groups with their trunk prefix.
     ("phone", "Sam's mobile is 0412 345 678, call after six", "0412 345 678"),
     ("phone", "ons kantoor: 020 794 1234 (receptie)", "020 794 1234"),
+    # A country code in brackets.
+    ("phone", "Oficina (+34) 912 345 678, de 9 a 14", "(+34) 912 345 678"),
 ])
 def test_detectors_find_planted_items(detector, text, value):
     spans = pii.find(text, pii.DETECTORS)

@@ -101,6 +101,7 @@ def test_a_token_at_the_end_of_a_sentence_is_found_whole(text, token):
     ("Datadog API key 3f9a2e81b4d05c6f8a2e4b9d17c3f0a8 showed up in our bundle", "3f9a2e81b4d05c6f8a2e4b9d17c3f0a8"),
     ("the access token: 9c1e2f8a9b0c3d4e5f6a7b8c9d0e1f2a3b4c5d6e expires", "9c1e2f8a9b0c3d4e5f6a7b8c9d0e1f2a3b4c5d6e"),
     ("Mein API-Key 0c4f2a9e8b7d6c5b4a39281706f5e4d3c2b1a098.", "0c4f2a9e8b7d6c5b4a39281706f5e4d3c2b1a098"),
+    ("Ocp-Apim-Subscription-Key: 7d1c9e0b2a4f48e6b3c5d7e9f1a2b4c6", "7d1c9e0b2a4f48e6b3c5d7e9f1a2b4c6"),
 ])
 def test_a_token_named_by_the_words_before_it_is_found(text, token):
     assert [(s.detector, text[s.start:s.end]) for s in pii.find(text, pii.DETECTORS)] == [("secret", token)]
@@ -238,6 +239,7 @@ def test_ip_forms_are_found(text, value):
     # same first two numbers is.
     "The board reports firmware 4.2.1.0. Is that newer than 4.2.0.15?",
     "Is 2.1.0.7 older than release 2.1.3.0, or the same?",
+    "Upgrade from 1.2.3.4 to 1.2.4.0 tonight",
 ])
 def test_ip_look_alikes_pass(text):
     assert [s for s in pii.find(text, pii.DETECTORS) if s.detector == "ip"] == []
