@@ -133,8 +133,9 @@ def _ibans(text: str, where: "Candidates") -> Iterable[Span]:
 
 
 # A phone-number candidate: a + (also in brackets: "(+34) 912 345 678") or a digit, then digits
-# with spaces, dots, dashes, brackets, slashes.
-_PHONE = re.compile(r"[+(\d](?<![A-Za-z0-9+./_-].)(?:(?<=\()\+)?[\d ().\-–/]{5,22}\d(?![A-Za-z0-9_]|[.-]?[A-Za-z0-9])")
+# with spaces, dots, dashes, brackets, slashes. Not right after a number sign: #0412 345 678 is
+# an order's or a ticket's number.
+_PHONE = re.compile(r"[+(\d](?<![A-Za-z0-9+./_#-].)(?:(?<=\()\+)?[\d ().\-–/]{5,22}\d(?![A-Za-z0-9_]|[.-]?[A-Za-z0-9])")
 # Dates and times: libphonenumber accepts some as numbers of some region.
 _NOT_DIGIT = re.compile(r"\D")
 _DATE = re.compile(r"\d{4}[-./]\d{1,2}[-./]\d{1,2}|\d{1,2}[-./]\d{1,2}[-./]\d{2,4}|\d{4}-\d{1,2}")

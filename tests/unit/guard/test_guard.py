@@ -202,6 +202,8 @@ def test_detectors_find_planted_items(detector, text, value):
     "2024-06-05 12:41:03 ORD-2019-961168 qty 35\n2024-04-21 20:37:03 ORD-2023-713984 qty 26",
     # A decimal number: one point between two groups of digits (a kernel log's seconds).
     "dmesg: [  912.448371] e1000e: NIC Link is Up", "total 4155.550132 EUR",
+    # After a number sign: an order's number, whatever region's plan it fits.
+    "Order #0412 345 678 shipped", "see ticket #415 555 2671",
     # Slashes that split no area code from its number: a fraction, a path, a date.
     "ratio 030/4492/1837 here", "see /api/0304492/1837 now", "date 03/04/2024 1837",
 ])
