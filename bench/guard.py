@@ -9,8 +9,9 @@
 - words: planted denied words (with zero-width characters, full-width letters, case and CJK
   spacing tricks) in paraphrase prompts, and false matches on clean ones, per squeeze mode;
 - personal data: per detector, precision and recall on data/guard/pii.jsonl (generated) and
-  data/guard/pii_handwritten.txt (hand-written), dev and test each, and on
-  data/guard/pii_holdout.txt (hand-written apart, all held out) when it exists;
+  data/guard/pii_handwritten.txt (hand-written), dev and test each, and, each as one source when
+  it exists, on data/guard/pii_holdout.txt (written apart; development data since its misses
+  were read) and data/guard/pii_holdout2.txt (written apart, blind);
 - cost: guard CPU time for a 2 KB prompt with 10,000 denied words loaded, every detector on, and
   the injection classifier's scoring (bench/guard_cost.py).
 """
@@ -23,8 +24,8 @@ import sys
 import numpy as np
 
 from bench import report
-from bench.guard_data import (ORDINARY_SOURCES, PII_HOLDOUT, ROOT, embed_all, injection_examples, pii_examples,
-                              pii_handwritten)
+from bench.guard_data import (ORDINARY_SOURCES, PII_HOLDOUT, PII_HOLDOUT2, ROOT, embed_all, injection_examples,
+                              pii_examples, pii_handwritten)
 
 
 def wilson(hits: int, n: int) -> dict:
@@ -243,12 +244,20 @@ def _pii_counts(rows: list[dict]) -> dict:
         for d, c in counts.items()}}
 
 
+# What each personal-data source is, for the printed tables.
+PII_SOURCES = {"generated": "generated set (pii.jsonl), test split",
+               "handwritten": "hand-written set (pii_handwritten.txt), test split",
+               "holdout": "pii_holdout.txt, all prompts (development data: its misses were read)",
+               "holdout2": "pii_holdout2.txt, all prompts (blind held-out set)"}
+
+
 def personal_data() -> dict:
     generated, handwritten = pii_examples(), pii_handwritten()
     out = {"generated": {split: _pii_counts([r for r in generated if r["split"] == split]) for split in ("dev", "test")},
            "handwritten": {split: _pii_counts([r for r in handwritten if r["split"] == split]) for split in ("dev", "test")}}
-    if PII_HOLDOUT.exists():
-        out["holdout"] = {"holdout": _pii_counts(pii_handwritten(PII_HOLDOUT, holdout=True))}
+    for name, path in (("holdout", PII_HOLDOUT), ("holdout2", PII_HOLDOUT2)):
+        if path.exists():
+            out[name] = {"holdout": _pii_counts(pii_handwritten(path, holdout=True))}
     return out
 
 
@@ -304,7 +313,7 @@ def main() -> int:
     print(report.table(rows, ["route rate", "language", "detection", "false alarms"]))
     for name, sets in data["personal_data"].items():
         split = "test" if "test" in sets else "holdout"
-        print(f"\npersonal data, {name} set ({split} split):")
+        print(f"\npersonal data, {PII_SOURCES[name]}:")
         print(report.table([{"detector": d, "precision": _cell(v["precision"]), "recall": _cell(v["recall"])}
                             for d, v in sets[split]["detectors"].items()], ["detector", "precision", "recall"]))
     print("\nwords (planted with tricks; false matches on clean paraphrase prompts):")
