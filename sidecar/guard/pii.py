@@ -36,7 +36,8 @@ DETECTORS = ("email", "phone", "card", "iban", "ip", "secret", "private_key")
 # Regions whose national-format numbers (without +country code) count as phone numbers.
 DEFAULT_PHONE_REGIONS = ("US", "GB", "DE", "FR", "ES", "IT", "CN", "JP", "RU", "BR", "IN")
 # Where a route names no regions, national numbers written in groups and starting with the trunk
-# prefix 0 (0412 738 195, 01 5892713) also count in these: the other regions among the 40
+# prefix 0 (0412 738 195, 01 5892713), grouped exactly as the region writes them, also count in
+# these: the other regions among the 40
 # largest economies whose numbers are dialled at home with that prefix. The prefix and a
 # grouping the region's format confirms are the evidence; an unbroken run of digits, weaker
 # evidence (~75% of random 10-digit runs starting with 0 are a valid mobile number of one of
@@ -143,9 +144,9 @@ _DATE = re.compile(r"\d{4}[-./]\d{1,2}[-./]\d{1,2}|\d{1,2}[-./]\d{1,2}[-./]\d{2,
 # price); numbers written with points have two or more (555.123.4567, 06.12.34.56.78).
 _DECIMAL = re.compile(r"\d+\.\d+")
 # A slash splits an area code (with its trunk prefix, or after a country code) from its number
-# (030/4492 1837, +49 30/4492 1837: as German and Austrian numbers are written); anywhere else
-# it makes a fraction, a path or a date.
-_AREA_SLASH = re.compile(r"(?:\+\d{1,3} ?(?:\(0\) ?)?\(?\d{1,5}\)?|\(?0\d{1,5}\)?)/[^/]*")
+# (030/4492 1837, 089 / 12 34 56, +49 30/4492 1837: as German and Austrian numbers are
+# written); anywhere else it makes a fraction, a path or a date.
+_AREA_SLASH = re.compile(r"(?:\+\d{1,3} ?(?:\(0\) ?)?\(?\d{1,5}\)?|\(?0\d{1,5}\)?) ?/ ?[^/]*")
 # An ISO 8601 date and the hour after it (2024-06-05 12:41 in a log): a look-alike that costs a
 # parse in every region before the grouping rejects it.
 _TIMESTAMP = re.compile(r"\d{4}-\d{2}-\d{2}[ T]\d")
@@ -182,9 +183,10 @@ def _is_phone(candidate: str, regions: tuple[str, ...], grouped: tuple[str, ...]
         candidate = "+" + candidate[2:]      # 00 dials abroad from most countries, as + does
     international = candidate.startswith(("+", "(+"))
     bare = not international and _NOT_DIGIT.search(candidate) is None
+    home = len(regions)
     if not (international or bare) and candidate.lstrip("(")[:1] == "0":
         regions += grouped
-    for region in (None,) if international else regions:
+    for index, region in enumerate((None,) if international else regions):
         try:
             # The raw input is kept: the grouping check reads it (a national prefix where needed).
             number = phonenumbers.parse(candidate, region, keep_raw_input=True)
@@ -198,7 +200,7 @@ def _is_phone(candidate: str, regions: tuple[str, ...], grouped: tuple[str, ...]
             continue
         # A country code is evidence enough: an order number or ISBN rarely starts with +49,
         # and people group international numbers in many ways (+49 30 901820, +49 (0)30 ...).
-        if international or _grouped_as_formatted(candidate, number):
+        if international or _grouped_as_formatted(candidate, number, exactly=index >= home):
             return True
     return False
 
@@ -223,12 +225,16 @@ def prepare(regions: tuple[str, ...]) -> None:
 _BARE_TYPES = (phonenumbers.PhoneNumberType.MOBILE, phonenumbers.PhoneNumberType.FIXED_LINE_OR_MOBILE)
 
 
-def _grouped_as_formatted(candidate: str, number) -> bool:
+def _grouped_as_formatted(candidate: str, number, exactly: bool = False) -> bool:
     """libphonenumber's STRICT_GROUPING: no group of the candidate's digits runs across two
     groups of the number as its region formats it (4471-2290-18 is not the Brazilian
     (44) 7122-9018; 0-306-40615-2, an ISBN, is not 030 6406152). The check PhoneNumberMatcher
     makes, on the number already parsed: a matcher over the candidate parses it again and
-    runs its own patterns, ~15x the time."""
+    runs its own patterns, ~15x the time. `exactly`: EXACT_GROUPING, the region's groups as
+    they are (0301-23 45 67 in Sweden, not 0301-2345-67), for GROUPED_PHONE_REGIONS, where the
+    grouping is the evidence."""
+    if exactly:
+        return _phonenumbermatcher._verify_exact_grouping(number, candidate, _GROUPING)
     return _phonenumbermatcher._verify_strict_grouping(number, candidate, _GROUPING)
 
 

@@ -165,6 +165,7 @@ def test_fold_drops_invisible_characters_and_folds_case():
     # An area code and the number split by a slash, as German numbers are written.
     ("phone", "Sie erreichen mich unter 030/4492 1837 oder", "030/4492 1837"),
     ("phone", "Tel. +49 30/4492 1837 (Zentrale)", "+49 30/4492 1837"),
+    ("phone", "Telefon: 089 / 12 34 56 (Empfang)", "089 / 12 34 56"),
     # A North American number with its trunk prefix 1, which its national format leaves out.
     ("phone", "call 1-800-642-7736 toll free", "1-800-642-7736"),
     ("phone", "or 1 (415) 555-2671 at home", "1 (415) 555-2671"),
@@ -204,6 +205,8 @@ def test_detectors_find_planted_items(detector, text, value):
     "dmesg: [  912.448371] e1000e: NIC Link is Up", "total 4155.550132 EUR",
     # After a number sign: an order's number, whatever region's plan it fits.
     "Order #0412 345 678 shipped", "see ticket #415 555 2671",
+    # A region beyond the defaults needs its own grouping exactly (Sweden: 0301-23 45 67).
+    "Rechnungsnummer 0301-2345-67 vom 3. April",
     # Slashes that split no area code from its number: a fraction, a path, a date.
     "ratio 030/4492/1837 here", "see /api/0304492/1837 now", "date 03/04/2024 1837",
 ])
