@@ -148,7 +148,13 @@ def compare(rev: str, rounds: int) -> dict:
             best = min(r[kind]["total"]["best_p50_ms"] for r in mine)
             summary.setdefault(kind, {})[label] = {"total_p50_ms_by_round": totals, "total_best_p50_ms": best, "quietest": {
                 "load_1m": quiet["load_1m"], **{part: quiet[kind][part]["p50_ms"] for part in ("scan", "injection", "total")}}}
+            # Each round measures both codes back to back: their ratio within a round is what the
+            # machine's changing load disturbs least.
+            ratios = [r[kind]["total"]["p50_ms"] / o[kind]["total"]["p50_ms"] for r in mine
+                      for o in runs if o["round"] == r["round"] and o["code"] == rev]
+            summary[kind][label]["total_p50_ratio_to_against_by_round"] = [round(x, 3) for x in ratios]
             rows.append({"prompt": kind, "code": label, "total p50 by round, ms": " ".join(f"{t:.3f}" for t in totals),
+                         f"/ {rev}, median of rounds": round(statistics.median(ratios), 3),
                          "quietest load": quiet["load_1m"], "scan": quiet[kind]["scan"]["p50_ms"],
                          "injection": quiet[kind]["injection"]["p50_ms"], "total": quiet[kind]["total"]["p50_ms"],
                          "total, best of passes": best})
