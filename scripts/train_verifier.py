@@ -54,6 +54,8 @@ TRAIN_COSINE = 0.45
 RATES = (0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.1)
 # The candidate floor keeps this share of the calibration sets' label-1 pairs.
 FLOOR_RECALL = 0.97
+# Hand-written pairs count more: there are fewer, and they are the most like traffic.
+HANDWRITTEN_WEIGHT = 3.0
 
 
 def load_jsonl(path: Path) -> list[dict]:
@@ -237,8 +239,7 @@ def build(pairs_path: Path | None = None, align: bool = True) -> tuple[dict, dic
     n = len(train)
     x, y, c = x_all[:n], np.array([p["label"] for p in train], float), cos_all[:n]
     keep = c >= TRAIN_COSINE
-    # Hand-written pairs count more: there are few, and they are the most like traffic.
-    weight = np.array([3.0 if "frame" not in p else 1.0 for p in train])[keep]
+    weight = np.array([HANDWRITTEN_WEIGHT if "frame" not in p else 1.0 for p in train])[keep]
     start = time.perf_counter()
     model = train_trees(x[keep], y[keep], weight)
     seconds = time.perf_counter() - start
