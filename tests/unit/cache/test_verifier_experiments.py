@@ -50,3 +50,21 @@ def test_the_served_engine_gives_the_states_the_verifier_was_trained_on():
             got = align_features(unit_tokens(served[i]), unit_tokens(served[j]))
             want = align_features(unit_tokens(trained[texts[i]]), unit_tokens(trained[texts[j]]))
             assert np.allclose(got, want, atol=5e-3), (texts[i], texts[j], got, want)
+
+
+def test_selection_counts_served_pairs_by_kind_and_language_among_candidates_only():
+    from scripts import verifier_selection
+    pairs = [{"label": 1, "kind": "typo", "lang": "de"}, {"label": 1, "kind": "typo", "lang": "de"},
+             {"label": 0, "kind": "scope", "lang": "es"}, {"label": 1, "kind": "typo", "lang": "en"}]
+    served = verifier_selection.served_by(pairs, np.array([True, False, True, True]),
+                                          np.array([True, True, True, False]))
+    # The last pair is under the floor: no decision above it could serve it, so it is not counted.
+    assert served == {"0 lang es": "1/1", "0 scope": "1/1", "1 lang de": "1/2", "1 typo": "1/2"}
+
+
+def test_selection_folds_keep_a_generator_frame_together():
+    from scripts import verifier_selection
+    frame = {"frame": "en-007", "label": 1}
+    assert verifier_selection.fold_of(frame, 0) == verifier_selection.fold_of(dict(frame, label=0), 41)
+    folds = {verifier_selection.fold_of({"label": 1}, line) for line in range(200)}
+    assert folds == set(range(verifier_selection.FOLDS))
