@@ -209,6 +209,8 @@ def test_detectors_find_planted_items(detector, text, value):
     "Rechnungsnummer 0301-2345-67 vom 3. April",
     # Slashes that split no area code from its number: a fraction, a path, a date.
     "ratio 030/4492/1837 here", "see /api/0304492/1837 now", "date 03/04/2024 1837",
+    # ... which libphonenumber would take for a number: only the slash rule tells them apart.
+    "Aktenzeichen 030 4492/1837", "a share of 1/212 555 0123", "ratio 21/2555 0123",
 ])
 
 def test_detectors_pass_look_alikes(text):
