@@ -1049,8 +1049,11 @@ async def test_redis_states_put_by_one_replica_are_read_by_another(redis_stores)
     assert await b.get_states("t", ["k1", "k2", "gone"], 1 << 20) == [STATES, None, None]
     assert await b.get_states("other-tenant", ["k1"], 1 << 20) == [None]    # scoped
     assert await b.get_states("t", [], 1 << 20) == []
-    # A value over the bound is never read whole: a miss.
+    # A value over the bound is never read whole: a miss, and Redis sends its length, not it.
     assert await b.get_states("t", ["k1"], len(STATES) - 1) == [None]
+    keys = [b._keys.entry("t", "k1")]
+    assert await b._states_script(keys=keys, args=[len(STATES) - 1]) == [len(STATES)]
+    assert await b._states_script(keys=keys, args=[len(STATES)]) == [STATES]
     # An exact lookup does not carry the states (they are read only when the verifier needs them).
     assert (await b.get_exact("t", "k1")).answer == b"a1"
 
