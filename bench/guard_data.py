@@ -17,7 +17,7 @@ The test splits are never trained on and never used to choose a threshold.
 
 Personal-data data: data/guard/pii.jsonl (generated, its own dev / test) and
 data/guard/pii_handwritten.txt (written prompt by prompt; lines alternate dev / test) and, when
-they exist, data/guard/pii_holdout.txt (written apart from the detectors; its misses were since
+they exist, data/guard/pii_holdout.txt (written apart from the detectors; its misses were
 read and fixed, so it is development data) and data/guard/pii_holdout2.txt (written apart, the
 blind set: reported only).
 """
@@ -47,7 +47,7 @@ ORDINARY_SOURCES = ("paraphrase", "ordinary")
 PII = ROOT / "data" / "guard" / "pii.jsonl"
 PII_HANDWRITTEN = ROOT / "data" / "guard" / "pii_handwritten.txt"
 # Written apart from the detectors' development, in the same format, every line one source:
-# the first set's misses were read and fixed (development data now); the second is blind.
+# the first set's misses were read and fixed (development data); the second is blind.
 PII_HOLDOUT = ROOT / "data" / "guard" / "pii_holdout.txt"
 PII_HOLDOUT2 = ROOT / "data" / "guard" / "pii_holdout2.txt"
 CACHE = ROOT / "build" / "guard" / "embeddings.npz"
