@@ -29,6 +29,7 @@ from stdnum import iban as stdnum_iban
 from stdnum import numdb as stdnum_numdb
 
 from sidecar.guard import secrets
+from sidecar.guard.pii_rules import RULES
 from sidecar.guard.secrets import DEFAULT_MIN_ENTROPY
 from sidecar.guard.spans import Span, matches
 
@@ -291,7 +292,7 @@ def _ips(text: str, where: "Candidates") -> Iterable[Span]:
             if pattern is _IPV4 and not length:
                 if value.startswith("0.") and value != "0.0.0.0":
                     continue
-                version = secrets.RULES.version_like(text, m.start(), m.end())
+                version = RULES.version_like(text, m.start(), m.end())
                 head = value[:value.index(".", value.index(".") + 1)]
                 if version:
                     versions.add(head)

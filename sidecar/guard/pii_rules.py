@@ -1,0 +1,106 @@
+"""sidecar/guard/pii_rules.toml, loaded: the providers' token shapes and credential names that
+secrets.py matches, and the words around four dotted numbers that tell pii.py's IPv4 detector a
+version or a section number from an address."""
+from __future__ import annotations
+
+import functools
+import re
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+# What joins the words of a credential's name ("API key", "api_key", "api-key": "apikey").
+JOINERS = str.maketrans("", "", " _-")
+
+
+@dataclass(frozen=True)
+class SecretRule:
+    provider: str
+    pattern: re.Pattern
+    before: re.Pattern | None = None
+    near: re.Pattern | None = None
+    whole_field: bool = False
+
+
+_WORDS = re.compile(r"\w+")
+
+
+@dataclass(frozen=True)
+class PiiRules:
+    """sidecar/guard/pii_rules.toml: the providers' token shapes, credential names, and the
+    words that make four dotted numbers a version or a section number."""
+    secret: tuple[SecretRule, ...]
+    known: re.Pattern                      # the rules without `near` or `before`, one group each (r<index>)
+    near: tuple[tuple[int, SecretRule], ...]
+    before: tuple[SecretRule, ...]
+    assignment_names: re.Pattern           # the keys reversed, case-folded, as one pattern
+    assignment_min_length: int
+    named: tuple[str, ...]                 # credential names a token may follow without a sign
+    ip_window: int
+    ip_not_after: tuple[str, ...]
+    ip_not_before: tuple[str, ...]
+    ip_address_words: frozenset[str]
+    public_after: tuple[str, ...]
+
+    @classmethod
+    def load(cls, path: Path) -> "PiiRules":
+        with path.open("rb") as handle:
+            data = tomllib.load(handle)
+        rules = tuple(SecretRule(r["provider"], re.compile(r["pattern"]),
+                                 re.compile(r["before"] + r"\Z") if "before" in r else None,
+                                 re.compile(r["near"]) if "near" in r else None, bool(r.get("whole_field")))
+                      for r in data["secret"])
+        known = "|".join(f"(?P<r{i}>{rule.pattern.pattern})" for i, rule in enumerate(rules)
+                         if rule.near is None and rule.before is None)
+        return cls(rules, re.compile(f"(?<![A-Za-z0-9_-])(?:{known})(?![A-Za-z0-9_-])"),
+                   tuple((i, rule) for i, rule in enumerate(rules) if rule.near is not None),
+                   tuple(rule for rule in rules if rule.before is not None),
+                   re.compile("|".join(re.escape(k[::-1]) for k in data["assignment"]["keys"]), re.IGNORECASE),
+                   int(data["assignment"]["min_length"]),
+                   tuple(w.lower().translate(JOINERS) for w in data["named"]["names"]),
+                   int(data["ip"]["window"]), tuple(w.lower() for w in data["ip"]["not_after"]),
+                   tuple(data["ip"]["not_before"]), frozenset(w.lower() for w in data["ip"]["address_words"]),
+                   tuple(w.lower() for w in data["public"]["after"]))
+
+    def version_like(self, text: str, start: int, end: int) -> bool | None:
+        """Whether a context word stands just before text[start:end] ("version 1.2.3.4") or just
+        after it ("4.2.1.3章"): True; False where an address word decides ("the IP of the build
+        server is 10.2.0.1"); None where no word of either list is near."""
+        if text[end:end + 3].lstrip().startswith(self.ip_not_before):
+            return True
+        before = text[max(0, start - self.ip_window):start].lower().rstrip(" \t:#=(\"'")
+        # A plural stands for its word ("versions 1.2.3.4 and earlier").
+        for candidate in (before, before[:-1]) if before.endswith("s") else (before,):
+            for word in self._not_after_by_last.get(candidate[-1:], ()):
+                if candidate.endswith(word):
+                    head = candidate[:-len(word)]
+                    # A word of letters stands on its own (not "item" in "system").
+                    if not (word[0].isalpha() and head and head[-1].isalpha()):
+                        return True
+        words = _WORDS.findall(before)[-4:]
+        for word in words[-1:]:               # the nearest word: only an address word decides
+            if word in self.ip_address_words or word.endswith("s") and word[:-1] in self.ip_address_words:
+                return False
+        for word in reversed(words[:-1]):
+            for form in (word, word[:-1]) if word.endswith("s") else (word,):
+                if form in self.ip_address_words:
+                    return False
+                if form in self._not_after_words:
+                    return True
+        return None
+
+    @functools.cached_property
+    def _not_after_by_last(self) -> dict[str, tuple[str, ...]]:
+        """The not_after words by their last character: only those can end the text before an
+        address (one dictionary lookup, not a comparison with each word, per address)."""
+        by_last: dict[str, tuple[str, ...]] = {}
+        for word in self.ip_not_after:
+            by_last[word[-1:]] = by_last.get(word[-1:], ()) + (word,)
+        return by_last
+
+    @functools.cached_property
+    def _not_after_words(self) -> frozenset[str]:
+        return frozenset(w for w in self.ip_not_after if w.isalpha())
+
+
+RULES = PiiRules.load(Path(__file__).with_name("pii_rules.toml"))
