@@ -266,3 +266,21 @@ def test_a_route_built_before_the_model_loads_is_checked_once_it_has(warnings, h
     assert len(warnings()) == (0 if has_states else 1)
     if not has_states:
         assert "route chat" in warnings()[0].getMessage()
+
+
+def test_the_sidecar_tells_its_cache_whether_the_model_has_states_only_once_it_has_loaded():
+    """While the model loads, "no states" would be a false warning: not known yet (None)."""
+    from sidecar.config import SidecarConfig
+    from sidecar.service.app import build
+    app = build(SidecarConfig())
+    has_states = app.pipeline.cache._rt.model_has_states
+    assert has_states() is None
+
+    async def run():
+        await app.embedder.warm_up()
+        try:
+            return has_states()
+        finally:
+            await app.embedder.close()
+    assert asyncio.run(run()) is True
+    assert has_states() is None                          # closed: no model to ask
