@@ -91,7 +91,7 @@ CACHE_STORED = Counter("sluice_cache_stored_total", "Answers captured and stored
 CACHE_NOT_STORED = Counter("sluice_cache_not_stored_total", "Answers not stored, by reason (status, partial, finish_reason, ...).", ["route", "reason"])
 CACHE_SEMANTIC_VERDICTS = Counter("sluice_cache_semantic_checks_total", "Semantic candidates by the check that decided (ok = served).", ["reason"])
 CACHE_EMBED_SKIPPED = Counter("sluice_cache_embedding_skipped_total", "Requests that skipped the semantic tier because embedding failed.", ["reason"])
-CACHE_UNREADABLE = Counter("sluice_cache_unreadable_total", "Stored entries (answers, index vectors) and relayed answers this version cannot read (another version's, corrupt): skipped, served as misses.")
+CACHE_UNREADABLE = Counter("sluice_cache_unreadable_total", "Stored entries (answers, index vectors, a verifier's token states) and relayed answers this version cannot read (another version's, corrupt): skipped, served as misses.")
 CACHE_FALSE_HIT_REPORTS = Counter("sluice_cache_false_hit_reports_total", "Cached answers reported wrong for the prompt they served, by tier and by who reported (client, admin).", ["route", "tier", "source"])
 CACHE_MEMORY = Gauge("sluice_cache_memory_bytes", "Bytes the cache holds in this process, by part of its budget (store, profiles, memos).", ["part"])
 CACHE_MEMORY_BUDGET = Gauge("sluice_cache_memory_budget_bytes", "Each part's share of the cache's byte budget (SLUICE_CACHE_MAX_MIB).", ["part"])
