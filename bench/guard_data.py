@@ -51,6 +51,10 @@ PII_HANDWRITTEN = ROOT / "data" / "guard" / "pii_handwritten.txt"
 PII_HOLDOUT = ROOT / "data" / "guard" / "pii_holdout.txt"
 PII_HOLDOUT2 = ROOT / "data" / "guard" / "pii_holdout2.txt"
 CACHE = ROOT / "build" / "guard" / "embeddings.npz"
+STATES_CACHE = ROOT / "build" / "guard" / "pooled_states.npz"
+# Pooled token states per text (pooled_states): layer-4 states (the graph's token_states output,
+# rounded to float16 as the service hands them over) and the last layer's, max- and mean-pooled.
+POOLINGS = ("l4_max", "l4_mean", "last_max")
 
 
 @dataclass(frozen=True)
@@ -214,3 +218,81 @@ def _save_cache(known: dict[str, np.ndarray]) -> None:
     np.savez(partial, texts=np.array(keys), vectors=np.stack([known[k] for k in keys]).astype(np.float32))
     partial.replace(CACHE)       # a reader never sees half a file
 
+
+
+def pooled_states(texts: list[str]) -> dict[str, np.ndarray]:
+    """For each of POOLINGS, [len(texts), 384] unit rows (NaN where the model refuses the text),
+    from the served model's run: the same tokens and graph the sidecar uses. Remembered in
+    build/guard/, keyed by the model file's sha256 and the text."""
+    from sidecar.embedding import EmbeddingSettings
+    from sidecar.embedding.model_files import resolve_files
+    settings = EmbeddingSettings.from_env()
+    sha = resolve_files(settings).model_sha256
+    known: dict[str, np.ndarray] = {}
+    if STATES_CACHE.exists():
+        with np.load(STATES_CACHE, allow_pickle=False) as data:
+            if str(data["model_sha256"]) == sha:
+                known = dict(zip(data["texts"].tolist(), data["pooled"]))
+    missing = [t for t in dict.fromkeys(texts) if t not in known]
+    if missing:
+        known.update(_pool_states(missing, settings))
+        keys = list(known)
+        STATES_CACHE.parent.mkdir(parents=True, exist_ok=True)
+        partial = STATES_CACHE.with_suffix(".partial.npz")
+        np.savez(partial, texts=np.array(keys), pooled=np.stack([known[k] for k in keys]), model_sha256=sha)
+        partial.replace(STATES_CACHE)
+    stacked = np.stack([known[t] for t in texts])
+    return {name: stacked[:, i] for i, name in enumerate(POOLINGS)}
+
+
+def max_pool(states: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """[batch, tokens, dim] token states and their [batch, tokens] attention mask to each row's
+    elementwise maximum over its real tokens ([CLS] and [SEP] included), unit-normalised: a word
+    that makes an order lights its dimensions wherever it stands, where the mean thins it by the
+    prompt's length. Padding never counts (a row of padding alone gives zeros)."""
+    masked = np.where(mask[..., None].astype(bool), states.astype(np.float32), -np.inf)
+    pooled = masked.max(axis=1)
+    pooled[~np.isfinite(pooled)] = 0.0
+    return _unit(pooled)
+
+
+def mean_pool(states: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """As max_pool, with the mean over the real tokens."""
+    weights = mask[..., None].astype(np.float32)
+    return _unit((states.astype(np.float32) * weights).sum(axis=1) / np.maximum(weights.sum(axis=1), 1.0))
+
+
+def _unit(rows: np.ndarray) -> np.ndarray:
+    return (rows / np.maximum(np.linalg.norm(rows, axis=1, keepdims=True), 1e-12)).astype(np.float32)
+
+
+def _pool_states(texts: list[str], settings) -> dict[str, np.ndarray]:
+    from sidecar.embedding.encoder import STATES_OUTPUT
+    from sidecar.embedding.errors import NothingToEmbed
+    from sidecar.embedding.loader import load
+    from sidecar.embedding.tensors import pad_batch
+    encoder = load(settings).encoder
+    if not encoder.has_states:
+        raise SystemExit("the embedding model has no token_states output: run `make model`")
+    out: dict[str, np.ndarray] = {}
+    tokenized = []
+    for text in texts:
+        try:
+            tokenized.append((text, encoder.tokenize(text)))
+        except NothingToEmbed:
+            out[text] = np.full((len(POOLINGS), 384), np.nan, np.float32)
+    tokenized.sort(key=lambda t: len(t[1]))
+    for start in range(0, len(tokenized), 32):
+        chunk = tokenized[start:start + 32]
+        ids, mask = pad_batch([t[1] for t in chunk], encoder.tokenizer.token_to_id("[PAD]") or 0)
+        feeds = {"input_ids": ids, "attention_mask": mask}
+        if any(i.name == "token_type_ids" for i in encoder.session.get_inputs()):
+            feeds["token_type_ids"] = np.zeros_like(ids)
+        last, l4 = encoder.session.run([encoder.session.get_outputs()[0].name, STATES_OUTPUT], feeds)
+        l4 = l4.astype(np.float16)
+        pooled = np.stack([max_pool(l4, mask), mean_pool(l4, mask), max_pool(last, mask)], axis=1)
+        for (text, _), row in zip(chunk, pooled):
+            out[text] = row
+        if (start // 32) % 20 == 0:
+            print(f"  token states {start + len(chunk)}/{len(tokenized)}", flush=True)
+    return out

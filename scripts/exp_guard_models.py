@@ -9,8 +9,13 @@ hard look-alikes flagged at the 0.1% threshold. Variants: class weights, L2, wor
 2-grams beside the character n-grams, the n-grams alone, a ReLU layer over the embedding, the
 nearest train attack's and look-alike's similarity as features, more ordinary training prompts
 (with and without the look-alikes' share of the weight kept), generated training rows (train
-attacks and look-alikes inside train documents) and their mixes. The test split is not read; the
-variant that ships is chosen from these figures. Writes reports/guard_variants.json.
+attacks and look-alikes inside train documents) and their mixes, and (`states_*`) the prompt's
+token states from the same model run, pooled (bench/guard_data.py `pooled_states`: layer 4's,
+the graph's second output, max- or mean-pooled, and the last layer's max-pooled) beside the
+embedding. Each `states_*` variant is compared with the baseline on the same val rows
+(`against_baseline`: the attacks only one of them catches, a bootstrap interval of the
+difference, the look-alikes each flags). The test split is not read; the variant that ships is
+chosen from these figures. Writes reports/guard_variants.json.
 """
 from __future__ import annotations
 
@@ -26,7 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from bench.guard_data import ORDINARY_SOURCES, embed_all, generated_examples, injection_examples  # noqa: E402
+from bench.guard_data import ORDINARY_SOURCES, embed_all, generated_examples, injection_examples, pooled_states  # noqa: E402
 from sidecar.guard import lexical  # noqa: E402
 from sidecar.guard.normalize import fold  # noqa: E402
 from train_guard import Ngrams, class_weights, logits, train  # noqa: E402
@@ -94,6 +99,16 @@ def data(extra_ordinary: bool = False, augment: bool = False, hardest: int = 0) 
             "attacks": val & (y == 1), "ordinary": ordinary, "hard": val & (y == 0) & ~ordinary}
 
 
+def with_states(*poolings: str, scale: float = 1.0):
+    """The embedding and, beside it, the prompt's pooled token states from the same model run
+    (bench.guard_data.POOLINGS: layer 4's max or mean, the last layer's max), each a unit row
+    times `scale` (the L2 and the optimizer's steps act on the weights of that scale)."""
+    def features(d: dict) -> np.ndarray:
+        pooled = pooled_states([e.text for e in d["examples"]])
+        return np.column_stack([d["vectors"]] + [pooled[p].astype(np.float64) * scale for p in poolings])
+    return features
+
+
 def variants() -> dict:
     """name -> (data options, train options); built lazily, the slow ones last."""
     def shares(share):
@@ -101,6 +116,14 @@ def variants() -> dict:
 
     return {
         "baseline": ({}, {}),
+        "states_l4_max": ({}, {"vectors": with_states("l4_max")}),
+        "states_l4_mean": ({}, {"vectors": with_states("l4_mean")}),
+        "states_l4_max_mean": ({}, {"vectors": with_states("l4_max", "l4_mean")}),
+        "states_last_max": ({}, {"vectors": with_states("last_max")}),
+        "states_l4_max_last_max": ({}, {"vectors": with_states("l4_max", "last_max")}),
+        "states_l4_max_x2": ({}, {"vectors": with_states("l4_max", scale=2.0)}),
+        "states_l4_max_mean_x0.5": ({}, {"vectors": with_states("l4_max", "l4_mean", scale=0.5)}),
+        "states_l4_max_no_embedding": ({}, {"vectors": lambda d: with_states("l4_max")(d)[:, d["vectors"].shape[1]:]}),
         "word_ngrams": ({}, {"ngrams": lambda d: Ngrams([e.text for e in d["examples"]], with_words)}),
         "hard_share_0.25": ({}, {"weight": shares(0.25)}),
         "hard_share_0.5": ({}, {"weight": shares(0.5)}),
@@ -134,6 +157,29 @@ def nearest_features(d: dict) -> np.ndarray:
     return np.column_stack([v] + [np.asarray(c) * 4 for c in columns])
 
 
+def paired_difference(z, base, attacks, ordinary, rate, rounds: int = 1000) -> dict:
+    """Detection at `rate` of ordinary prompts, this variant minus the baseline, on the same val
+    rows: the attacks only one of them catches, and a 95% interval of the difference from a
+    bootstrap that resamples the attacks and the ordinary prompts (both thresholds move with
+    the ordinary prompts drawn, which at 0.1% is most of the noise)."""
+    a, o = np.flatnonzero(attacks), np.flatnonzero(ordinary)
+
+    def caught(scores, oi, ai):
+        ordered = np.sort(scores[oi])[::-1]
+        return scores[ai] >= ordered[int(np.floor(rate * len(ordered)))] + 1e-9
+
+    mine, theirs = caught(z, o, a), caught(base, o, a)
+    rng = np.random.default_rng(22)
+    diffs = []
+    for _ in range(rounds):
+        ai, oi = rng.choice(a, len(a)), rng.choice(o, len(o))
+        diffs.append(caught(z, oi, ai).mean() - caught(base, oi, ai).mean())
+    low, high = np.quantile(diffs, [0.025, 0.975])
+    return {"only_this": int((mine & ~theirs).sum()), "only_baseline": int((theirs & ~mine).sum()),
+            "difference": round(float(mine.mean() - theirs.mean()), 3),
+            "interval": [round(float(low), 3), round(float(high), 3)]}
+
+
 def main() -> int:
     only = sys.argv[1:]
     cached: dict = {}
@@ -145,8 +191,9 @@ def main() -> int:
         return cached[key]
 
     results = {}
+    baseline = {}     # data options -> the baseline's val logits, for the paired comparison
     for name, (data_options, options) in variants().items():
-        if only and name not in only:
+        if only and name not in only and not (name == "baseline" and any(n.startswith("states_") for n in only)):
             continue
         d = get(data_options)
         options = {k: (v(d) if callable(v) else v) for k, v in options.items()}
@@ -158,13 +205,33 @@ def main() -> int:
         d001, t001 = recall_at(z, attacks, ordinary, 0.001)
         d002, _ = recall_at(z, attacks, ordinary, 0.002)
         d005, _ = recall_at(z, attacks, ordinary, 0.005)
-        d01, _ = recall_at(z, attacks, ordinary, 0.01)
+        d01, t01 = recall_at(z, attacks, ordinary, 0.01)
         dh, _ = recall_at(z, attacks, hard, 0.01)
         results[name] = {"epoch": epoch, "detection_at_0.1%_paraphrase": round(d001, 3),
                          "hard_fa_at_0.1%_paraphrase": round(float((z[hard] >= t001).mean()), 3),
                          "detection_at_0.2%_paraphrase": round(d002, 3), "detection_at_0.5%_paraphrase": round(d005, 3),
-                         "detection_at_1%_paraphrase": round(d01, 3), "detection_at_1%_hard": round(dh, 3),
-                         "train_rows": int(d["is_train"].sum())}
+                         "detection_at_1%_paraphrase": round(d01, 3),
+                         "hard_fa_at_1%_paraphrase": round(float((z[hard] >= t01).mean()), 3),
+                         "detection_at_1%_hard": round(dh, 3),
+                         "train_rows": int(d["is_train"].sum()), "features": int(v.shape[1])}
+        key = tuple(sorted(data_options.items()))
+        if name == "baseline":
+            baseline[key] = z
+        elif key in baseline and name.startswith("states_"):
+            results[name]["against_baseline"] = {
+                f"{rate:g}": paired_difference(z, baseline[key], attacks, ordinary, rate) for rate in (0.001, 0.01)}
+            # Look-alikes flagged at each one's own 0.1% threshold: by this variant only, by the baseline only.
+            _, b001 = recall_at(baseline[key], attacks, ordinary, 0.001)
+            mine, theirs = z[hard] >= t001, baseline[key][hard] >= b001
+            results[name]["against_baseline"]["hard_flagged_0.001"] = {
+                "only_this": int((mine & ~theirs).sum()), "only_baseline": int((theirs & ~mine).sum())}
+            # At the threshold that flags as many look-alikes as the baseline does at its 0.1%
+            # threshold: the attacks caught and the ordinary prompts flagged there.
+            same = np.sort(z[hard])[::-1][max(0, int(theirs.sum()) - 1)] if theirs.any() else np.inf
+            results[name]["against_baseline"]["at_baseline_hard_fa"] = {
+                "detection": round(float((z[attacks] >= same).mean()), 3),
+                "ordinary_fa": round(float((z[ordinary] >= same).mean()), 4),
+                "baseline_detection": round(float((baseline[key][attacks] >= b001).mean()), 3)}
         print(name, results[name], flush=True)
         print(f"val: {int(attacks.sum())} attacks, {int(hard.sum())} hard look-alikes, {int(ordinary.sum())} ordinary", flush=True)
     out = ROOT / "reports" / "guard_variants.json"

@@ -82,3 +82,19 @@ def test_each_written_apart_personal_data_set_is_its_own_source(tmp_path, monkey
         assert out[name]["holdout"]["prompts"] == 1 and phone["recall"]["rate"] == 1.0, name
     monkeypatch.setattr(guard, "PII_HOLDOUT2", tmp_path / "absent.txt")
     assert "holdout2" not in guard.personal_data() and set(guard.PII_SOURCES) >= set(out)
+
+
+def test_pooling_reads_real_tokens_only():
+    """The experiments' pooled token states: a text padded in a batch pools as it does alone,
+    whatever the padding holds (the model still writes states there), and a row of padding
+    alone gives zeros."""
+    rng = np.random.default_rng(3)
+    alone = rng.normal(size=(1, 4, 8)).astype(np.float32)
+    padded = np.concatenate([alone, np.full((1, 3, 8), 50.0, np.float32)], axis=1)
+    mask_alone, mask_padded = np.ones((1, 4), np.int64), np.array([[1, 1, 1, 1, 0, 0, 0]])
+    for pool in (guard_data.max_pool, guard_data.mean_pool):
+        np.testing.assert_allclose(pool(padded, mask_padded), pool(alone, mask_alone), rtol=1e-6)
+        np.testing.assert_allclose(np.linalg.norm(pool(alone, mask_alone)), 1.0, rtol=1e-6)
+        assert not pool(padded, np.zeros((1, 7), np.int64)).any()
+    expected = alone[0].max(axis=0)
+    np.testing.assert_allclose(guard_data.max_pool(alone, mask_alone)[0], expected / np.linalg.norm(expected), rtol=1e-6)
