@@ -14,7 +14,8 @@ token states from the same model run, pooled (bench/guard_data.py `pooled_states
 the graph's second output, max- or mean-pooled, and the last layer's max-pooled) beside the
 embedding. Each `states_*` variant is compared with the baseline on the same val rows
 (`against_baseline`: the attacks only one of them catches, a bootstrap interval of the
-difference, the look-alikes each flags). The test split is not read; the variant that ships is
+difference, the look-alikes each flags); `fold1_*`, `fold2_*` repeat the comparison on other
+draws of the val attacks and look-alikes (`refold`). The test split is not read; the variant that ships is
 chosen from these figures. Writes reports/guard_variants.json.
 """
 from __future__ import annotations
@@ -23,6 +24,7 @@ import hashlib
 import json
 import re
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -80,9 +82,25 @@ def hardest_unused(n: int) -> list:
     return [unused[i] for i in np.argsort(-scores)[:n]]
 
 
-def data(extra_ordinary: bool = False, augment: bool = False, hardest: int = 0) -> dict:
+def refold(examples: list, fold: int) -> list:
+    """Another draw of the val split of the attacks and look-alikes (deepset and Sluice rows):
+    a third of their train and val rows, by a hash of the text and `fold`; the ordinary
+    prompts keep theirs (their val split is large). How much a comparison moves with the draw
+    of the 150 val attacks; the test split stays out."""
+    out = []
+    for e in examples:
+        if e.source in ("deepset", "sluice"):
+            key = hashlib.sha256(f"{fold}\x00{e.text}".encode()).digest()
+            e = replace(e, split="val" if int.from_bytes(key[:4], "little") % 3 == 0 else "train")
+        out.append(e)
+    return out
+
+
+def data(extra_ordinary: bool = False, augment: bool = False, hardest: int = 0, fold: int = 0) -> dict:
     """Train and val rows the model can embed, their features and the val masks."""
     examples = [e for e in injection_examples(extra_ordinary=extra_ordinary) if e.split != "test"]
+    if fold:
+        examples = refold(examples, fold)
     if hardest:
         examples += hardest_unused(hardest)
     if augment:
@@ -123,6 +141,9 @@ def variants() -> dict:
         "states_l4_max_last_max": ({}, {"vectors": with_states("l4_max", "last_max")}),
         "states_l4_max_x2": ({}, {"vectors": with_states("l4_max", scale=2.0)}),
         "states_l4_max_mean_x0.5": ({}, {"vectors": with_states("l4_max", "l4_mean", scale=0.5)}),
+        # Two other draws of the val attacks and look-alikes: the baseline and layer 4's mean.
+        **{f"fold{k}_{name}": ({"fold": k}, options) for k in (1, 2)
+           for name, options in (("baseline", {}), ("states_l4_mean", {"vectors": with_states("l4_mean")}))},
         "states_l4_max_no_embedding": ({}, {"vectors": lambda d: with_states("l4_max")(d)[:, d["vectors"].shape[1]:]}),
         "word_ngrams": ({}, {"ngrams": lambda d: Ngrams([e.text for e in d["examples"]], with_words)}),
         "hard_share_0.25": ({}, {"weight": shares(0.25)}),
@@ -215,9 +236,9 @@ def main() -> int:
                          "detection_at_1%_hard": round(dh, 3),
                          "train_rows": int(d["is_train"].sum()), "features": int(v.shape[1])}
         key = tuple(sorted(data_options.items()))
-        if name == "baseline":
+        if name.endswith("baseline"):
             baseline[key] = z
-        elif key in baseline and name.startswith("states_"):
+        elif key in baseline and "states_" in name:
             results[name]["against_baseline"] = {
                 f"{rate:g}": paired_difference(z, baseline[key], attacks, ordinary, rate) for rate in (0.001, 0.01)}
             # Look-alikes flagged at each one's own 0.1% threshold: by this variant only, by the baseline only.
