@@ -266,7 +266,34 @@ def _unit(rows: np.ndarray) -> np.ndarray:
     return (rows / np.maximum(np.linalg.norm(rows, axis=1, keepdims=True), 1e-12)).astype(np.float32)
 
 
+def token_states(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Every layer-4 token state of `texts` (real tokens only, float16 as the service hands them
+    over), stacked: states [tokens, 384] and offsets [len(texts) + 1] (text i's rows are
+    offsets[i]:offsets[i + 1]; none for a text the model refuses). Not cached: ~200 MB for the
+    guard's train and val prompts, a couple of minutes to compute."""
+    from sidecar.embedding import EmbeddingSettings
+    runs: dict[str, np.ndarray] = {}
+    for chunk, l4, _last, mask in _model_runs(list(dict.fromkeys(texts)), EmbeddingSettings.from_env()):
+        for row, text in enumerate(chunk):
+            runs[text] = l4[row, :int(mask[row].sum())]
+    empty = np.zeros((0, 384), np.float16)
+    rows = [runs.get(t, empty) for t in texts]
+    offsets = np.concatenate([[0], np.cumsum([len(r) for r in rows])])
+    return np.concatenate(rows), offsets
+
+
 def _pool_states(texts: list[str], settings) -> dict[str, np.ndarray]:
+    out = {t: np.full((len(POOLINGS), 384), np.nan, np.float32) for t in texts}
+    for chunk, l4, last, mask in _model_runs(texts, settings):
+        pooled = np.stack([max_pool(l4, mask), mean_pool(l4, mask), max_pool(last, mask)], axis=1)
+        for text, row in zip(chunk, pooled):
+            out[text] = row
+    return out
+
+
+def _model_runs(texts: list[str], settings):
+    """(texts, layer-4 states float16, last hidden states, mask) per model run of up to 32 texts
+    of like length; texts the model refuses are left out."""
     from sidecar.embedding.encoder import STATES_OUTPUT
     from sidecar.embedding.errors import NothingToEmbed
     from sidecar.embedding.loader import load
@@ -274,13 +301,12 @@ def _pool_states(texts: list[str], settings) -> dict[str, np.ndarray]:
     encoder = load(settings).encoder
     if not encoder.has_states:
         raise SystemExit("the embedding model has no token_states output: run `make model`")
-    out: dict[str, np.ndarray] = {}
     tokenized = []
     for text in texts:
         try:
             tokenized.append((text, encoder.tokenize(text)))
         except NothingToEmbed:
-            out[text] = np.full((len(POOLINGS), 384), np.nan, np.float32)
+            pass
     tokenized.sort(key=lambda t: len(t[1]))
     for start in range(0, len(tokenized), 32):
         chunk = tokenized[start:start + 32]
@@ -289,10 +315,6 @@ def _pool_states(texts: list[str], settings) -> dict[str, np.ndarray]:
         if any(i.name == "token_type_ids" for i in encoder.session.get_inputs()):
             feeds["token_type_ids"] = np.zeros_like(ids)
         last, l4 = encoder.session.run([encoder.session.get_outputs()[0].name, STATES_OUTPUT], feeds)
-        l4 = l4.astype(np.float16)
-        pooled = np.stack([max_pool(l4, mask), mean_pool(l4, mask), max_pool(last, mask)], axis=1)
-        for (text, _), row in zip(chunk, pooled):
-            out[text] = row
-        if (start // 32) % 20 == 0:
+        yield [t[0] for t in chunk], l4.astype(np.float16), last, mask
+        if (start // 32) % 50 == 0:
             print(f"  token states {start + len(chunk)}/{len(tokenized)}", flush=True)
-    return out

@@ -12,7 +12,8 @@ nearest train attack's and look-alike's similarity as features, more ordinary tr
 attacks and look-alikes inside train documents) and their mixes, and (`states_*`) the prompt's
 token states from the same model run, pooled (bench/guard_data.py `pooled_states`: layer 4's,
 the graph's second output, max- or mean-pooled, and the last layer's max-pooled) beside the
-embedding. Each `states_*` variant is compared with the baseline on the same val rows
+embedding; `token_max_*`: learned directions of each layer-4 token state, each read at the
+token where it is highest (`train_token_max`). Each `states_*` and `token_max_*` variant is compared with the baseline on the same val rows
 (`against_baseline`: the attacks only one of them catches, a bootstrap interval of the
 difference, the look-alikes each flags); `fold1_*`, `fold2_*` repeat the comparison on other
 draws of the val attacks and look-alikes (`refold`). The test split is not read; the variant that ships is
@@ -33,9 +34,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from bench.guard_data import ORDINARY_SOURCES, embed_all, generated_examples, injection_examples, pooled_states  # noqa: E402
+from bench.guard_data import (ORDINARY_SOURCES, embed_all, generated_examples, injection_examples,  # noqa: E402
+                              pooled_states, token_states)
 from sidecar.guard import lexical  # noqa: E402
 from sidecar.guard.normalize import fold  # noqa: E402
+import train_guard  # noqa: E402
 from train_guard import Ngrams, class_weights, logits, train  # noqa: E402
 
 
@@ -127,6 +130,53 @@ def with_states(*poolings: str, scale: float = 1.0):
     return features
 
 
+def train_token_max(d: dict, units: int) -> tuple[np.ndarray, int]:
+    """The baseline's logistic plus `units` learned directions of layer 4's token states, each
+    read at the token where it is highest: z += out . max_t(states_t @ proj + proj_bias). Trained
+    as train_guard.train trains (full-batch Adam, its L2 and class weights, epoch chosen on val);
+    the gradient of each maximum goes to its highest token. Returns every row's logit and the
+    epoch."""
+    states, offsets = token_states([e.text for e in d["examples"]])
+    states = states.astype(np.float32)
+    row_of = np.repeat(np.arange(len(offsets) - 1), np.diff(offsets))
+    starts = offsets[:-1]
+    v, ngrams, y = d["vectors"], d["ngrams"], d["y"]
+    weight = class_weights(y, d["is_train"])
+    rng = np.random.default_rng(22)
+    params = {"embedding": np.zeros(v.shape[1]), "lexical": np.zeros(lexical.DIM), "bias": np.zeros(()),
+              "proj": rng.normal(0, 1 / np.sqrt(states.shape[1]), (states.shape[1], units)).astype(np.float32),
+              "proj_bias": np.zeros(units, np.float32), "out": np.zeros(units)}
+    l2 = {"embedding": train_guard.L2_EMBEDDING, "lexical": train_guard.L2_LEXICAL, "bias": 0.0,
+          "proj": train_guard.L2_EMBEDDING, "proj_bias": 0.0, "out": train_guard.L2_EMBEDDING}
+    moments = {k: (np.zeros_like(x), np.zeros_like(x)) for k, x in params.items()}
+
+    def forward(p):
+        a = states @ p["proj"] + p["proj_bias"]
+        top = np.maximum.reduceat(a, starts, axis=0)
+        return v @ p["embedding"] + ngrams.dot(p["lexical"]) + p["bias"] + top @ p["out"], a, top
+
+    best, best_z, best_epoch = -1.0, None, 0
+    for epoch in range(1, train_guard.EPOCHS + 1):
+        z, a, top = forward(params)
+        g = (1 / (1 + np.exp(-z)) - y) * weight
+        dtop = np.outer(g, params["out"])
+        da = ((a == top[row_of]) * dtop[row_of]).astype(np.float32)
+        grads = {"embedding": v.T @ g, "lexical": ngrams.grad(g), "bias": g.sum(), "out": top.T @ g,
+                 "proj": states.T @ da, "proj_bias": da.sum(axis=0)}
+        for k in params:
+            grad = grads[k] + l2[k] * params[k]
+            m, s2 = moments[k]
+            m[...] = 0.9 * m + 0.1 * grad
+            s2[...] = 0.999 * s2 + 0.001 * grad ** 2
+            params[k] = params[k] - train_guard.LR * (m / (1 - 0.9 ** epoch)) / (np.sqrt(s2 / (1 - 0.999 ** epoch)) + 1e-8)
+        if epoch % 20 == 0:
+            val = d["val"]
+            quality = np.mean([train_guard.recall_at(z[val], y[val], r) for r in (0.001, 0.005, 0.01, 0.02)])
+            if quality > best:
+                best, best_z, best_epoch = quality, z.copy(), epoch
+    return best_z, best_epoch
+
+
 def variants() -> dict:
     """name -> (data options, train options); built lazily, the slow ones last."""
     def shares(share):
@@ -144,6 +194,9 @@ def variants() -> dict:
         # Two other draws of the val attacks and look-alikes: the baseline and layer 4's mean.
         **{f"fold{k}_{name}": ({"fold": k}, options) for k in (1, 2)
            for name, options in (("baseline", {}), ("states_l4_mean", {"vectors": with_states("l4_mean")}))},
+        # A learned projection of each layer-4 token state, its maximum over the tokens.
+        "token_max_8": ({}, {"token_max": 8}),
+        "token_max_32": ({}, {"token_max": 32}),
         "states_l4_max_no_embedding": ({}, {"vectors": lambda d: with_states("l4_max")(d)[:, d["vectors"].shape[1]:]}),
         "word_ngrams": ({}, {"ngrams": lambda d: Ngrams([e.text for e in d["examples"]], with_words)}),
         "hard_share_0.25": ({}, {"weight": shares(0.25)}),
@@ -214,14 +267,17 @@ def main() -> int:
     results = {}
     baseline = {}     # data options -> the baseline's val logits, for the paired comparison
     for name, (data_options, options) in variants().items():
-        if only and name not in only and not (name == "baseline" and any(n.startswith("states_") for n in only)):
+        if only and name not in only and not (name == "baseline" and any(n.startswith(("states_", "token_max")) for n in only)):
             continue
         d = get(data_options)
         options = {k: (v(d) if callable(v) else v) for k, v in options.items()}
         v = options.pop("vectors", d["vectors"])
         features = options.pop("ngrams", d["ngrams"])
-        params, epoch, _ = train(v, features, d["y"], d["is_train"], d["val"], **options)
-        z = logits(params, v, features)
+        if "token_max" in options:
+            z, epoch = train_token_max(d, options.pop("token_max"))
+        else:
+            params, epoch, _ = train(v, features, d["y"], d["is_train"], d["val"], **options)
+            z = logits(params, v, features)
         attacks, ordinary, hard = d["attacks"], d["ordinary"], d["hard"]
         d001, t001 = recall_at(z, attacks, ordinary, 0.001)
         d002, _ = recall_at(z, attacks, ordinary, 0.002)
@@ -238,7 +294,7 @@ def main() -> int:
         key = tuple(sorted(data_options.items()))
         if name.endswith("baseline"):
             baseline[key] = z
-        elif key in baseline and "states_" in name:
+        elif key in baseline and ("states_" in name or name.startswith("token_max")):
             results[name]["against_baseline"] = {
                 f"{rate:g}": paired_difference(z, baseline[key], attacks, ordinary, rate) for rate in (0.001, 0.01)}
             # Look-alikes flagged at each one's own 0.1% threshold: by this variant only, by the baseline only.
