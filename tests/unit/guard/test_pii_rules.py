@@ -9,6 +9,12 @@ import pytest
 
 from sidecar.guard import pii, secrets
 
+
+def _found(text: str) -> list[tuple[str, str]]:
+    """What every detector finds in the text: (detector, the text it covers)."""
+    return [(s.detector, text[s.start:s.end]) for s in pii.find(text, pii.DETECTORS)]
+
+
 _R = "Zx8Yw7Vu6Ts5Rq4Po3Nm2Lk1Jh0Gf9EdCbAa1B2c3D4e5F6g7H8i9J0kLmNoPqRsTuVwXyZ0123456789AbCdEfGhIjKlMnOpQrStUvWx"
 _HEX = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
 
@@ -83,7 +89,7 @@ EXPECTED = {"AWS secret access key": "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPL9KEY",
 ])
 def test_hand_written_tokens_are_found_by_their_prefix(token):
     text = f"here: {token} thanks"
-    assert [(s.detector, text[s.start:s.end]) for s in pii.find(text, pii.DETECTORS)] == [("secret", token)]
+    assert _found(text) == [("secret", token)]
 
 
 @pytest.mark.parametrize("text,token", [
@@ -93,7 +99,7 @@ def test_hand_written_tokens_are_found_by_their_prefix(token):
     ("leaked: ghp_Zx8Yw7Vu6Ts5Rq4Po3Nm2Lk1Jh0Gf9EdCbAa1B... again", "ghp_Zx8Yw7Vu6Ts5Rq4Po3Nm2Lk1Jh0Gf9EdCbAa1B"),
 ])
 def test_a_token_at_the_end_of_a_sentence_is_found_whole(text, token):
-    assert [(s.detector, text[s.start:s.end]) for s in pii.find(text, pii.DETECTORS)] == [("secret", token)]
+    assert _found(text) == [("secret", token)]
 
 
 @pytest.mark.parametrize("text,token", [
@@ -104,7 +110,7 @@ def test_a_token_at_the_end_of_a_sentence_is_found_whole(text, token):
     ("Ocp-Apim-Subscription-Key: 7d1c9e0b2a4f48e6b3c5d7e9f1a2b4c6", "7d1c9e0b2a4f48e6b3c5d7e9f1a2b4c6"),
 ])
 def test_a_token_named_by_the_words_before_it_is_found(text, token):
-    assert [(s.detector, text[s.start:s.end]) for s in pii.find(text, pii.DETECTORS)] == [("secret", token)]
+    assert _found(text) == [("secret", token)]
 
 
 @pytest.mark.parametrize("text", [
@@ -153,14 +159,14 @@ def test_provider_token_is_found_whole(provider):
     ("curl -H 'Authorization: Bearer eyAbC12dEf34gHi56jKl78'", "eyAbC12dEf34gHi56jKl78"),
 ])
 def test_credentials_by_their_context_are_found(text, value):
-    assert [(s.detector, text[s.start:s.end]) for s in pii.find(text, pii.DETECTORS)] == [("secret", value)]
+    assert _found(text) == [("secret", value)]
 
 
 def test_a_long_credential_is_redacted_whole_and_each_sign_is_read_once():
     # A value is judged by its first 256 characters and, found, redacted to its end.
     value = "Zq8!" + "x7" * 300
     text = f"DB_PASSWORD={value}. next"
-    assert [(s.detector, text[s.start:s.end]) for s in pii.find(text, pii.DETECTORS)] == [("secret", value)]
+    assert _found(text) == [("secret", value)]
     # Signs inside a value found are part of it, not names and values of their own.
     text = "password=" * 50 + " ok"
     assert [text[s.start:s.end] for s in secrets._assigned(text, secrets.RULES)] == [text[9:-3]]
@@ -230,7 +236,7 @@ def test_a_hash_beside_an_aws_key_id_is_not_its_secret():
     ("firmware 4.2.1.0 runs on host 4.2.0.15", "4.2.0.15"),
 ])
 def test_ip_forms_are_found(text, value):
-    assert [(s.detector, text[s.start:s.end]) for s in pii.find(text, pii.DETECTORS)] == [("ip", value)]
+    assert _found(text) == [("ip", value)]
 
 
 @pytest.mark.parametrize("text", [
