@@ -170,11 +170,6 @@ class Verifier:
             raise NoStates("the verifier's model reads token states, and a prompt has none")
         return np.concatenate([x, align_features(unit_tokens(states[0]), unit_tokens(states[1]))])
 
-    def score(self, a: str, b: str, cosine: float,
-              states: tuple[np.ndarray | None, np.ndarray | None] | None = None) -> float:
-        """P(same question) for two prompts whose embeddings have this cosine."""
-        return float(self.probabilities(self.row(a, b, cosine, states=states))[0])
-
     def threshold(self, max_false_hit_rate: float) -> float:
         return self.calibration.threshold(max_false_hit_rate)
 
