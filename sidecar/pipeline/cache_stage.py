@@ -389,8 +389,8 @@ class CacheStage:
         (a stale build/models falls back to the packaged model, which has no such output):
         every semantic candidate there is a miss, and nothing else would say why.  A route
         built before the model has loaded is checked at its first embedding after."""
-        if (self._warned_no_states or self._rt.model_has_states is None or policy.max_false_hit_rate <= 0
-                or self._rt.token_states is None or not load_verifier().needs_states):
+        if (self._warned_no_states or self._rt.model_has_states is None
+                or not self._wants_states(policy.max_false_hit_rate)):
             return
         self._check_states_of([route_name])
 
@@ -430,16 +430,15 @@ class CacheStage:
             self._check_states_of(self._states_unchecked)
         return getattr(found, "vector", found), getattr(found, "states", None)
 
-    def _wants_states(self, checks: EquivalenceSettings) -> bool:
-        """Whether this route's verifier reads token states (then the embedder returns them
-        and stored entries keep them)."""
-        return (checks.max_false_hit_rate > 0 and self._rt.token_states is not None
-                and load_verifier().needs_states)
+    def _wants_states(self, max_false_hit_rate: float) -> bool:
+        """Whether a route with this rate has a verifier that reads token states (then the
+        embedder returns them and stored entries keep them)."""
+        return max_false_hit_rate > 0 and self._rt.token_states is not None and load_verifier().needs_states
 
     async def embed_prompt(self, prompt: str, policy: CachePolicy) -> tuple[np.ndarray | None, np.ndarray | None]:
         """The prompt's vector (None: the embedder is off or failed) and, when the route's
         verifier reads them, its token states."""
-        return await self._embed_states(prompt, self._wants_states(self._checks(policy)))
+        return await self._embed_states(prompt, self._wants_states(policy.max_false_hit_rate))
 
     async def store(self, scope: str, key: str, prompt: str, vector: np.ndarray | None,
                     states: np.ndarray | None, answer: bytes, ttl_s: float,
@@ -479,7 +478,7 @@ class CacheStage:
         if not self._semantic(settings, prompt):
             return Lookup(None, "no_semantic_tier" if not settings.semantic else "too_long")
         checks = self._checks(settings.policy)
-        wants_states = self._wants_states(checks)
+        wants_states = self._wants_states(checks.max_false_hit_rate)
         vector, states = await self._embed_states(prompt, wants_states)
         if vector is None:
             return Lookup(None, "embedding_unavailable")
