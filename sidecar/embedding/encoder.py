@@ -59,7 +59,8 @@ class Encoder:
 
     def run(self, token_ids: Sequence[Sequence[int]]) -> np.ndarray:
         """One model run over already tokenized texts: [len(token_ids), dim] float32."""
-        return mean_pool_normalize(*self.hidden_states(token_ids))
+        (hidden,), mask = self._run(token_ids, [self._output])
+        return mean_pool_normalize(hidden, mask)
 
     def run_with_states(self, token_ids: Sequence[Sequence[int]]) -> tuple[np.ndarray, list[np.ndarray]]:
         """One model run: the vectors, and each text's token states [len(ids), dim] float16
@@ -67,12 +68,6 @@ class Encoder:
         (hidden, states), mask = self._run(token_ids, [self._output, STATES_OUTPUT])
         return (mean_pool_normalize(hidden, mask),
                 [states[row, :len(ids)].astype(np.float16) for row, ids in enumerate(token_ids)])
-
-    def hidden_states(self, token_ids: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
-        """One model run over already tokenized texts, before pooling: the last hidden states
-        [len(token_ids), longest, dim] and the attention mask [len(token_ids), longest]."""
-        (hidden,), mask = self._run(token_ids, [self._output])
-        return hidden, mask
 
     def _run(self, token_ids: Sequence[Sequence[int]], outputs: list[str]) -> tuple[list[np.ndarray], np.ndarray]:
         input_ids, mask = pad_batch(token_ids, self._pad_id)

@@ -69,10 +69,10 @@ class EmbeddingService:
                                 max_queue=self.settings.max_queue, metrics=self._metrics)
 
     @property
-    def has_states(self) -> bool:
+    def has_states(self) -> bool | None:
         """Whether `embed(..., with_states=True)` gives token states (the model's graph has
-        them: scripts/model_graph.py); False before warm_up."""
-        return self._model is not None and self._model.encoder.has_states
+        them: scripts/model_graph.py); None while no model is loaded (not known)."""
+        return self._model.encoder.has_states if self.ready and self._model is not None else None
 
     async def embed(self, text: str, with_states: bool = False):
         """Unit float32 vector of `text`; with_states (and `has_states`): a WithStates, the
@@ -81,9 +81,7 @@ class EmbeddingService:
         semantic features."""
         if self._batcher is None:
             raise NotReady("the embedding model is not loaded yet")
-        if with_states:
-            return await self._batcher.embed(text, True)
-        return await self._batcher.embed(text)
+        return await self._batcher.embed(text, with_states)
 
     async def embed_prompt(self, messages: Sequence[Any]) -> EmbeddedPrompt:
         """Embed the last user turn of a chat request; see sidecar.embedding.prompt."""

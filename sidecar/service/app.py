@@ -29,7 +29,7 @@ class App:
     embedder: object | None = None
     closers: list = field(default_factory=list)
     scheduler: object | None = None     # for the Admin service: clusters, scores, breakers
-    store: object | None = None         # for the Admin service: purge
+    store: object | None = None         # the cache store (the Admin service purges through the pipeline's cache)
 
     async def start(self) -> None:
         """Raises ModelLoadError when the embedding model cannot be loaded (a failed start)."""
@@ -95,8 +95,7 @@ def build(config: SidecarConfig) -> App:
     shared_embedder = None if embedder is None else SharedEmbeddings(embedder)
     runtime = CacheRuntime(store=store, inflight=inflight, embedder=shared_embedder, secret=secret,
                            false_hits=false_hits, memo_pool=memo_pool, token_states=token_states,
-                           model_has_states=None if embedder is None else (
-                               lambda: embedder.has_states if embedder.ready else None))
+                           model_has_states=None if embedder is None else (lambda: embedder.has_states))
     return App(Pipeline(routing, CacheStage(runtime), _guard(shared_embedder)), embedder, closers,
                scheduler=routing.scheduler, store=store)
 
