@@ -115,7 +115,7 @@ def score(weights: np.ndarray, text: str) -> float:
     for length in lengths:
         total[:length] += gathered[at:at + length]
         at += length
-    best = total.sum() / math.sqrt(_grams_in(0, size, size))
+    best = total.sum() / math.sqrt(len(flat))      # every n-gram of the text
     if size > WINDOW:
         sums = np.empty(size + 1)
         sums[0] = 0.0

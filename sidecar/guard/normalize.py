@@ -177,7 +177,7 @@ def _bmp_tables() -> _Tables:
 
 def prepare_offsets() -> None:
     """Builds the tables fold_with_offsets and squeeze_offsets use, so the first request that
-    masks a word does not wait for them (WordMatcher calls it when it is compiled)."""
+    masks a word does not wait for them (a guard policy and a WordMatcher call it when built)."""
     _bmp_tables()
     _bmp_kept()
 

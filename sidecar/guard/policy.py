@@ -12,6 +12,7 @@ from sidecar.guard.injection import DEFAULT_FALSE_ALARM_RATE
 from sidecar.guard.normalize import prepare_offsets
 from sidecar.guard.pii import DETECTORS, DEFAULT_MIN_ENTROPY, DEFAULT_PHONE_REGIONS, GROUPED_PHONE_REGIONS, PiiSettings
 from sidecar.guard.pii import prepare as prepare_phones
+from sidecar.guard.pii import prepare_tables as prepare_pii_tables
 from sidecar.guard.words import WordMatcher
 
 MESSAGE_SCOPES = ("last_user", "user", "user_and_system")
@@ -103,9 +104,11 @@ def build_policy(guard, injection_head=None) -> GuardPolicy | None:
                                   threshold, rate, text_threshold)
     if not rules and not pii and injection is None:
         return None
-    # The folding tables (~0.1 s) and the phone regions' rules are loaded now, not on the first
-    # request that needs them.
+    # The folding tables (~0.1 s), the detectors' character table and the phone regions' rules
+    # are loaded now, not on the first request that needs them.
     prepare_offsets()
+    if pii:
+        prepare_pii_tables()
     if "phone" in pii:
         prepare_phones(regions + grouped)
     return GuardPolicy(messages, tuple(rules), WordMatcher(lists) if rules else None, pii,
