@@ -95,6 +95,9 @@ def load_sets(paraphrase: Path) -> dict[str, list[dict]]:
     return sets
 
 
+_LAYER_STATES: dict[str, np.ndarray | None] = {}     # read once per run: the cache file is large
+
+
 def layer_states(pairs: list[dict]) -> dict[str, np.ndarray | None]:
     """Each text's token states after the embedder's first layers, for a verifier that aligns
     them (scripts/crossenc_states.py, cached per text; the served engine's agree with them)."""
@@ -102,7 +105,11 @@ def layer_states(pairs: list[dict]) -> dict[str, np.ndarray | None]:
         return {}
     from crossenc_states import token_states
     from sidecar.cache.alignment import STATES_LAYERS
-    return token_states(sorted({t for p in pairs for t in (p["a"], p["b"])}), STATES_LAYERS)
+    texts = {t for p in pairs for t in (p["a"], p["b"])}
+    missing = sorted(texts - _LAYER_STATES.keys())
+    if missing:
+        _LAYER_STATES.update(token_states(missing, STATES_LAYERS))
+    return {t: _LAYER_STATES.get(t) for t in texts}
 
 
 def decide(pairs: list[dict], cos: np.ndarray, settings: EquivalenceSettings) -> tuple[np.ndarray, list[str]]:
