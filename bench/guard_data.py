@@ -257,9 +257,9 @@ def max_pool(states: np.ndarray, mask: np.ndarray) -> np.ndarray:
 
 
 def mean_pool(states: np.ndarray, mask: np.ndarray) -> np.ndarray:
-    """As max_pool, with the mean over the real tokens."""
-    weights = mask[..., None].astype(np.float32)
-    return _unit((states.astype(np.float32) * weights).sum(axis=1) / np.maximum(weights.sum(axis=1), 1.0))
+    """As max_pool, with the mean over the real tokens: the embedder's own pooling."""
+    from sidecar.embedding.tensors import mean_pool_normalize
+    return mean_pool_normalize(states, mask)
 
 
 def _unit(rows: np.ndarray) -> np.ndarray:
