@@ -18,8 +18,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections import Counter, defaultdict
+from collections import Counter
 from pathlib import Path
+
+from drop_chat_overlap import Index  # the same near-copy measure as the training side
 
 KEYS = {"id", "a", "b", "label", "kind", "lang", "domain"}
 KINDS = {
@@ -30,7 +32,6 @@ KINDS = {
         "unit"},
 }
 LANGS = {"en", "es", "fr", "de", "pt", "it", "zh", "ja", "ru", "ko"}
-N = 5
 
 
 def jsonl_files(path: Path) -> list[Path]:
@@ -74,12 +75,6 @@ def check(files: list[Path]) -> list[str]:
     return problems
 
 
-def grams(text: str) -> frozenset[str]:
-    # Case and spacing do not make a text new, so they do not count.
-    t = " ".join(text.lower().split())
-    return frozenset(t[i:i + N] for i in range(max(1, len(t) - N + 1)))
-
-
 def strings(value: object) -> list[str]:
     if isinstance(value, str):
         return [value]
@@ -90,35 +85,17 @@ def strings(value: object) -> list[str]:
     return []
 
 
-class NearIndex:
-    """Inverted index of 5-grams, so each text meets only the texts it shares grams with."""
-
-    def __init__(self, texts: list[str]) -> None:
-        self.sets = [grams(t) for t in texts]
-        self.index: dict[str, list[int]] = defaultdict(list)
-        for i, g in enumerate(self.sets):
-            for gram in g:
-                self.index[gram].append(i)
-
-    def max_jaccard(self, text: str) -> float:
-        mine = grams(text)
-        shared: Counter[int] = Counter()
-        for gram in mine:
-            shared.update(self.index.get(gram, ()))
-        return max((k / (len(mine) + len(self.sets[i]) - k) for i, k in shared.items()), default=0.0)
-
-
 def drop_near(files: list[Path], others: list[Path], limit: float) -> int:
     texts = [s for f in others for line in f.read_text(encoding="utf-8").splitlines() if line.strip()
              for s in strings(json.loads(line))]
-    index = NearIndex(texts)
+    index = Index(texts)
     print(f"compared with {len(texts)} texts in {len(others)} files; limit Jaccard > {limit}")
     dropped = 0
     for f in files:
         kept = []
         for line in f.read_text(encoding="utf-8").splitlines():
             row = json.loads(line)
-            score = max(index.max_jaccard(row["a"]), index.max_jaccard(row["b"]))
+            score = max(index.highest(row["a"]), index.highest(row["b"]))
             if score > limit:
                 dropped += 1
                 print(f"  drop {row['id']} (Jaccard {score:.2f})")
