@@ -355,7 +355,7 @@ _ASCII_CLASSES = bytes(_DIGIT_BIT if 48 <= i <= 57 else _COLON_BIT if i == 58 el
 _BLOCK_STARTS = np.arange(0, 1 << 16, _BLOCK)
 # Token characters as "a", all else (bytes of non-ASCII characters too) as " ".
 _TOKEN_BYTES = bytes(97 if i < 128 and chr(i) in secrets.RUN_CHARS else 32 for i in range(256))
-_LONG_RUN = b"a" * 20
+_LONG_RUN = b"a" * secrets.MIN_RUN
 _DOMAIN_RUN = re.compile(r"[A-Za-z0-9.\u00c0-\u024f-]*")
 _LOCAL_PART = 64     # an e-mail's local part is at most this long (_EMAIL)
 

@@ -34,7 +34,9 @@ def _mixed(token: str) -> bool:
 # starts a run only at its first character: a plain [...]{20,} reads each shorter word again
 # from each of its characters.)
 RUN_CHARS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.+/=-"
-_RUN = re.compile(r"[A-Za-z0-9_.+/=-](?<![A-Za-z0-9_.+/=-].)[A-Za-z0-9_.+/=-]{19,}")
+MIN_RUN = 20
+_RUN_CLASS = "[A-Za-z0-9_.+/=-]"      # RUN_CHARS (a test holds them equal)
+_RUN = re.compile(f"{_RUN_CLASS}(?<!{_RUN_CLASS}.){_RUN_CLASS}{{{MIN_RUN - 1},}}")
 
 
 def find(text: str, runs: list[tuple[int, int]], min_entropy: float) -> Iterable[Span]:

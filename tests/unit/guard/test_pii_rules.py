@@ -253,3 +253,9 @@ def test_ip_forms_are_found(text, value):
 ])
 def test_ip_look_alikes_pass(text):
     assert [s for s in pii.find(text, pii.DETECTORS) if s.detector == "ip"] == []
+
+
+def test_the_run_pattern_takes_exactly_the_run_characters():
+    """The candidate search (pii.Candidates) finds runs by RUN_CHARS, the pattern by its class."""
+    import re
+    assert all(bool(re.fullmatch(secrets._RUN_CLASS, chr(i))) == (chr(i) in secrets.RUN_CHARS) for i in range(0x3000))
