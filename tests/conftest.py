@@ -3,6 +3,7 @@ import shutil
 import pytest
 
 from devtools.stack import Stack
+from tests.support.redis_server import RedisServer
 
 
 def pytest_collection_modifyitems(items):
@@ -16,6 +17,16 @@ def _require_binaries():
     missing = [b for b in ("openssl",) if shutil.which(b) is None]
     if missing:
         pytest.exit(f"missing system tools {missing}: run `make system-deps`", returncode=3)
+
+
+@pytest.fixture(scope="module")
+def redis_server(tmp_path_factory):
+    """A real redis-server for a module's tests (skipped where none is installed)."""
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed")
+    server = RedisServer(tmp_path_factory.mktemp("redis")).start()
+    yield server
+    server.stop()
 
 
 def _stack_factory(tmp_path_factory):

@@ -62,15 +62,6 @@ def flush(server: RedisServer) -> None:
         s.recv(16)
 
 
-@pytest.fixture(scope="module")
-def redis_server(tmp_path_factory):
-    if REDIS is None:
-        pytest.skip("redis-server is not installed")
-    server = RedisServer(tmp_path_factory.mktemp("redis")).start()
-    yield server
-    server.stop()
-
-
 def redis_settings(url: str, **kw) -> RedisSettings:
     # Generous per-call deadline: a loaded CI box must not trip it; a dead server is
     # refused at once anyway.

@@ -136,13 +136,6 @@ async def test_memory_is_bounded_in_bytes_and_pairs_expire():
         MemoryFalseHits(max_bytes=1)
 
 
-@pytest.fixture(scope="module")
-def redis_server(tmp_path_factory):
-    server = RedisServer(tmp_path_factory.mktemp("redis")).start()
-    yield server
-    server.stop()
-
-
 async def test_replicas_sharing_redis_hear_each_others_reports(redis_server):
     one = RedisFalseHits(connect(redis_server.url, 0.5), max_per_scope=3)
     two = RedisFalseHits(connect(redis_server.url, 0.5), max_per_scope=3)

@@ -1,7 +1,6 @@
 """The cache stage feeds a verifier that aligns token states: the new prompt's from its own
 embedding run, the stored prompt's kept with its entry; without them, a counted miss."""
 import asyncio
-import shutil
 
 import numpy as np
 import pytest
@@ -17,7 +16,6 @@ from sidecar.embedding import EmbeddingSettings
 from sidecar.embedding.service import EmbeddingService
 from sidecar.pipeline.cache_stage import CacheRuntime, CacheStage
 from sidecar.route_settings import parse_route_settings
-from tests.support.redis_server import RedisServer
 
 STORED, REWORDED = "How do I reset my password?", "How can I reset my password?"
 # A rewording the verifier serves by a wide margin (P ~0.99 against a threshold of ~0.93).
@@ -162,15 +160,6 @@ def test_a_model_without_states_is_logged_once_for_a_verifier_route(caplog, warn
 
 
 # -- replicas sharing Redis: the states travel beside the entry ----------------------------
-
-@pytest.fixture(scope="module")
-def redis_server(tmp_path_factory):
-    if shutil.which("redis-server") is None:
-        pytest.skip("redis-server is not installed")
-    server = RedisServer(tmp_path_factory.mktemp("redis")).start()
-    yield server
-    server.stop()
-
 
 def replica(embedder, server, held):
     store = RedisStore(RedisSettings(url=server.url, timeout_s=0.5, connect_timeout_s=0.5, stream_block_ms=200))
