@@ -217,6 +217,18 @@ def words() -> dict:
 
 # --- personal data ---------------------------------------------------------------------------
 
+def _occurrence(text: str, value: str, start: int) -> int:
+    """Where `value` first stands in `text` from `start` on with no ASCII letter or digit just
+    beside it (else its first occurrence)."""
+    at = first = text.index(value, start)
+    while at >= 0:
+        before, after = text[at - 1:at], text[at + len(value):at + len(value) + 1]
+        if not (before.isascii() and before.isalnum() or after.isascii() and after.isalnum()):
+            return at
+        at = text.find(value, at + 1)
+    return first
+
+
 def _pii_counts(rows: list[dict]) -> dict:
     """Per detector, precision and recall on `rows`: a found span counts as a hit only when it
     covers a whole planted item of its detector (a partial redaction leaks the rest)."""
@@ -227,8 +239,9 @@ def _pii_counts(rows: list[dict]) -> dict:
         items, after = [], {}
         for item in row["items"]:
             # Items are listed in text order: a value planted twice is two items, the second
-            # one after the first.
-            start = text.index(item["value"], after.get(item["value"], 0))
+            # one after the first. An occurrence inside a longer token is not the item
+            # (192.168.1.1 in 192.168.1.104).
+            start = _occurrence(text, item["value"], after.get(item["value"], 0))
             after[item["value"]] = start + 1
             items.append((item["detector"], start, start + len(item["value"])))
         matched = set()
