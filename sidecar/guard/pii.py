@@ -57,17 +57,16 @@ GROUPED_PHONE_REGIONS = ("AU", "KR", "ID", "NL", "TR", "SA", "CH", "TW", "BE", "
 _EMAIL = re.compile(r"[A-Za-z0-9._%+\u00c0-\u024f-](?<![A-Za-z0-9._%+\u00c0-\u024f-].)[A-Za-z0-9._%+'\u00c0-\u024f-]{0,63}@(?:[A-Za-z0-9\u00c0-\u024f](?:[A-Za-z0-9\u00c0-\u024f-]{0,61}[A-Za-z0-9\u00c0-\u024f])?\.)+"
                     r"[A-Za-z]{2,24}(?![A-Za-z0-9@-])")
 
-# 13 to 19 digits, in groups split by single spaces or dashes.
-_CARD = re.compile(r"\d(?<![A-Za-z0-9.,/_-].)(?:[ -]?\d){12,18}(?![A-Za-z0-9/_-]|[.,]\d)")
-# Issuer prefixes (IIN) and lengths of the card networks: a Luhn-valid number outside them is
-# some other number.
-_CARD_PREFIX = (
-    (re.compile(r"4"), (13, 16, 19)), (re.compile(r"5[1-5]|2[2-7]"), (16,)), (re.compile(r"3[47]"), (15,)),
-    (re.compile(r"3[0689]"), (14, 16, 17, 18, 19)), (re.compile(r"6(?:011|5|4[4-9])|35|62|81"), (16, 17, 18, 19)))
+# 13 to 19 digits, in groups split by single spaces or dashes. A comma beside them is a CSV
+# field's (txn_1,4929183047265511,42.80): thousands separators leave groups of three digits,
+# and a decimal fraction of 13 or more digits is rare; a point before or after one is not.
+_CARD = re.compile(r"\d(?<![A-Za-z0-9./_-].)(?:[ -]?\d){12,18}(?![A-Za-z0-9/_-]|\.\d)")
 
 
 def _card_shaped(digits: str) -> bool:
-    return any(prefix.match(digits) and len(digits) in lengths for prefix, lengths in _CARD_PREFIX)
+    """Whether a network issues numbers of this issuer prefix (IIN) and length (`[[card]]` of
+    pii_rules.toml): a Luhn-valid number outside them is some other number."""
+    return any(len(digits) in lengths and prefix.match(digits) for prefix, lengths in RULES.card)
 
 
 def luhn_ok(digits: str) -> bool:
@@ -159,20 +158,37 @@ _TIMESTAMP = re.compile(r"\d{4}-\d{2}-\d{2}[ T]\d")
 MAX_PHONE_CANDIDATES = 64
 
 
-def _phones(text: str, where: "Candidates", regions: tuple[str, ...], grouped: tuple[str, ...] = ()) -> Iterable[Span]:
-    verdicts: dict[str, bool] = {}
+# A word that mixes letters and digits just before a number makes the number part of a code
+# (a UPS tracking number, 1Z 999 AA1 01 2345 6784), not a phone number.
+_CODE_BEFORE = re.compile(r"(?<![A-Za-z0-9])(?=[A-Za-z0-9]*[A-Za-z])(?=[A-Za-z0-9]*\d)[A-Za-z0-9]+ \Z")
+# What may stand between the numbers of a list ("+61 3 9011 4728, 1300 975 707").
+_LIST_GAP = re.compile(r"[\s,;/|·•]*(?:(?:and|or|y|o|et|ou|und|oder|e|и|или)[\s,;]+)?")
+
+
+def _phones(text: str, where: "Candidates", regions: tuple[str, ...], grouped: tuple[str, ...] = (),
+            context_regions: tuple[str, ...] = ()) -> Iterable[Span]:
+    verdicts: dict[tuple[str, bool], bool] = {}
+    last = -1                                # the end of the last phone number found
     for m in matches(_PHONE, text, where.digits):
         candidate = m.group()
-        valid = verdicts.get(candidate)
+        national = not candidate.startswith(("+", "(+", "00"))
+        context = RULES.phone_context(text, m.start()) if national else None
+        if context is False or national and _CODE_BEFORE.search(text, max(0, m.start() - 16), m.start()):
+            continue                         # an order's, a parcel's, a QQ account's number
+        if national and last >= 0 and m.start() - last <= 24 and _LIST_GAP.fullmatch(text, last, m.start()):
+            context = True                   # the next number of a list of phone numbers
+        key = (candidate, bool(context))
+        valid = verdicts.get(key)
         if valid is None:
             if len(verdicts) >= MAX_PHONE_CANDIDATES:
                 return
-            valid = verdicts[candidate] = _is_phone(candidate, regions, grouped)
+            valid = verdicts[key] = _is_phone(candidate, regions, grouped, context_regions if context else ())
         if valid:
+            last = m.end()
             yield Span("phone", m.start(), m.end())
 
 
-def _is_phone(candidate: str, regions: tuple[str, ...], grouped: tuple[str, ...] = ()) -> bool:
+def _is_phone(candidate: str, regions: tuple[str, ...], grouped: tuple[str, ...] = (), context: tuple[str, ...] = ()) -> bool:
     if _DATE.fullmatch(candidate) or _TIMESTAMP.match(candidate) or _DECIMAL.fullmatch(candidate):
         return False
     if "/" in candidate and not _AREA_SLASH.fullmatch(candidate):
@@ -202,6 +218,17 @@ def _is_phone(candidate: str, regions: tuple[str, ...], grouped: tuple[str, ...]
         # A country code is evidence enough: an order number or ISBN rarely starts with +49,
         # and people group international numbers in many ways (+49 30 901820, +49 (0)30 ...).
         if international or _grouped_as_formatted(candidate, number, exactly=index >= home):
+            return True
+    if international or bare:
+        return False
+    # A phone word before it: a national number of the context regions, in their exact groups,
+    # with or without the trunk prefix.
+    for region in context:
+        try:
+            number = phonenumbers.parse(candidate, region, keep_raw_input=True)
+        except phonenumbers.NumberParseException:
+            continue
+        if phonenumbers.is_valid_number(number) and _grouped_as_formatted(candidate, number, exactly=True):
             return True
     return False
 
@@ -274,11 +301,36 @@ _IPV6 = re.compile(r"[0-9A-Fa-f:](?<![A-Za-z0-9_:.].)[0-9A-Fa-f]{0,3}:?(?:[0-9A-
                    r"(?:\d{1,3}(?:\.\d{1,3}){3}|[0-9A-Fa-f]{0,4})(?:%[A-Za-z0-9_]+)?(?:/\d{1,3})?(?![A-Za-z0-9_:]|\.\d)")
 
 
+# A packet trace's addresses with their ports after a fifth number (tcpdump: `192.168.1.104.53188
+# > 192.168.1.1.53:`), which the IPv4 pattern leaves alone as a five-part version: the arrow
+# between two of them, or the colon after the second, says what they are.
+_TRACE = re.compile(r"(?<![A-Za-z0-9_.])(\d{1,3}(?:\.\d{1,3}){3})\.\d{1,5} > (\d{1,3}(?:\.\d{1,3}){3})\.\d{1,5}:")
+# Dotted numbers of three parts or of five and more: versions and OIDs, never addresses (a
+# trace's address and port aside).
+_DOTTED = re.compile(r"(?<![\d.])\d+(?:\.\d+){2,}(?!\d|\.\d)")
+
+
+def _dotted_heads(text: str, where: "Candidates") -> tuple[set[str], bool]:
+    """The first numbers of the text's three-part dotted numbers (versions: 2.4.57), and
+    whether it holds one of five parts or more outside a packet trace (an OID,
+    1.3.6.1.4.1.311.21.8, or a long version)."""
+    heads, long = set(), False
+    for m in matches(_DOTTED, text, where.digits):
+        parts = m.group().split(".")
+        if len(parts) == 3:
+            heads.add(parts[0])
+        elif len(parts) > 4 and text[m.end():m.end() + 3] != " > " and text[m.end():m.end() + 1] != ":":
+            long = True
+    return heads, long
+
+
 def _ips(text: str, where: "Candidates") -> Iterable[Span]:
-    # Four dotted numbers with no word of their own around them are read as the others of the
-    # text with the same first two numbers are: "firmware 4.2.1.0. Is that newer than
-    # 4.2.0.15?" compares two versions. (Addresses of one network share them too, but a text
-    # rarely names a version and an address of the same two first numbers.)
+    # Four dotted numbers with no word of their own around them are read as a version where the
+    # text has a version of the same first (major) number: "firmware 4.2.1.0. Is that newer
+    # than 4.2.0.15?", "Firmware-Version 11.2.4.0 ... auf 11.3.0.2", "2.4.58.1 ... and 2.4.57"
+    # (a three-part number is a version). A text with an OID or another number of five parts
+    # or more is about those. (Addresses of one network share their first number too, but a
+    # text rarely names a version and an address of the same first number.)
     versions: set[str] = set()
     unread: list[tuple[str, Span]] = []
     for pattern, ranges in ((_IPV4, where.digits), (_IPV6, where.colons)):
@@ -298,8 +350,10 @@ def _ips(text: str, where: "Candidates") -> Iterable[Span]:
             if pattern is _IPV4 and not length:
                 if value.startswith("0.") and value != "0.0.0.0":
                     continue
+                if m.start() > 1 and text[m.start() - 1] == "/" and text[m.start() - 2].isalpha():
+                    continue           # a product's version (User-Agent: Chrome/131.0.0.0), a path's segment
                 version = RULES.version_like(text, m.start(), m.end())
-                head = value[:value.index(".", value.index(".") + 1)]
+                head = value[:value.index(".")]
                 if version:
                     versions.add(head)
                 if version is None:
@@ -307,11 +361,20 @@ def _ips(text: str, where: "Candidates") -> Iterable[Span]:
                 if version is not False:
                     continue
             yield span
-    for head, span in unread:
-        if head not in versions:
-            yield span
-
-
+    if unread:
+        heads, long = _dotted_heads(text, where)
+        versions |= heads
+        for head, span in unread:
+            if head not in versions and not long:
+                yield span
+    if " > " in text:
+        for m in matches(_TRACE, text, where.digits):
+            for group in (1, 2):
+                try:
+                    ipaddress.IPv4Address(m.group(group))
+                except ValueError:
+                    continue
+                yield Span("ip", m.start(group), m.end(group))
 
 
 _PRIVATE_KEY = re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----.*?(?:-----END [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----|\Z)",
@@ -339,7 +402,11 @@ class PiiSettings:
 
 @functools.cache   # per settings: a policy's are built once, not on every text
 def detector_functions(settings: PiiSettings) -> dict[str, Callable[[str, "Candidates"], Iterable[Span]]]:
-    return {"email": _emails, "phone": lambda t, w: _phones(t, w, settings.phone_regions, settings.grouped_phone_regions), "card": _cards,
+    # A phone word lets a national number count in more regions (pii_rules.toml), unless the
+    # route names its own: then in those.
+    context = RULES.phone_context_regions if settings.grouped_phone_regions else settings.phone_regions
+    return {"email": _emails, "phone": lambda t, w: _phones(t, w, settings.phone_regions, settings.grouped_phone_regions, context),
+            "card": _cards,
             "iban": _ibans, "ip": _ips, "secret": lambda t, w: secrets.find(t, w.runs, settings.min_entropy),
             "private_key": _private_keys}
 

@@ -20,9 +20,23 @@ class SecretRule:
     before: re.Pattern | None = None
     near: re.Pattern | None = None
     whole_field: bool = False
+    mixed: bool = True                     # a `near` rule's body must mix cases and digits
 
 
 _WORDS = re.compile(r"\w+")
+# A word (of any script: मोबाइल's vowel signs are not \w) and the point of its abbreviation
+# (tel., ref.); a CJK run is one word, so its last characters are read apart too.
+_CONTEXT_WORDS = re.compile(r"[^\s\d.,;:!?()\[\]{}\"'“”‘’«»「」、。，：；！？+/=<>*-]+\.?")
+
+
+def _stated(copulas: list[str]) -> re.Pattern:
+    """After a stated credential's name: the rest of its word, up to three short words, a
+    copula, then an app password (group 1) or a value (group 2); or, right after the name,
+    an app password (group 3). An app password is four groups of four lowercase letters."""
+    signs = "|".join(re.escape(c) for c in sorted(copulas, key=len, reverse=True))
+    app = r"([a-z]{4}(?: [a-z]{4}){3})(?!\w)"
+    return re.compile(r"[\w-]{0,8}(?:(?:[ \t]+[\w-]{1,5}){0,3}?[ \t]*(?<!\w)(?:%s)(?![\w-])[ \t]*[:\uff1a]?[ \t]*[\"'`]?"
+                      r"(?:%s|([^\s\"'`<>,;(){}\[\]]{8,64})(?<![.?!:]))|[ \t]+%s)" % (signs, app, app))
 
 
 @dataclass(frozen=True)
@@ -41,6 +55,16 @@ class PiiRules:
     ip_not_before: tuple[str, ...]
     ip_address_words: frozenset[str]
     public_after: tuple[str, ...]
+    public_prefix: tuple[str, ...]
+    placeholder: re.Pattern                # a run of equal characters
+    stated_names: tuple[str, ...]
+    stated: re.Pattern                     # what follows a stated name: fillers, a copula, the value
+    card: tuple[tuple[re.Pattern, frozenset[int]], ...]      # issuer prefix, lengths
+    phone_window: int
+    phone_words: frozenset[str]
+    phone_not_after: frozenset[str]
+    phone_neutral: frozenset[str]
+    phone_context_regions: tuple[str, ...]
 
     @classmethod
     def load(cls, path: Path) -> "PiiRules":
@@ -48,7 +72,8 @@ class PiiRules:
             data = tomllib.load(handle)
         rules = tuple(SecretRule(r["provider"], re.compile(r["pattern"]),
                                  re.compile(r["before"] + r"\Z") if "before" in r else None,
-                                 re.compile(r["near"]) if "near" in r else None, bool(r.get("whole_field")))
+                                 re.compile(r["near"]) if "near" in r else None, bool(r.get("whole_field")),
+                                 bool(r.get("mixed", True)))
                       for r in data["secret"])
         known = "|".join(f"(?P<r{i}>{rule.pattern.pattern})" for i, rule in enumerate(rules)
                          if rule.near is None and rule.before is None)
@@ -60,7 +85,30 @@ class PiiRules:
                    tuple(w.lower().translate(JOINERS) for w in data["named"]["names"]),
                    int(data["ip"]["window"]), tuple(w.lower() for w in data["ip"]["not_after"]),
                    tuple(data["ip"]["not_before"]), frozenset(w.lower() for w in data["ip"]["address_words"]),
-                   tuple(w.lower() for w in data["public"]["after"]))
+                   tuple(w.lower() for w in data["public"]["after"]), tuple(w.lower() for w in data["public"]["prefix"]),
+                   re.compile(r"(.)\1{%d}" % (int(data["placeholder"]["repeated"]) - 1)),
+                   tuple(w.lower() for w in data["stated"]["names"]), _stated(data["stated"]["copulas"]),
+                   tuple((re.compile(c["prefix"]), frozenset(c["lengths"])) for c in data["card"]),
+                   int(data["phone"]["window"]), frozenset(w.lower() for w in data["phone"]["words"]),
+                   frozenset(w.lower() for w in data["phone"]["not_after"]), frozenset(w.lower() for w in data["phone"]["neutral"]),
+                   tuple(data["phone"]["context_regions"]))
+
+    def phone_context(self, text: str, start: int) -> bool | None:
+        """Whether the words before text[start:] call it a phone number (True: a phone word
+        within the window), an id's number (False: an id's word nearest, neutral words
+        skipped), or neither (None)."""
+        nearest = True
+        for word in reversed(_CONTEXT_WORDS.findall(text[max(0, start - self.phone_window):start].lower())):
+            # CJK text runs its words together (加我QQ, 我的电话): there its last characters count.
+            forms = {word} if word.isascii() else {word, *(word[-k:] for k in range(1, min(len(word), 5)))}
+            if forms & self.phone_neutral:
+                continue
+            if nearest and forms & self.phone_not_after:
+                return False
+            if forms & self.phone_words:
+                return True
+            nearest = False
+        return None
 
     def version_like(self, text: str, start: int, end: int) -> bool | None:
         """Whether a context word stands just before text[start:end] ("version 1.2.3.4") or just

@@ -49,6 +49,8 @@ def find(text: str, runs: list[tuple[int, int]], min_entropy: float) -> Iterable
         value, offset = run.group().rstrip("."), run.start()
         known = []
         for m in rules.known.finditer(value):
+            if rules.placeholder.search(m.group()):
+                continue                     # sk-xxxxxxxx...: a placeholder in a README
             start, end = offset + m.start(), offset + m.end()
             if rules.secret[int(m.lastgroup[1:])].whole_field:
                 start, end = _field(text, start, end)
@@ -60,7 +62,7 @@ def find(text: str, runs: list[tuple[int, int]], min_entropy: float) -> Iterable
                 known.append((head.start(), offset + m.end()))
         for index, rule in rules.near:
             for m in rule.pattern.finditer(value):
-                if _bounded(value, m.start(), m.end()) and _mixed(m.group()):
+                if _bounded(value, m.start(), m.end()) and (_mixed(m.group()) or not rule.mixed):
                     if near is None:         # `near` read once per text, and only for a candidate
                         near = {}
                     if index not in near:
@@ -74,7 +76,8 @@ def find(text: str, runs: list[tuple[int, int]], min_entropy: float) -> Iterable
             continue
         if public is None:
             public = _public_blocks(text)
-        if any(a <= offset < b for a, b in public) or text[max(0, offset - 28):offset].lower().endswith(rules.public_after):
+        if (any(a <= offset < b for a, b in public) or text[max(0, offset - 28):offset].lower().endswith(rules.public_after)
+                or value[:8].lower().startswith(rules.public_prefix)):
             continue                         # a certificate's lines, an image, an SSH public key
         for m in _TOKEN.finditer(value):
             token = m.group()
@@ -84,6 +87,7 @@ def find(text: str, runs: list[tuple[int, int]], min_entropy: float) -> Iterable
             if score >= min_entropy and not _encoded_words(token) and not _words_or_path(token):
                 yield Span("secret", offset + m.start(), offset + m.end(), round(score, 2))
     yield from _assigned(text, rules)
+    yield from _stated(text, rules)
     yield from _url_passwords(text)
 
 
@@ -199,6 +203,32 @@ def _assigned(text: str, rules: "PiiRules") -> Iterable[Span]:
                     at = text.find(sign, end - 1)
                     continue
             at = text.find(sign, at + 1)
+
+
+_VOWELS = frozenset("aeiouy")
+
+
+def _stated(text: str, rules: "PiiRules") -> Iterable[Span]:
+    """A password stated in a sentence ("a senha do app é Pb7#kW2q!vXm", "app password qzvw mkxe
+    hbtr pnla": `[stated]` of the rules). The names are found with str.find on the
+    case-folded text (a few C searches), the pattern read only after one."""
+    folded = None
+    for name in rules.stated_names:
+        if folded is None:
+            folded = text.lower()
+            if len(folded) != len(text):
+                return                       # a case-folding that changes offsets (rare): not read
+        at = folded.find(name)
+        while at >= 0:
+            m = rules.stated.match(text, at + len(name))
+            if m is not None:
+                app = 1 if m.group(1) else 3 if m.group(3) else 0
+                if app and any(not _VOWELS.intersection(group) for group in m.group(app).split()):
+                    yield Span("secret", m.start(app), m.end(app))
+                elif (m.group(2) and any(c.isalpha() for c in m.group(2)) and _SIGN_IN_VALUE.search(m.group(2))
+                      and not m.group(2).startswith(_NOT_VALUES)):
+                    yield Span("secret", m.start(2), m.end(2))
+            at = folded.find(name, at + 1)
 
 
 # A password in a URL's user information (postgres://app:s3cret@db:5432/prod).

@@ -70,10 +70,12 @@ PLANTED = {
     "Terraform Cloud": _R[:14] + ".atlasv1." + _R[:66],
     "HashiCorp Vault": "hvs." + _R[:90],
     "Supabase": "sbp_" + _HEX[:40],
+    "Twilio auth token": "AC" + _HEX[:32] + " " + _HEX[32:],
+    "Mercado Pago": "APP_USR-1234567890123456-010203-" + _HEX[:32] + "-987654321",
     "JWT": "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0In0.dBjftJeZ4CVPmB92K27uhbUJU1p1r_wW1gFWFOEjXk",
 }
 # Tokens of the AWS secret and the Slack webhook rules lie inside the planted text.
-EXPECTED = {"AWS secret access key": "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPL9KEY",
+EXPECTED = {"AWS secret access key": "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPL9KEY", "Twilio auth token": _HEX[32:],
             "Slack webhook": PLANTED["Slack webhook"][len("https://"):],
             "Discord webhook": PLANTED["Discord webhook"][len("https://"):]}
 
@@ -259,3 +261,91 @@ def test_the_run_pattern_takes_exactly_the_run_characters():
     """The candidate search (pii.Candidates) finds runs by RUN_CHARS, the pattern by its class."""
     import re
     assert all(bool(re.fullmatch(secrets._RUN_CLASS, chr(i))) == (chr(i) in secrets.RUN_CHARS) for i in range(0x3000))
+
+
+# --- cards, phones, and what the rules file adds -------------------------------------------
+
+@pytest.mark.parametrize("text,value", [
+    # Networks beyond the five largest: Elo, Maestro, a national (major industry 9) card.
+    ("Meu cartão Elo 6363 6812 0457 8392 foi recusado", "6363 6812 0457 8392"),
+    ("Maestro 5067 2218 4409 3568 ok", "5067 2218 4409 3568"),
+    ("국내 전용 카드 9412-2037-5518-6049 로 결제", "9412-2037-5518-6049"),
+    # A CSV row's field: commas beside the number, a decimal amount after it.
+    ("txn_7781,2025-03-02T08:00:00Z,4532017788129602,19.90,EUR", "4532017788129602"),
+])
+def test_cards_of_more_networks_and_in_csv_fields_are_found(text, value):
+    assert _found(text) == [("card", value)]
+
+
+@pytest.mark.parametrize("text", [
+    "Meu cartão 6363 6812 0457 8393 foi recusado",          # Luhn fails
+    "total 4532017788129602.5 units",                       # a decimal number
+    "ref 8412203755186041 ok",                              # Luhn-valid, no network's prefix
+])
+def test_card_look_alikes_pass(text):
+    assert [s for s in pii.find(text, pii.DETECTORS) if s.detector == "card"] == []
+
+
+def test_a_packet_traces_addresses_are_found_without_their_ports():
+    text = "09:14:02.551 10.20.30.41.51514 > 10.20.30.1.53: A? example.org\n09:14:02.580 10.20.30.1.53 > 10.20.30.41.51514: A 1.2.3.4"
+    found = [value for detector, value in _found(text) if detector == "ip"]
+    assert found == ["10.20.30.41", "10.20.30.1", "10.20.30.1", "10.20.30.41", "1.2.3.4"]
+    # Five dotted numbers without the trace's arrow are a version.
+    assert [s for s in pii.find("upgrade 10.20.30.41.5 soon", ["ip"])] == []
+
+
+@pytest.mark.parametrize("text", [
+    "Mozilla/5.0 (X11; Linux x86_64) AppleWebKit/537.36 Chrome/126.0.0.0 Safari/537.36",     # a product's version
+    "Was bedeutet die Versionsnummer 3.6.12.2? Und ist 3.6.11 noch aktuell?",                  # a three-part sibling
+    "Die Firmware-Version 7.1.2.0 will nicht auf 7.2.0.4 wechseln",                            # the same major number
+    "What is OID 1.3.6.1.5.5.7.3.1 and also 2.5.4.3?",                                          # a text about OIDs
+])
+def test_versions_and_oids_read_from_the_text_pass(text):
+    assert [s for s in pii.find(text, pii.DETECTORS) if s.detector == "ip"] == []
+
+
+@pytest.mark.parametrize("text,value", [
+    ('client = Client(os.environ["TWILIO_ACCOUNT_SID"], "4e1a9c0d7b2f83e65a1c9d0e2f4b7a38")', "4e1a9c0d7b2f83e65a1c9d0e2f4b7a38"),
+    ("Mercado Pago: APP_USR-1234567890123456-010203-0a1b2c3d4e5f60718293a4b5c6d7e8f9-987654321.",
+     "APP_USR-1234567890123456-010203-0a1b2c3d4e5f60718293a4b5c6d7e8f9-987654321"),
+    ("a senha do app é Xq9#mT4v!Lp2.", "Xq9#mT4v!Lp2"),
+    ("my wifi password is now Tr4ck-9Lm!pz", "Tr4ck-9Lm!pz"),
+    ("och app-lösenordet wkrt bzqa mnvd hxle fungerar inte", "wkrt bzqa mnvd hxle"),
+    ("the Gmail app password is: wkrt bzqa mnvd hxle", "wkrt bzqa mnvd hxle"),
+])
+def test_provider_tokens_and_stated_passwords_are_found(text, value):
+    assert _found(text) == [("secret", value)]
+
+
+@pytest.mark.parametrize("text", [
+    'Set OPENAI_API_KEY=sk-xxxxxxxxxxxxxxxxxxxxxxxx in your .env',            # a placeholder
+    "export GITHUB_TOKEN=ghp_XXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXXX",
+    '"integrity": "sha512-Qm9vYmFyQmF6UXV4MTIzNDU2Nzg5MGFiY2RlZmdoaWprbG1ub3BxcnN0dXZ3eHl6QUJDREVGR0g0Wjk5"',
+    "the md5 4e1a9c0d7b2f83e65a1c9d0e2f4b7a38 matches",                    # 32 hex with no Twilio near
+    "the password is required and at least 8 characters long",
+    "your password must have more than twelve letters",
+    "password cant have more than that",                                    # four-letter words
+    "la password e username: admin",
+])
+def test_placeholders_digests_and_password_talk_pass(text):
+    assert [s for s in pii.find(text, pii.DETECTORS) if s.detector == "secret"] == []
+
+
+@pytest.mark.parametrize("text,value", [
+    ("मेरा मोबाइल नंबर 98201 45573 है", "98201 45573"),                  # India's mobile, trunk prefix left out
+    ("Το κινητό μου είναι 694 812 3307.", "694 812 3307"),               # Greece: no trunk prefix
+    ("mi celular es 55 1234 5678 y el de la oficina (81) 8123 4567.", "(81) 8123 4567"),
+    ("Numbers: 0412 558 903, 1300 655 506", "1300 655 506"),             # a list: Australia's 1300 number
+])
+def test_national_numbers_named_by_their_context_are_found(text, value):
+    assert ("phone", value) in _found(text)
+
+
+@pytest.mark.parametrize("text", [
+    "加我QQ 2876451903 领红包",                                           # a QQ account
+    "il pacco BRT 0571 2290 4418 arriva domani",                         # a courier's parcel
+    "tracking 1Z 999 AA1 01 2345 6784 is late",                          # part of a UPS code
+    "98201 45573 units shipped",                                          # no phone word
+])
+def test_ids_numbers_are_not_phone_numbers(text):
+    assert [s for s in pii.find(text, pii.DETECTORS) if s.detector == "phone"] == []
