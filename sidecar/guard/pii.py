@@ -59,8 +59,9 @@ _EMAIL = re.compile(r"[A-Za-z0-9._%+\u00c0-\u024f-](?<![A-Za-z0-9._%+\u00c0-\u02
 
 # 13 to 19 digits, in groups split by single spaces or dashes. A comma beside them is a CSV
 # field's (txn_1,4929183047265511,42.80): thousands separators leave groups of three digits,
-# and a decimal fraction of 13 or more digits is rare; a point before or after one is not.
-_CARD = re.compile(r"\d(?<![A-Za-z0-9./_-].)(?:[ -]?\d){12,18}(?![A-Za-z0-9/_-]|\.\d)")
+# and a decimal fraction of 13 or more digits is rare; a point before or after one is not, nor
+# a plus before (+49 1517 1638468 is a phone number's country code, whatever Luhn says).
+_CARD = re.compile(r"\d(?<![A-Za-z0-9.+/_-].)(?:[ -]?\d){12,18}(?![A-Za-z0-9/_-]|\.\d)")
 
 
 def _card_shaped(digits: str) -> bool:
@@ -154,8 +155,34 @@ _TIMESTAMP = re.compile(r"\d{4}-\d{2}-\d{2}[ T]\d")
 
 # Each candidate costs a libphonenumber parse per region (~50 µs each): a text of many
 # digit groups ("1 2 3 4 ...", a table of numbers) would cost seconds. Equal candidates are
-# judged once and at most this many distinct ones per text (later ones pass unchecked).
-MAX_PHONE_CANDIDATES = 64
+# judged once, and a text is allowed this many parses (~30-100 ms). Past them a candidate fails
+# closed: it takes the verdict of the parsed candidates of its shape (its digits as 9, its
+# signs as written: a phone number if any of them was one), and of a shape not parsed it
+# counts as a phone number. A pasted contact list of a thousand rows is redacted whole, a
+# table of ids whose shape was judged is not, and the cost stays linear in the text. Such
+# spans carry score 0.0 (not checked by libphonenumber).
+MAX_PHONE_PARSES = 512
+
+
+class _OutOfParses(Exception):
+    pass
+
+
+class _Parses:
+    """A text's budget of libphonenumber parses."""
+
+    def __init__(self, left: int):
+        self.left = left
+
+    def __call__(self, candidate: str, region: str | None) -> phonenumbers.PhoneNumber:
+        if self.left <= 0:
+            raise _OutOfParses
+        self.left -= 1
+        # The raw input is kept: the grouping check reads it (a national prefix where needed).
+        return phonenumbers.parse(candidate, region, keep_raw_input=True)
+
+
+_AS_NINES = str.maketrans("0123456789", "9999999999")
 
 
 # A word that mixes letters and digits just before a number makes the number part of a code
@@ -168,6 +195,8 @@ _LIST_GAP = re.compile(r"[\s,;/|·•]*(?:(?:and|or|y|o|et|ou|und|oder|e|и|ил
 def _phones(text: str, where: "Candidates", regions: tuple[str, ...], grouped: tuple[str, ...] = (),
             context_regions: tuple[str, ...] = ()) -> Iterable[Span]:
     verdicts: dict[tuple[str, bool], bool] = {}
+    shapes: dict[tuple[str, bool], bool] = {}       # whether a parsed candidate of the shape was a phone number
+    parse = _Parses(MAX_PHONE_PARSES)
     last = -1                                # the end of the last phone number found
     for m in matches(_PHONE, text, where.digits):
         candidate = m.group()
@@ -178,23 +207,32 @@ def _phones(text: str, where: "Candidates", regions: tuple[str, ...], grouped: t
         if national and last >= 0 and m.start() - last <= 24 and _LIST_GAP.fullmatch(text, last, m.start()):
             context = True                   # the next number of a list of phone numbers
         key = (candidate, bool(context))
-        valid = verdicts.get(key)
+        valid, score = verdicts.get(key), 1.0
         if valid is None:
-            if len(verdicts) >= MAX_PHONE_CANDIDATES:
-                return
-            valid = verdicts[key] = _is_phone(candidate, regions, grouped, context_regions if context else ())
+            shape = (candidate.translate(_AS_NINES), bool(context))
+            try:
+                valid = verdicts[key] = _is_phone(candidate, regions, grouped, context_regions if context else (), parse)
+                shapes[shape] = shapes.get(shape, False) or valid
+            except _OutOfParses:
+                valid, score = _phone_shaped(candidate) and shapes.get(shape, True), 0.0
         if valid:
             last = m.end()
-            yield Span("phone", m.start(), m.end())
+            yield Span("phone", m.start(), m.end(), score)
 
 
-def _is_phone(candidate: str, regions: tuple[str, ...], grouped: tuple[str, ...] = (), context: tuple[str, ...] = ()) -> bool:
+def _phone_shaped(candidate: str) -> bool:
+    """The checks of a candidate that need no parse: not a date, a log's timestamp or a decimal
+    number, a slash only after an area code, 7 to 15 digits."""
     if _DATE.fullmatch(candidate) or _TIMESTAMP.match(candidate) or _DECIMAL.fullmatch(candidate):
         return False
     if "/" in candidate and not _AREA_SLASH.fullmatch(candidate):
         return False
-    digits = sum(ch.isdigit() for ch in candidate)
-    if digits < 7 or digits > 15:
+    return 7 <= sum(ch.isdigit() for ch in candidate) <= 15
+
+
+def _is_phone(candidate: str, regions: tuple[str, ...], grouped: tuple[str, ...] = (), context: tuple[str, ...] = (),
+              parse: Callable[[str, str | None], phonenumbers.PhoneNumber] = functools.partial(phonenumbers.parse, keep_raw_input=True)) -> bool:
+    if not _phone_shaped(candidate):
         return False
     if candidate.startswith("00"):
         candidate = "+" + candidate[2:]      # 00 dials abroad from most countries, as + does
@@ -203,14 +241,15 @@ def _is_phone(candidate: str, regions: tuple[str, ...], grouped: tuple[str, ...]
     home = len(regions)
     if not (international or bare) and candidate.lstrip("(")[:1] == "0":
         regions += grouped
+    valid: dict[str | None, phonenumbers.PhoneNumber] = {}      # the regions' valid readings, for the context's loop
     for index, region in enumerate((None,) if international else regions):
         try:
-            # The raw input is kept: the grouping check reads it (a national prefix where needed).
-            number = phonenumbers.parse(candidate, region, keep_raw_input=True)
+            number = parse(candidate, region)
         except phonenumbers.NumberParseException:
             continue
         if not phonenumbers.is_valid_number(number):
             continue
+        valid[region] = number
         if not international and not _written_nationally(candidate, number):
             continue
         if bare and phonenumbers.number_type(number) not in _BARE_TYPES:
@@ -222,15 +261,53 @@ def _is_phone(candidate: str, regions: tuple[str, ...], grouped: tuple[str, ...]
     if international or bare:
         return False
     # A phone word before it: a national number of the context regions, in their exact groups,
-    # with or without the trunk prefix.
+    # with or without the trunk prefix. A region read above is not parsed again, nor one whose
+    # numbering plan cannot hold the digits.
+    digits = _NOT_DIGIT.sub("", candidate)
     for region in context:
-        try:
-            number = phonenumbers.parse(candidate, region, keep_raw_input=True)
-        except phonenumbers.NumberParseException:
+        if region in regions:
+            number = valid.get(region)
+        elif not _could_be(region, digits):
             continue
-        if phonenumbers.is_valid_number(number) and _grouped_as_formatted(candidate, number, exactly=True):
+        else:
+            try:
+                number = parse(candidate, region)
+            except phonenumbers.NumberParseException:
+                continue
+            number = number if phonenumbers.is_valid_number(number) else None
+        if number is not None and _national_digits(number, digits) and _grouped_as_formatted(candidate, number, exactly=True):
             return True
     return False
+
+
+def _national_digits(number, digits: str) -> bool:
+    """Whether the digits are the number's national form, with or without its trunk prefix (a
+    cheap check before the grouping's, which formats the number again)."""
+    national = _NOT_DIGIT.sub("", phonenumbers.format_number(number, phonenumbers.PhoneNumberFormat.NATIONAL))
+    return digits == national or national.endswith(digits) and len(national) - len(digits) <= 2
+
+
+@functools.cache
+def _plan(region: str) -> tuple[frozenset[int], re.Pattern, str] | None:
+    """A region's national number lengths, its numbers' pattern and its trunk prefix."""
+    metadata = phonenumbers.PhoneMetadata.metadata_for_region(region)
+    if metadata is None or metadata.general_desc is None or not metadata.general_desc.national_number_pattern:
+        return None
+    desc = metadata.general_desc
+    return frozenset(desc.possible_length or ()), re.compile(desc.national_number_pattern), metadata.national_prefix or ""
+
+
+def _could_be(region: str, digits: str) -> bool:
+    """Whether the digits, without the region's trunk prefix where they start with it, can be
+    a national number of the region: a set lookup and one pattern, not a parse (~60 µs, and
+    phonenumbers' own patterns of many regions overflow the re module's cache)."""
+    plan = _plan(region)
+    if plan is None:
+        return False
+    lengths, pattern, prefix = plan
+    if prefix and digits.startswith(prefix) and len(digits) - len(prefix) in lengths and pattern.fullmatch(digits, len(prefix)):
+        return True
+    return len(digits) in lengths and pattern.fullmatch(digits) is not None
 
 
 @functools.cache

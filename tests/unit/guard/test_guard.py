@@ -252,6 +252,10 @@ _HOSTILE = {
     "IBAN starts before long words": (" ab12" + "a" * 40) * 666,
     "a credential name's many signs": "password=" * 3333,
     "many IP addresses": "1.2.3.4 " * 3750,
+    # ~30 KB of distinct phone-shaped numbers, each after a phone word (every region of the
+    # context's list tried), and of distinct international ones: the parse budget holds.
+    "distinct numbers after phone words": " ".join(f"tel 0{n // 1000} {n % 10000:04d}" for n in range(10**8, 10**8 + 1750 * 7919, 7919))[:30000],
+    "distinct international numbers": " ".join(f"+{n % 97 + 1} {n % 1000:03d} {n // 1000 % 10000:04d}" for n in range(10**7, 10**7 + 2100 * 7919, 7919))[:30000],
 }
 
 
@@ -262,6 +266,47 @@ def test_hostile_texts_are_judged_in_milliseconds(name):
     started = time.process_time()
     pii.find(_HOSTILE[name], pii.DETECTORS)
     assert time.process_time() - started < 0.25
+
+
+def _contact_list(rows: int) -> tuple[str, list[str]]:
+    """A pasted CSV of `rows` contacts: valid numbers of five regions, national and
+    international forms, each distinct."""
+    import random
+    import phonenumbers
+    rng = random.Random(rows)
+    numbers: list[str] = []
+    while len(numbers) < rows:
+        region = rng.choice(["US", "GB", "DE", "FR", "IN"])
+        example = phonenumbers.example_number_for_type(region, rng.choice([phonenumbers.PhoneNumberType.MOBILE,
+                                                                           phonenumbers.PhoneNumberType.FIXED_LINE]))
+        digits = str(example.national_number)
+        number = phonenumbers.parse(f"+{example.country_code}{digits[:3]}{rng.randrange(10 ** (len(digits) - 3)):0{len(digits) - 3}d}")
+        if phonenumbers.is_valid_number(number):
+            style = rng.choice([phonenumbers.PhoneNumberFormat.NATIONAL, phonenumbers.PhoneNumberFormat.INTERNATIONAL])
+            value = phonenumbers.format_number(number, style)
+            if value not in numbers:
+                numbers.append(value)
+    text = "name,company,phone\n" + "\n".join(f"Person {i},Acme {i % 7},{n}" for i, n in enumerate(numbers))
+    return text, numbers
+
+
+@pytest.mark.parametrize("rows", [100, 1000])
+def test_a_long_contact_list_is_redacted_whole(rows):
+    # Past the parse budget a number fails closed (its shape's verdict, or a phone number).
+    text, numbers = _contact_list(rows)
+    spans = [s for s in pii.find(text, pii.DETECTORS) if s.detector == "phone"]
+    found = {text[s.start:s.end] for s in spans}
+    assert [n for n in numbers if n not in found] == []
+    assert len(spans) == rows
+
+
+def test_past_the_parse_budget_a_judged_shape_keeps_its_verdict():
+    # A table of ids of one shape, judged not to be phone numbers, stays unredacted past the
+    # budget; a number of a shape never judged is taken for a phone number.
+    ids = " ".join(f"0{n:03d}-{n * 7 % 1000:03d}-{n * 13 % 100000:05d}" for n in range(100, 900))
+    assert [s for s in pii.find(ids, ["phone"]) if s.score == 1.0] == []
+    late = ids + " call 030 901820"
+    assert [late[s.start:s.end] for s in pii.find(late, ["phone"])] == ["030 901820"]
 
 
 def test_ibans_next_to_each_other_and_after_look_alikes_are_each_found():

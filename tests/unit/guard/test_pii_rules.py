@@ -281,6 +281,7 @@ def test_cards_of_more_networks_and_in_csv_fields_are_found(text, value):
     "Meu cartão 6363 6812 0457 8393 foi recusado",          # Luhn fails
     "total 4532017788129602.5 units",                       # a decimal number
     "ref 8412203755186041 ok",                              # Luhn-valid, no network's prefix
+    "Handy +49 1517 1638468",                               # Luhn-valid, but a country code before it
 ])
 def test_card_look_alikes_pass(text):
     assert [s for s in pii.find(text, pii.DETECTORS) if s.detector == "card"] == []
