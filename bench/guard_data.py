@@ -18,8 +18,9 @@ The test splits are never trained on and never used to choose a threshold.
 Personal-data data: data/guard/pii.jsonl (generated, its own dev / test) and
 data/guard/pii_handwritten.txt (written prompt by prompt; lines alternate dev / test) and, when
 they exist, data/guard/pii_holdout.txt (written apart from the detectors; its misses were
-read and fixed, so it is development data) and data/guard/pii_holdout2.txt (written apart, the
-blind set: reported only).
+read and fixed, so it is development data), data/guard/pii_holdout2.txt (written apart; its
+misses were read and fixed too: development data) and data/guard/pii_holdout3.txt (written
+apart, the blind set: reported only).
 """
 from __future__ import annotations
 
@@ -50,6 +51,7 @@ PII_HANDWRITTEN = ROOT / "data" / "guard" / "pii_handwritten.txt"
 # the first set's misses were read and fixed (development data); the second is blind.
 PII_HOLDOUT = ROOT / "data" / "guard" / "pii_holdout.txt"
 PII_HOLDOUT2 = ROOT / "data" / "guard" / "pii_holdout2.txt"
+PII_HOLDOUT3 = ROOT / "data" / "guard" / "pii_holdout3.txt"
 CACHE = ROOT / "build" / "guard" / "embeddings.npz"
 STATES_CACHE = ROOT / "build" / "guard" / "pooled_states.npz"
 # Pooled token states per text (pooled_states): layer-4 states (the graph's token_states output,

@@ -201,11 +201,14 @@ def _phones(text: str, where: "Candidates", regions: tuple[str, ...], grouped: t
     for m in matches(_PHONE, text, where.digits):
         candidate = m.group()
         national = not candidate.startswith(("+", "(+", "00"))
-        context = RULES.phone_context(text, m.start()) if national else None
-        if context is False or national and _CODE_BEFORE.search(text, max(0, m.start() - 16), m.start()):
+        words = RULES.phone_context(text, m.start()) if national else None
+        if words == 0 or national and _CODE_BEFORE.search(text, max(0, m.start() - 16), m.start()):
             continue                         # an order's, a parcel's, a QQ account's number
-        if national and last >= 0 and m.start() - last <= 24 and _LIST_GAP.fullmatch(text, last, m.start()):
-            context = True                   # the next number of a list of phone numbers
+        # A phone word among the nearest words, or further back in a text that already holds
+        # a phone number ("mi celular es 55 4821 3376 y el de la oficina (81) 8342 1190"), or
+        # the previous number of a list.
+        context = words == 2 or words == 1 and last >= 0 or (
+            national and last >= 0 and m.start() - last <= 24 and _LIST_GAP.fullmatch(text, last, m.start()) is not None)
         key = (candidate, bool(context))
         valid, score = verdicts.get(key), 1.0
         if valid is None:

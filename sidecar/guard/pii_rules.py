@@ -93,21 +93,21 @@ class PiiRules:
                    frozenset(w.lower() for w in data["phone"]["not_after"]), frozenset(w.lower() for w in data["phone"]["neutral"]),
                    tuple(data["phone"]["context_regions"]))
 
-    def phone_context(self, text: str, start: int) -> bool | None:
-        """Whether the words before text[start:] call it a phone number (True: a phone word
-        within the window), an id's number (False: an id's word nearest, neutral words
-        skipped), or neither (None)."""
-        nearest = True
+    def phone_context(self, text: str, start: int) -> int | None:
+        """What the words before text[start:] say of it: 0, an id's number (an id's word
+        nearest, neutral words skipped); 2, a phone number (a phone word among the three
+        nearest); 1, perhaps one (a phone word further back in the window); None, nothing."""
+        seen = 0
         for word in reversed(_CONTEXT_WORDS.findall(text[max(0, start - self.phone_window):start].lower())):
             # CJK text runs its words together (加我QQ, 我的电话): there its last characters count.
             forms = {word} if word.isascii() else {word, *(word[-k:] for k in range(1, min(len(word), 5)))}
             if forms & self.phone_neutral:
                 continue
-            if nearest and forms & self.phone_not_after:
-                return False
+            if not seen and forms & self.phone_not_after:
+                return 0
             if forms & self.phone_words:
-                return True
-            nearest = False
+                return 2 if seen < 3 else 1
+            seen += 1
         return None
 
     def version_like(self, text: str, start: int, end: int) -> bool | None:

@@ -71,17 +71,25 @@ def test_a_value_planted_twice_is_two_items_each_at_its_own_place():
     assert (ip["precision"]["rate"], ip["recall"]["rate"], ip["recall"]["n"]) == (1.0, 1.0, 2)
 
 
+def test_a_planted_value_is_not_located_inside_a_longer_token():
+    # 192.168.1.1 starts 192.168.1.104 too: the item is where it stands alone.
+    text = "10:01 192.168.1.104.5318 > 192.168.1.1.53: A? x"
+    row = {"text": text, "items": [{"detector": "ip", "value": "192.168.1.104"}, {"detector": "ip", "value": "192.168.1.1"}]}
+    ip = guard._pii_counts([row])["detectors"]["ip"]
+    assert (ip["precision"]["rate"], ip["recall"]["rate"], ip["recall"]["n"]) == (1.0, 1.0, 2)
+
+
 def test_each_written_apart_personal_data_set_is_its_own_source(tmp_path, monkeypatch):
     line = "en\tcall [[phone|+49 30 901820]] about {{order|ORD-2024-1182}}\n"
-    for name in ("PII_HOLDOUT", "PII_HOLDOUT2"):
+    for name in ("PII_HOLDOUT", "PII_HOLDOUT2", "PII_HOLDOUT3"):
         (tmp_path / name).write_text(line, encoding="utf-8")
         monkeypatch.setattr(guard, name, tmp_path / name)
     out = guard.personal_data()
-    for name in ("holdout", "holdout2"):
+    for name in ("holdout", "holdout2", "holdout3"):
         phone = out[name]["holdout"]["detectors"]["phone"]
         assert out[name]["holdout"]["prompts"] == 1 and phone["recall"]["rate"] == 1.0, name
-    monkeypatch.setattr(guard, "PII_HOLDOUT2", tmp_path / "absent.txt")
-    assert "holdout2" not in guard.personal_data() and set(guard.PII_SOURCES) >= set(out)
+    monkeypatch.setattr(guard, "PII_HOLDOUT3", tmp_path / "absent.txt")
+    assert "holdout3" not in guard.personal_data() and set(guard.PII_SOURCES) >= set(out)
 
 
 def test_pooling_reads_real_tokens_only():
