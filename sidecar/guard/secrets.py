@@ -89,6 +89,7 @@ def find(text: str, runs: list[tuple[int, int]], min_entropy: float) -> Iterable
     yield from _assigned(text, rules)
     yield from _stated(text, rules)
     yield from _url_passwords(text)
+    yield from _cli_passwords(text)
 
 
 # A token named by the words just before it, with no sign or a colon between ("Datadog API key
@@ -229,6 +230,24 @@ def _stated(text: str, rules: "PiiRules") -> Iterable[Span]:
                       and not m.group(2).startswith(_NOT_VALUES)):
                     yield Span("secret", m.start(2), m.end(2))
             at = folded.find(name, at + 1)
+
+
+# A password on a command line: curl's and wget's `-u user:password` / `--user user:password`,
+# and the MySQL clients' `-pPASSWORD` (written right after -p, within 200 characters of the
+# client's name on its line: a bounded read, whatever the number of names).
+_CLI_USER = re.compile(r"(?<!\S)(?:-u|--user|--http-user)[ =][\"']?[^\s:\"']{1,64}:([^\s\"']{4,128})")
+_MYSQL_PASSWORD = re.compile(r"(?<!\S)(?:mysql|mysqldump|mariadb|mysqladmin)\b[^\n]{0,200}?(?<!\S)-p([^\s\"']{4,128})")
+
+
+def _cli_passwords(text: str) -> Iterable[Span]:
+    if "-u " in text or "--user" in text or "--http-user" in text:
+        for m in _CLI_USER.finditer(text):
+            yield Span("secret", m.start(1), m.end(1))
+    if "-p" in text and ("mysql" in text or "mariadb" in text):
+        for m in _MYSQL_PASSWORD.finditer(text):
+            value = m.group(1)
+            if any(c.isalpha() for c in value) and _SIGN_IN_VALUE.search(value):
+                yield Span("secret", m.start(1), m.end(1))
 
 
 # A password in a URL's user information (postgres://app:s3cret@db:5432/prod).

@@ -255,6 +255,7 @@ _HOSTILE = {
     # ~30 KB of distinct phone-shaped numbers, each after a phone word (every region of the
     # context's list tried), and of distinct international ones: the parse budget holds.
     "distinct numbers after phone words": " ".join(f"tel 0{n // 1000} {n % 10000:04d}" for n in range(10**8, 10**8 + 1750 * 7919, 7919))[:30000],
+    "many stated passwords and command lines": ("password is ab " * 1000) + ("mysql -u a -p " * 1000) + ("curl -u a:b " * 1000),
     "distinct international numbers": " ".join(f"+{n % 97 + 1} {n % 1000:03d} {n // 1000 % 10000:04d}" for n in range(10**7, 10**7 + 2100 * 7919, 7919))[:30000],
 }
 

@@ -348,6 +348,9 @@ def test_versions_and_oids_read_from_the_text_pass(text):
     ("my wifi password is now Tr4ck-9Lm!pz", "Tr4ck-9Lm!pz"),
     ("och app-lösenordet wkrt bzqa mnvd hxle fungerar inte", "wkrt bzqa mnvd hxle"),
     ("the Gmail app password is: wkrt bzqa mnvd hxle", "wkrt bzqa mnvd hxle"),
+    # Passwords on a command line.
+    ("curl -u admin:Xy7#pQ2!zz https://api.example.com/v1", "Xy7#pQ2!zz"),
+    ("mysqldump -h db1 -u backup -pK8s!wq2Z shop > shop.sql", "K8s!wq2Z"),
 ])
 def test_provider_tokens_and_stated_passwords_are_found(text, value):
     assert _found(text) == [("secret", value)]
@@ -362,6 +365,7 @@ def test_provider_tokens_and_stated_passwords_are_found(text, value):
     "your password must have more than twelve letters",
     "password cant have more than that",                                    # four-letter words
     "la password e username: admin",
+    "ssh -p 2222 deploy@host and mysql -u root -p",                       # a port; a prompt for the password
 ])
 def test_placeholders_digests_and_password_talk_pass(text):
     assert [s for s in pii.find(text, pii.DETECTORS) if s.detector == "secret"] == []
