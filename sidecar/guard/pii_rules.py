@@ -103,7 +103,7 @@ class PiiRules:
             forms = {word} if word.isascii() else {word, *(word[-k:] for k in range(1, min(len(word), 5)))}
             if forms & self.phone_neutral:
                 continue
-            if not seen and forms & self.phone_not_after:
+            if not seen and (forms & self.phone_not_after or self._id_compound(word)):
                 return 0
             if forms & self.phone_words:
                 return 2 if seen < 3 else 1
@@ -136,6 +136,15 @@ class PiiRules:
                 if form in self._not_after_words:
                     return True
         return None
+
+    def _id_compound(self, word: str) -> bool:
+        """An id's word joined to a neutral one: Rechnungsnummer, Auftragsnummer."""
+        for neutral in self.phone_neutral:
+            if len(word) > len(neutral) + 2 and word.endswith(neutral):
+                head = word[:-len(neutral)].rstrip("-")
+                if head in self.phone_not_after or head.endswith("s") and head[:-1] in self.phone_not_after:
+                    return True
+        return False
 
     @functools.cached_property
     def _not_after_by_last(self) -> dict[str, tuple[str, ...]]:

@@ -387,6 +387,8 @@ def test_national_numbers_named_by_their_context_are_found(text, value):
     "tracking 1Z 999 AA1 01 2345 6784 is late",                          # part of a UPS code
     "98201 45573 units shipped",                                          # no phone word
     "our phone bill total was 2345 6789 won",                             # a phone word too far back
+    "Rechnungsnummer: 030 4492 1837",                                     # an id's compound word
+    "the SSN 078-05-1120 is a textbook example",
 ])
 def test_ids_numbers_are_not_phone_numbers(text):
     assert [s for s in pii.find(text, pii.DETECTORS) if s.detector == "phone"] == []
