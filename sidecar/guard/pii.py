@@ -200,6 +200,8 @@ def _phones(text: str, where: "Candidates", regions: tuple[str, ...], grouped: t
     last = -1                                # the end of the last phone number found
     for m in matches(_PHONE, text, where.digits):
         candidate = m.group()
+        if not _phone_shaped(candidate):
+            continue                         # a date, a timestamp, a decimal: no words read
         national = not candidate.startswith(("+", "(+", "00"))
         words = RULES.phone_context(text, m.start()) if national else None
         if words == 0 or national and _CODE_BEFORE.search(text, max(0, m.start() - 16), m.start()):
@@ -217,7 +219,7 @@ def _phones(text: str, where: "Candidates", regions: tuple[str, ...], grouped: t
                 valid = verdicts[key] = _is_phone(candidate, regions, grouped, context_regions if context else (), parse)
                 shapes[shape] = shapes.get(shape, False) or valid
             except _OutOfParses:
-                valid, score = _phone_shaped(candidate) and shapes.get(shape, True), 0.0
+                valid, score = shapes.get(shape, True), 0.0
         if valid:
             last = m.end()
             yield Span("phone", m.start(), m.end(), score)

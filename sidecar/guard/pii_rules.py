@@ -139,12 +139,18 @@ class PiiRules:
 
     def _id_compound(self, word: str) -> bool:
         """An id's word joined to a neutral one: Rechnungsnummer, Auftragsnummer."""
-        for neutral in self.phone_neutral:
+        if not word.endswith(self._compound_tails):
+            return False                     # one C call for most words
+        for neutral in self._compound_tails:
             if len(word) > len(neutral) + 2 and word.endswith(neutral):
                 head = word[:-len(neutral)].rstrip("-")
                 if head in self.phone_not_after or head.endswith("s") and head[:-1] in self.phone_not_after:
                     return True
         return False
+
+    @functools.cached_property
+    def _compound_tails(self) -> tuple[str, ...]:
+        return tuple(w for w in self.phone_neutral if len(w) >= 4)
 
     @functools.cached_property
     def _not_after_by_last(self) -> dict[str, tuple[str, ...]]:
