@@ -136,14 +136,15 @@ def _words_or_path(token: str) -> bool:
 
 
 def _encoded_words(token: str) -> bool:
-    """Whether a token is base64 of text with spaces: an encoded sentence (a prompt asking to
-    decode one), not a key, whose bytes are random."""
+    """Whether a token is base64 of text with spaces or of a JSON object: an encoded sentence,
+    a JWT's payload alone (a prompt asking to decode one), not a key, whose bytes are random.
+    (A JWT whole, with its signature, is found by its own rule.)"""
     try:
         words = base64.b64decode(token + "=" * (-len(token) % 4), altchars=b"-_" if "-" in token or "_" in token else None,
                                  validate=True).decode("utf-8")
     except (ValueError, UnicodeDecodeError):
         return False
-    return " " in words and words.isprintable()
+    return (" " in words or words.startswith("{")) and words.isprintable()
 
 
 def _bounded(value: str, start: int, end: int) -> bool:
