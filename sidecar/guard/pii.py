@@ -91,7 +91,7 @@ def _cards(text: str, where: "Candidates") -> Iterable[Span]:
 # the country's length and format (stdnum) keep words out. One character per step: groups of
 # one to four characters could split a run in exponentially many ways, each tried before the
 # lookahead failed (~5 ms per "ab12" starting a hash).
-_IBAN = re.compile(r"[A-Za-z](?<![A-Za-z0-9].)[A-Za-z]\d{2}(?: ?[A-Za-z0-9]){11,32}(?![A-Za-z0-9])")
+_IBAN = re.compile(r"[A-Za-z](?<![A-Za-z0-9].)[A-Za-z]\d{2}(?:[ -]?[A-Za-z0-9]){11,32}(?![A-Za-z0-9])")
 
 
 # Where an IBAN can start: two letters before a run of digits. The digit is found first (a
@@ -112,8 +112,9 @@ def _iban_lengths() -> dict[str, int]:
 
 
 _IBAN_LENGTHS = _iban_lengths()
-# The first n characters of a candidate, with the single spaces between them.
-_IBAN_PREFIX = {n: re.compile(r"(?: ?[A-Za-z0-9]){%d}" % n) for n in set(_IBAN_LENGTHS.values())}
+# The first n characters of a candidate, with the single spaces or dashes between them
+# (DE89-3704-0044-0532-0130-00, as some forms and banks print it).
+_IBAN_PREFIX = {n: re.compile(r"(?:[ -]?[A-Za-z0-9]){%d}" % n) for n in set(_IBAN_LENGTHS.values())}
 
 
 def _ibans(text: str, where: "Candidates") -> Iterable[Span]:
@@ -129,7 +130,7 @@ def _ibans(text: str, where: "Candidates") -> Iterable[Span]:
         # the checksum runs once per candidate, not once per word.
         length = _IBAN_LENGTHS.get(m.group()[:2].upper())
         prefix = _IBAN_PREFIX[length].match(text, m.start(), m.end()) if length else None
-        if prefix is not None and (prefix.end() == m.end() or text[prefix.end()] == " ") and stdnum_iban.is_valid(prefix.group()):
+        if prefix is not None and (prefix.end() == m.end() or text[prefix.end()] in " -") and stdnum_iban.is_valid(prefix.group()):
             end = prefix.end()
             yield Span("iban", m.start(), end)
 

@@ -312,6 +312,10 @@ def test_cards_of_more_networks_and_in_csv_fields_are_found(text, value):
     assert _found(text) == [("card", value)]
 
 
+def test_an_iban_grouped_by_dashes_is_found():
+    assert _found("IBAN: GB82-WEST-1234-5698-7654-32, danke") == [("iban", "GB82-WEST-1234-5698-7654-32")]
+
+
 @pytest.mark.parametrize("text", [
     "Meu cartão 6363 6812 0457 8393 foi recusado",          # Luhn fails
     "total 4532017788129602.5 units",                       # a decimal number
