@@ -149,6 +149,10 @@ class PiiRules:
         return False
 
     @functools.cached_property
+    def stated_ascii_names(self) -> tuple[str, ...]:
+        return tuple(n for n in self.stated_names if n.isascii())
+
+    @functools.cached_property
     def _compound_tails(self) -> tuple[str, ...]:
         return tuple(w for w in self.phone_neutral if len(w) >= 4)
 
