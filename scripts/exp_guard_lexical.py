@@ -302,7 +302,7 @@ def cost_main(rounds: int, kinds: tuple[str, ...]) -> int:
     from bench.guard_cost import workload
     _, prompts = workload(ROOT)
     features = {n: (f, weights_of(f)["lexical"], f.tail_roots()) for n, f in VARIANTS.items()}
-    for name, (f, w, roots) in features.items():      # the same score as the other scorer
+    for f, w, roots in features.values():      # the precomputed tail roots give the same score
         text = prompts["ascii_clean"][0]
         assert abs(f.score(w, text, roots) - f.score(w, text)) < 1e-9
     check_today(prompts["ascii_clean"][:5] + prompts["non_ascii"][:5])
