@@ -6,7 +6,11 @@
 Training data: only pairs the project owns.
 - data/semantic/generator/*.json through scripts/gen_semantic_pairs.py (templates and word
   lists written for this project), the frames of its "train" half;
-- data/semantic/handwritten.jsonl (pairs written for this project).
+- HANDWRITTEN: data/semantic/handwritten.jsonl (chat pairs written for this project).  The
+  news and caption pairs (handwritten-news.jsonl, handwritten-captions.jsonl) are measured with
+  scripts/verifier_selection.py --handwritten and not trained on: on the selection sets they
+  lift no public tune half's precision and cost recall on the chat-like ones
+  (docs/semantic-verifier-experiments.md, section 5).
 Calibration (thresholds only, no weights): the generator's held-out frames ("valid") and the
 tune half of ../shared/data/paraphrase (QQP, MRPC, STS-B: measured and tuned on, never
 trained on, by their licences).  The hand-written chat test suite (data/semantic/chat-test)
@@ -40,7 +44,7 @@ from sidecar.cache.equivalence import forget_profiles  # noqa: E402
 from sidecar.cache.alignment import ALIGN_FEATURES, STATES_LAYERS, align_features, unit_tokens  # noqa: E402
 from sidecar.cache.verifier import FEATURES, MODEL_PATH, Verifier, features  # noqa: E402
 
-HANDWRITTEN = ROOT / "data" / "semantic" / "handwritten.jsonl"
+HANDWRITTEN = (ROOT / "data" / "semantic" / "handwritten.jsonl",)
 CACHE = ROOT / "build" / "semantic"
 
 DEPTH = 3
@@ -56,6 +60,11 @@ RATES = (0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.1)
 FLOOR_RECALL = 0.97
 # Hand-written pairs count more: there are fewer, and they are the most like traffic.
 HANDWRITTEN_WEIGHT = 3.0
+# For monotone trees (--monotone): features whose rise may only raise the score; every other
+# feature but FREE may only lower it (a disagreement found, content one side lacks).
+RISING = frozenset({"cosine", "content_jaccard", "word_jaccard", "trigram_jaccard", "length_ratio",
+                    "first_word_same", *ALIGN_FEATURES})
+FREE = frozenset({"words_max"})
 
 
 def load_jsonl(path: Path) -> list[dict]:
@@ -124,8 +133,11 @@ class _Splits:
         self.feature = np.concatenate([np.full(len(e), j) for j, e in enumerate(edges)])
         self.bin = np.concatenate([np.arange(len(e)) for e in edges])
 
-    def best(self, g, h, rows):
-        """(gain, feature, bin) of the best split of `rows`, or None."""
+    def best(self, g, h, rows, direction=None, bounds=(-np.inf, np.inf)):
+        """(gain, feature, bin, left value, right value) of the best split of `rows`, or None.
+        `direction` per feature (+1: the score may only rise with it, -1: only fall, 0: free):
+        a split whose children's values go the other way is not a candidate; values are
+        clipped to `bounds`, the range the node's ancestors allow."""
         G, H = g[rows].sum(), h[rows].sum()
         flat = self.flat[rows].ravel()
         width = self.flat.shape[1]
@@ -136,16 +148,31 @@ class _Splits:
         gl, hl = cg[self.position] - before_g, ch[self.position] - before_h
         gr, hr = G - gl, H - hl
         ok = (hl >= MIN_HESSIAN) & (hr >= MIN_HESSIAN)
+        wl = np.clip(-gl / (hl + L2), *bounds)
+        wr = np.clip(-gr / (hr + L2), *bounds)
+        if direction is not None:
+            sign = direction[self.feature]
+            ok &= sign * (wr - wl) >= 0
         if not ok.any():
             return None
-        gain = np.where(ok, gl * gl / (hl + L2) + gr * gr / (hr + L2) - G * G / (H + L2), -np.inf)
+        if np.isfinite(bounds).any():
+            # The loss reduction of the clipped values (g²/(h+λ) when unclipped).
+            def reduction(gs, hs, w):
+                return -(2 * gs * w + (hs + L2) * w * w)
+            w0 = float(np.clip(-G / (H + L2), *bounds))
+            gain = reduction(gl, hl, wl) + reduction(gr, hr, wr) - reduction(G, H, w0)
+        else:
+            gain = gl * gl / (hl + L2) + gr * gr / (hr + L2) - G * G / (H + L2)
+        gain = np.where(ok, gain, -np.inf)
         i = int(np.argmax(gain))
         if gain[i] <= 1e-9:
             return None
-        return float(gain[i]), int(self.feature[i]), int(self.bin[i])
+        return float(gain[i]), int(self.feature[i]), int(self.bin[i]), float(wl[i]), float(wr[i])
 
 
-def train_trees(x: np.ndarray, y: np.ndarray, weight: np.ndarray) -> dict:
+def train_trees(x: np.ndarray, y: np.ndarray, weight: np.ndarray, direction: np.ndarray | None = None) -> dict:
+    """Boosted trees; `direction` per column (+1 / -1 / 0) makes the score monotone in those
+    columns, each tree on its own (a node's split on such a column bounds the values below it)."""
     edges = _bin_edges(x)
     binned = np.stack([np.searchsorted(e, x[:, j], side="left") if len(e) else np.zeros(len(x), int)
                        for j, e in enumerate(edges)], axis=1)
@@ -163,21 +190,29 @@ def train_trees(x: np.ndarray, y: np.ndarray, weight: np.ndarray) -> dict:
         split = [float("inf")] * n_inner      # "never right": a node that does not split
         leaf = [0.0] * n_leaf
         members = {0: np.arange(len(y))}
+        bounds = {0: (-np.inf, np.inf)}
         for node in range(n_inner):
-            rows = members.pop(node)
-            found = splits.best(g, h, rows) if len(rows) else None
+            rows, bound = members.pop(node), bounds.pop(node)
+            found = splits.best(g, h, rows, direction, bound) if len(rows) else None
             if found is None:
                 left, right = rows, rows[:0]
+                bounds[2 * node + 1] = bounds[2 * node + 2] = bound
             else:
-                _, j, k = found
+                _, j, k, wl, wr = found
                 feature[node], split[node] = j, float(edges[j][k])
                 go_right = binned[rows, j] > k
                 left, right = rows[~go_right], rows[go_right]
+                sign = 0 if direction is None else direction[j]
+                middle = (wl + wr) / 2
+                bounds[2 * node + 1] = (bound[0], middle) if sign > 0 else (middle, bound[1]) if sign < 0 else bound
+                bounds[2 * node + 2] = (middle, bound[1]) if sign > 0 else (bound[0], middle) if sign < 0 else bound
             members[2 * node + 1], members[2 * node + 2] = left, right
         leaf_rows = np.full(len(y), -1)
         for node, rows in members.items():
             i = node - n_inner
-            leaf[i] = float(-LEARNING_RATE * g[rows].sum() / (h[rows].sum() + L2)) if len(rows) else 0.0
+            low, high = bounds[node]
+            value = float(-LEARNING_RATE * g[rows].sum() / (h[rows].sum() + L2)) if len(rows) else 0.0
+            leaf[i] = min(max(value, LEARNING_RATE * low), LEARNING_RATE * high)
             leaf_rows[rows] = i
         logit = logit + np.array(leaf)[leaf_rows]
         trees.append({"feature": feature, "split": [round(s, 6) if np.isfinite(s) else 1e300 for s in split],
@@ -218,7 +253,7 @@ def datasets(pairs_path: Path | None = None):
     """(train pairs, calibration {name: pairs}) as lists of dicts; each dict gets `cos`."""
     from tune_semantic import DEFAULT_PAIRS, load_pairs
     generated = generate()
-    handwritten = load_jsonl(HANDWRITTEN)
+    handwritten = [dict(p, file=path.name) for path in HANDWRITTEN for p in load_jsonl(path)]
     train = [p for p in generated if p["half"] == "train"] + handwritten
     calibration = {"generated-valid": [p for p in generated if p["half"] == "valid"]}
     public = [p for p in load_pairs(pairs_path or DEFAULT_PAIRS) if p.half == "tune"]
@@ -227,7 +262,12 @@ def datasets(pairs_path: Path | None = None):
     return train, calibration
 
 
-def build(pairs_path: Path | None = None, align: bool = True) -> tuple[dict, dict]:
+def directions(names) -> np.ndarray:
+    """+1 / -1 / 0 per feature for monotone trees (RISING, FREE, the rest falling)."""
+    return np.array([0 if n in FREE else 1 if n in RISING else -1 for n in names])
+
+
+def build(pairs_path: Path | None = None, align: bool = True, monotone: bool = False) -> tuple[dict, dict]:
     forget_profiles(max_bytes=None)
     train, calibration = datasets(pairs_path)
     everything = train + [p for ps in calibration.values() for p in ps]
@@ -241,7 +281,7 @@ def build(pairs_path: Path | None = None, align: bool = True) -> tuple[dict, dic
     keep = c >= TRAIN_COSINE
     weight = np.array([HANDWRITTEN_WEIGHT if "frame" not in p else 1.0 for p in train])[keep]
     start = time.perf_counter()
-    model = train_trees(x[keep], y[keep], weight)
+    model = train_trees(x[keep], y[keep], weight, directions(names) if monotone else None)
     seconds = time.perf_counter() - start
     model["features"] = list(names)
     if align:
@@ -268,8 +308,9 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, default=MODEL_PATH)
     parser.add_argument("--check", action="store_true", help="compare with the model at --out; write nothing")
     parser.add_argument("--no-align", action="store_true", help="the 23 lexical features only (no token states)")
+    parser.add_argument("--monotone", action="store_true", help="trees monotone in every feature but FREE")
     args = parser.parse_args(argv)
-    model, stats = build(align=not args.no_align)
+    model, stats = build(align=not args.no_align, monotone=args.monotone)
     print(json.dumps(stats, indent=1))
     text = json.dumps(model, separators=(",", ":")) + "\n"
     if args.check:

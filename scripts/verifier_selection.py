@@ -1,15 +1,15 @@
 """The verifier on its selection sets: what chooses between training data and model variants.
 
-    nice -n 19 .venv/bin/python scripts/verifier_selection.py [--no-align] [--handwritten PATH]
-        [--weight W] [--old N] [--out reports/verifier_selection.json]
+    nice -n 19 .venv/bin/python scripts/verifier_selection.py [--no-align] [--handwritten PATH ...]
+        [--weight W] [--old N] [--monotone] [--out reports/verifier_selection.json]
 
 Trains as scripts/train_verifier.py does (same pairs, weights, calibration) and reports precision
 and recall of the score alone (no veto, candidates from the model's floor) at the thresholds
 calibrated for 0.02 and 0.05:
 - the calibration sets: the generator's held-out frames and the public tune halves;
 - out of fold: each training pair scored by trees trained without its fold (5 folds, by a hash
-  of the generator frame, or of the hand-written pair's line), split into generated pairs, the
-  first --old hand-written lines and the rest.
+  of the generator frame, or of the hand-written pair's file and line), split into generated
+  pairs and each hand-written file (handwritten.jsonl's first --old lines apart from the rest).
 Never reads the held-out chat suites or the public held-out halves (scripts/eval_semantic.py
 reports those).
 """
@@ -56,20 +56,23 @@ def served_by(pairs: list[dict], passed: np.ndarray, candidate: np.ndarray) -> d
 
 
 def fold_of(pair: dict, line: int) -> int:
-    return hashlib.sha256(pair.get("frame", f"handwritten-{line}").encode()).digest()[0] % FOLDS
+    """`line`: the pair's line in its hand-written file (a file appended to moves no pair)."""
+    key = pair["frame"] if "frame" in pair else f"{Path(pair.get('file', 'handwritten.jsonl')).stem}-{line}"
+    return hashlib.sha256(key.encode()).digest()[0] % FOLDS
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--no-align", action="store_true")
-    parser.add_argument("--handwritten", type=Path, default=tv.HANDWRITTEN)
+    parser.add_argument("--handwritten", type=Path, nargs="+", default=list(tv.HANDWRITTEN))
     parser.add_argument("--weight", type=float, default=tv.HANDWRITTEN_WEIGHT)
-    parser.add_argument("--old", type=int, default=0, help="hand-written lines reported apart from the rest")
+    parser.add_argument("--old", type=int, default=0, help="handwritten.jsonl's lines reported apart from the rest")
+    parser.add_argument("--monotone", action="store_true", help="trees monotone in every feature but FREE")
     parser.add_argument("--out", type=Path, default=ROOT / "reports" / "verifier_selection.json")
     args = parser.parse_args(argv)
-    tv.HANDWRITTEN, tv.HANDWRITTEN_WEIGHT = args.handwritten, args.weight
+    tv.HANDWRITTEN, tv.HANDWRITTEN_WEIGHT = tuple(args.handwritten), args.weight
     align = not args.no_align
-    model, stats = tv.build(align=align)
+    model, stats = tv.build(align=align, monotone=args.monotone)
     train, calibration = tv.datasets()
     everything = train + [p for ps in calibration.values() for p in ps]
     cos = tv.cosines(everything)
@@ -79,7 +82,8 @@ def main(argv=None) -> int:
     labels = np.array([p["label"] for p in everything], float)
     thresholds = dict(zip(model["calibration"]["rates"], model["calibration"]["thresholds"]))
     floor = model["floor"]
-    out = {"handwritten": str(args.handwritten), "weight": args.weight, "align": align, "train": stats}
+    out = {"handwritten": [str(p) for p in args.handwritten], "weight": args.weight, "align": align,
+           "monotone": args.monotone, "train": stats}
     verifier, offset = Verifier(model), len(train)
     for name, pairs in calibration.items():
         rows = slice(offset, offset + len(pairs))
@@ -92,18 +96,25 @@ def main(argv=None) -> int:
     n = len(train)
     keep = cos[:n] >= tv.TRAIN_COSINE
     weight = np.array([tv.HANDWRITTEN_WEIGHT if "frame" not in p else 1.0 for p in train])
-    handwritten_line = np.cumsum(["frame" not in p for p in train]) - 1
-    fold = np.array([fold_of(p, int(line)) for p, line in zip(train, handwritten_line)])
+    source = [p.get("file", "") for p in train]
+    lines: dict[str, int] = {}
+    line = np.zeros(n, int)
+    for i, name in enumerate(source):
+        line[i] = lines.get(name, 0)
+        lines[name] = line[i] + 1
+    fold = np.array([fold_of(p, int(k)) for p, k in zip(train, line)])
+    direction = tv.directions(model["features"]) if args.monotone else None
     scores = np.zeros(n)
     for k in range(FOLDS):
         fit = keep & (fold != k)
-        trees = tv.train_trees(x[:n][fit], labels[:n][fit], weight[fit])
+        trees = tv.train_trees(x[:n][fit], labels[:n][fit], weight[fit], direction)
         trees.update({key: model[key] for key in ("features", "floor", "calibration", "states_layers") if key in model})
         scores[fold == k] = Verifier(trees).probabilities(x[:n][fold == k])
     generated = np.array(["frame" in p for p in train])
-    parts = {"out-of-fold generated": generated,
-             "out-of-fold hand-written (old)": ~generated & (handwritten_line < args.old),
-             "out-of-fold hand-written": ~generated & (handwritten_line >= args.old)}
+    old = np.array([name == "handwritten.jsonl" for name in source]) & (line < args.old)
+    parts = {"out-of-fold generated": generated, "out-of-fold handwritten.jsonl (old)": old}
+    for name in dict.fromkeys(s for s in source if s):
+        parts[f"out-of-fold {name}"] = np.array([s == name for s in source]) & ~old
     for name, mask in parts.items():
         if mask.any():
             out[name] = {r: figures(scores[mask], cos[:n][mask], labels[:n][mask], floor, thresholds[r])

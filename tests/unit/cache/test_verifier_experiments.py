@@ -66,5 +66,32 @@ def test_selection_folds_keep_a_generator_frame_together():
     from scripts import verifier_selection
     frame = {"frame": "en-007", "label": 1}
     assert verifier_selection.fold_of(frame, 0) == verifier_selection.fold_of(dict(frame, label=0), 41)
-    folds = {verifier_selection.fold_of({"label": 1}, line) for line in range(200)}
+    folds = {verifier_selection.fold_of({"label": 1, "file": "handwritten.jsonl"}, line) for line in range(200)}
     assert folds == set(range(verifier_selection.FOLDS))
+    # Each hand-written file has its own lines: another file's pairs fall in other folds.
+    other = [verifier_selection.fold_of({"label": 1, "file": "handwritten-news.jsonl"}, line) for line in range(200)]
+    assert other != [verifier_selection.fold_of({"label": 1, "file": "handwritten.jsonl"}, line) for line in range(200)]
+
+
+def test_monotone_trees_never_rise_against_their_direction():
+    from scripts import train_verifier
+    from sidecar.cache.verifier import FEATURES, Verifier
+    rng = np.random.default_rng(7)
+    x = rng.random((3000, len(FEATURES)))
+    # The label falls with column 0 on its left half and rises on its right: free trees follow
+    # the dip, trees told "rising" in column 0 may not.
+    p = np.where(x[:, 0] < 0.5, 0.9 - x[:, 0], x[:, 0]) * 0.6 + 0.4 * x[:, 1]
+    y = (rng.random(len(x)) < p).astype(float)
+    grid = np.repeat(rng.random((40, len(FEATURES))), 21, axis=0)
+    grid[:, 0] = np.tile(np.linspace(0, 1, 21), 40)
+    rising = np.zeros(len(FEATURES), int)
+    rising[0] = 1
+
+    def steps(direction):
+        model = train_verifier.train_trees(x, y, np.ones(len(y)), direction)
+        model.update({"features": list(FEATURES), "floor": 0.0, "calibration": {"rates": [1.0], "thresholds": [0.5]}})
+        return np.diff(Verifier(model).logits(grid).reshape(40, 21), axis=1)
+
+    assert (steps(rising) >= -1e-9).all()
+    assert (steps(None) < -1e-3).any()        # the dip the constraint removes is in the data
+    assert train_verifier.directions(["cosine", "words_max", "numbers"]).tolist() == [1, 0, -1]
