@@ -125,7 +125,7 @@ def main(argv=None) -> int:
     args.out.write_text(json.dumps(out, indent=1) + "\n")
     for name, cells in out.items():
         if isinstance(cells, dict) and 0.02 in cells:
-            print(f"{name:32s}" + "  ".join(f"{r}: P {cells[r]['precision']:.3f} R {cells[r]['recall']:.3f} "
+            print(f"{name:40s}" + "  ".join(f"{r}: P {cells[r]['precision']:.3f} R {cells[r]['recall']:.3f} "
                                               f"({cells[r]['hits']} hits)" for r in RATES))
     print(f"thresholds {model['calibration']['thresholds']}, {stats['train_pairs']} training pairs")
     return 0
