@@ -130,13 +130,13 @@ def with_states(*poolings: str, scale: float = 1.0):
     return features
 
 
-def train_token_max(d: dict, units: int) -> tuple[np.ndarray, int]:
+def train_token_max(d: dict, units: int, token=None) -> tuple[np.ndarray, int]:
     """The baseline's logistic plus `units` learned directions of layer 4's token states, each
     read at the token where it is highest: z += out . max_t(states_t @ proj + proj_bias). Trained
     as train_guard.train trains (full-batch Adam, its L2 and class weights, epoch chosen on val);
     the gradient of each maximum goes to its highest token. Returns every row's logit and the
-    epoch."""
-    states, offsets = token_states([e.text for e in d["examples"]])
+    epoch. `token`: token_states of d's examples, when already read (they take minutes)."""
+    states, offsets = token or token_states([e.text for e in d["examples"]])
     states = states.astype(np.float32)
     row_of = np.repeat(np.arange(len(offsets) - 1), np.diff(offsets))
     starts = offsets[:-1]

@@ -1,0 +1,200 @@
+"""Experiment: the injection classifier's feature variants compared by k-fold over train + val.
+
+    nice -n 19 .venv/bin/python scripts/exp_guard_kfold.py [--out FILE] [VARIANT ...]
+
+One validation split of ~150 attacks cannot separate variants whose detection differs by a
+few attacks (docs/guard.md). Here every train and val row (bench/guard_data.py; the test split
+and the held-out file are not read) is scored once, out of fold:
+
+- Groups: a paraphrase prompt goes with its paraphrase group (as the splits do); an attack,
+  look-alike or ordinary CJK prompt goes with every row it is a near copy of (character
+  5-gram Jaccard above 0.5, or 80% of the shorter text's 5-grams inside the longer: the same
+  document with and without a planted order), joined transitively. Each group falls in one of
+  FOLDS folds by a hash of its key.
+- Fold k is scored by a model trained on three other folds, its epoch chosen on the fifth (the
+  next one): no row that chose anything is scored.
+- Fold k's thresholds are set on its own ordinary prompts (paraphrase and ordinary CJK) at
+  0.1% and 1%, as a route's are on the ordinary validation prompts; each attack and
+  look-alike of fold k is judged at them.
+
+Variants: `shipped` (embedding and character n-grams), `l4_mean` (beside them, layer 4's token
+states mean-pooled: exp_guard_models.with_states), `token_max_8` (eight learned directions of
+layer 4's token states, each at its highest token: exp_guard_models.train_token_max), `both`.
+Each is compared with `shipped` on the same rows: pooled detection and look-alikes flagged at
+both rates, their differences with a 95% interval from a paired bootstrap that resamples each
+fold's attacks, look-alikes and ordinary prompts (the thresholds move with the ordinary
+prompts drawn). Writes reports/guard_kfold.json (or FILE).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from bench.guard_data import (ORDINARY_SOURCES, _paraphrase_texts, embed_all,  # noqa: E402
+                              injection_examples, token_states)
+from drop_chat_overlap import grams  # noqa: E402
+from exp_guard_models import train_token_max, with_states  # noqa: E402
+from train_guard import Ngrams, logits, train  # noqa: E402
+
+FOLDS = 5
+RATES = (0.001, 0.01)
+JACCARD, CONTAINED = 0.5, 0.8
+VARIANTS = ("shipped", "l4_mean", "token_max_8", "both")
+
+
+def near_copy_groups(texts: list[str]) -> list[int]:
+    """For each text, the index of the first text of its group of near copies (Jaccard of
+    character 5-grams above JACCARD, or the shorter's 5-grams CONTAINED in the longer)."""
+    sets = [grams(t) for t in texts]
+    posting: dict[str, list[int]] = defaultdict(list)
+    for i, g in enumerate(sets):
+        for gram in g:
+            posting[gram].append(i)
+    parent = list(range(len(texts)))
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    for i, g in enumerate(sets):
+        shared: dict[int, int] = defaultdict(int)
+        for gram in g:
+            for j in posting[gram]:
+                if j < i:
+                    shared[j] += 1
+        for j, k in shared.items():
+            small = min(len(g), len(sets[j]))
+            if k / (len(g) + len(sets[j]) - k) > JACCARD or (small >= 20 and k / small >= CONTAINED):
+                a, b = root(i), root(j)
+                parent[max(a, b)] = min(a, b)
+    return [root(i) for i in range(len(texts))]
+
+
+def fold_of(examples: list) -> np.ndarray:
+    """Each row's fold, by a hash of its group's key."""
+    paraphrase_group = dict(_paraphrase_texts())
+    others = [i for i, e in enumerate(examples) if e.source != "paraphrase"]
+    first = near_copy_groups([examples[i].text for i in others])
+    keys = {i: "near\x00" + examples[others[r]].text for i, r in zip(others, first)}
+    out = np.empty(len(examples), np.int64)
+    for i, e in enumerate(examples):
+        key = keys.get(i) or "paraphrase\x00" + paraphrase_group[e.text]
+        out[i] = int.from_bytes(hashlib.sha256(key.encode()).digest()[:4], "little") % FOLDS
+    return out
+
+
+def load() -> dict:
+    examples = [e for e in injection_examples() if e.split != "test"]
+    vectors = embed_all([e.text for e in examples])
+    usable = ~np.isnan(vectors).any(axis=1)
+    examples = [e for e, ok in zip(examples, usable) if ok]
+    y = np.array([e.label for e in examples], np.float64)
+    ordinary = np.array([e.source in ORDINARY_SOURCES for e in examples])
+    return {"examples": examples, "vectors": vectors[usable].astype(np.float64),
+            "ngrams": Ngrams([e.text for e in examples]), "y": y, "fold": fold_of(examples),
+            "attack": y == 1, "ordinary": ordinary, "hard": (y == 0) & ~ordinary}
+
+
+def out_of_fold(d: dict, variant: str, states=None) -> tuple[np.ndarray, list[int]]:
+    """Every row's logit from the model that did not see its fold, and each fold's epoch."""
+    z_all = np.full(len(d["y"]), np.nan)
+    epochs = []
+    extra = with_states("l4_mean")(d) if variant in ("l4_mean", "both") else d["vectors"]
+    for k in range(FOLDS):
+        inner = (k + 1) % FOLDS
+        fold = {**d, "vectors": extra, "is_train": (d["fold"] != k) & (d["fold"] != inner), "val": d["fold"] == inner}
+        if variant.startswith("token_max") or variant == "both":
+            z, epoch = train_token_max(fold, 8, states)
+        else:
+            params, epoch, _ = train(extra, d["ngrams"], d["y"], fold["is_train"], fold["val"])
+            z = logits(params, extra, d["ngrams"])
+        z_all[d["fold"] == k] = z[d["fold"] == k]
+        epochs.append(epoch)
+        print(f"  {variant} fold {k}: epoch {epoch}", flush=True)
+    return z_all, epochs
+
+
+def _thresholds(z, fold, ordinary, rate, pick=None) -> np.ndarray:
+    """Per row, its fold's threshold flagging `rate` of the fold's ordinary prompts (those
+    drawn in `pick`, indices per fold, when bootstrapping)."""
+    out = np.empty(len(z))
+    for k in range(FOLDS):
+        rows = np.flatnonzero(ordinary & (fold == k)) if pick is None else pick[k]
+        ordered = np.sort(z[rows])[::-1]
+        out[fold == k] = ordered[int(np.floor(rate * len(ordered)))] + 1e-9
+    return out
+
+
+def figures(z, d, rate) -> dict:
+    t = _thresholds(z, d["fold"], d["ordinary"], rate)
+    flagged = z >= t
+    return {"detection": round(float(flagged[d["attack"]].mean()), 4),
+            "lookalikes_flagged": int(flagged[d["hard"]].sum()),
+            "ordinary_flagged": int(flagged[d["ordinary"]].sum())}
+
+
+def paired(z, base, d, rate, rounds: int = 1000) -> dict:
+    """This variant minus `base` at `rate`: detection and look-alikes flagged, with 95%
+    intervals from a bootstrap that resamples, within each fold, its attacks, look-alikes and
+    ordinary prompts."""
+    fold = d["fold"]
+    per = {name: [np.flatnonzero(d[name] & (fold == k)) for k in range(FOLDS)] for name in ("attack", "hard", "ordinary")}
+    rng = np.random.default_rng(22)
+    det, hard = [], []
+    for _ in range(rounds):
+        pick = {name: [rng.choice(rows, len(rows)) for rows in per[name]] for name in per}
+        a, h = np.concatenate(pick["attack"]), np.concatenate(pick["hard"])
+        ta, tb = (_thresholds(s, fold, d["ordinary"], rate, pick["ordinary"]) for s in (z, base))
+        det.append((z[a] >= ta[a]).mean() - (base[a] >= tb[a]).mean())
+        hard.append(int((z[h] >= ta[h]).sum()) - int((base[h] >= tb[h]).sum()))
+    mine, theirs = z >= _thresholds(z, fold, d["ordinary"], rate), base >= _thresholds(base, fold, d["ordinary"], rate)
+    at = d["attack"]
+    return {"attacks_only_this": int((mine & ~theirs & at).sum()), "attacks_only_shipped": int((theirs & ~mine & at).sum()),
+            "detection_difference": round(float(mine[at].mean() - theirs[at].mean()), 4),
+            "detection_interval": [round(float(q), 4) for q in np.quantile(det, [0.025, 0.975])],
+            "lookalikes_difference": int(mine[d["hard"]].sum() - theirs[d["hard"]].sum()),
+            "lookalikes_interval": [int(q) for q in np.quantile(hard, [0.025, 0.975])]}
+
+
+def main() -> int:
+    args = sys.argv[1:]
+    out = ROOT / "reports" / "guard_kfold.json"
+    if args[:1] == ["--out"]:
+        out, args = Path(args[1]), args[2:]
+    only = args or list(VARIANTS)
+    started = time.monotonic()
+    d = load()
+    counts = {name: int(d[name].sum()) for name in ("attack", "hard", "ordinary")}
+    per_fold = [{name: int((d[name] & (d["fold"] == k)).sum()) for name in ("attack", "hard", "ordinary")}
+                for k in range(FOLDS)]
+    print(f"{counts}; per fold {per_fold}", flush=True)
+    states = None
+    if any(v.startswith("token_max") or v == "both" for v in only):
+        states = token_states([e.text for e in d["examples"]])
+    scores, results = {}, {}
+    for variant in ["shipped"] + [v for v in only if v != "shipped"]:
+        scores[variant], epochs = out_of_fold(d, variant, states)
+        results[variant] = {"epochs": epochs, **{f"{r:g}": figures(scores[variant], d, r) for r in RATES}}
+        if variant != "shipped":
+            results[variant]["against_shipped"] = {f"{r:g}": paired(scores[variant], scores["shipped"], d, r) for r in RATES}
+        print(variant, json.dumps(results[variant]), flush=True)
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(json.dumps({"rows": counts, "per_fold": per_fold, "variants": results,
+                               "seconds": round(time.monotonic() - started)}, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
