@@ -106,6 +106,10 @@ def _rates(flagged: np.ndarray, test: list, by_language: bool = True) -> dict:
     result = {"detection": detect, "false_alarms": fa,
               "false_alarms_paraphrase": group(lambda e: e.source == "paraphrase")[1],
               "false_alarms_ordinary_cjk": group(lambda e: e.source == "ordinary")[1], "by_source": {}}
+    # The test rows written before the second batch (guard_data.LATER_BATCH): the earlier figures' set.
+    earlier_detect, earlier_fa = group(lambda e: e.source in DEVELOPMENT and e.earlier)
+    result["earlier_rows"] = {"detection": earlier_detect, "false_alarms": earlier_fa,
+                              "false_alarms_ordinary": group(lambda e: e.source == "ordinary" and e.earlier)[1]}
     for source in DEVELOPMENT + ("holdout",):
         d, f = group(lambda e, s=source: e.source == s)
         if d["n"] or f["n"]:
@@ -296,6 +300,13 @@ def main() -> int:
                      "fa paraphrase": _cell(p["false_alarms_paraphrase"]), "fa ordinary CJK": _cell(p["false_alarms_ordinary_cjk"]),
                      "deepset / sluice attacks": f'{p["by_source"]["deepset"]["detection"]["rate"]} / {p["by_source"]["sluice"]["detection"]["rate"]}'})
     print(report.table(rows, list(rows[0])))
+    print("\ntest rows written before the second batch of data/guard/ (same thresholds):")
+    print(report.table([{"threshold set for": label, "detection": _cell(points[name]["earlier_rows"]["detection"]),
+                         "fa hard look-alikes": _cell(points[name]["earlier_rows"]["false_alarms"]),
+                         "fa ordinary non-English": _cell(points[name]["earlier_rows"]["false_alarms_ordinary"])}
+                        for name, label in (("hard_lookalikes_0.01", "1% of hard look-alikes"), ("ordinary_0.01", "1% of ordinary"),
+                                            ("ordinary_0.001", "0.1% of ordinary"))],
+                       ["threshold set for", "detection", "fa hard look-alikes", "fa ordinary non-English"]))
     if "holdout" in points["ordinary_0.001"]["by_source"]:
         print("\nhand-written held-out set (data/guard/injections_holdout.jsonl), same thresholds:")
         print(report.table([{"threshold set for": label, "detection": _cell(points[name]["by_source"]["holdout"]["detection"]),

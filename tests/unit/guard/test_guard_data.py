@@ -122,3 +122,15 @@ def test_kfold_groups_keep_a_document_with_its_planted_order_and_near_copies():
     groups = near_copy_groups(texts)
     assert groups[0] == groups[1] and groups[2] == groups[3]
     assert len({groups[0], groups[2], groups[4]}) == 3
+
+
+def test_rows_of_the_later_batch_are_left_out_of_the_earlier_figures(tmp_path, monkeypatch):
+    ours = tmp_path / "injections.jsonl"
+    ours.write_text("".join(json.dumps({"id": i, "text": i, "label": 1, "lang": "en", "split": "test"}) + "\n"
+                            for i in ("atk-000", "atk-580", "atk-581", "atk-900")))
+    monkeypatch.setattr(guard_data, "OURS", ours)
+    test = [e for e in guard_data.injection_examples(paraphrase_limit=0) if e.source == "sluice"]
+    assert [e.earlier for e in test] == [True, True, False, False]
+    result = guard._rates(np.array([False, False, True, True]), test)
+    assert result["detection"]["rate"] == 0.5 and result["earlier_rows"]["detection"]["rate"] == 0.0
+    assert result["earlier_rows"]["detection"]["n"] == 2
