@@ -1,6 +1,6 @@
 """Experiment: the injection classifier's feature variants compared by k-fold over train + val.
 
-    nice -n 19 .venv/bin/python scripts/exp_guard_kfold.py [--out FILE] [VARIANT ...]
+    nice -n 19 .venv/bin/python scripts/exp_guard_kfold.py [--out FILE] [--folds 0,1,2] [--scores DIR] [VARIANT ...]
 
 One validation split of ~150 attacks cannot separate variants whose detection differs by a
 few attacks (docs/guard.md). Here every train and val row (bench/guard_data.py; the test split
@@ -20,13 +20,17 @@ and the held-out file are not read) is scored once, out of fold:
 Variants: `shipped` (embedding and character n-grams), `l4_mean` (beside them, layer 4's token
 states mean-pooled: exp_guard_models.with_states), `token_max_8` (eight learned directions of
 layer 4's token states, each at its highest token: exp_guard_models.train_token_max), `both`.
-Each is compared with `shipped` on the same rows: pooled detection and look-alikes flagged at
+Each is compared with `shipped` (listed first) on the same rows: pooled detection and look-alikes flagged at
 both rates, their differences with a 95% interval from a paired bootstrap that resamples each
 fold's attacks, look-alikes and ordinary prompts (the thresholds move with the ordinary
-prompts drawn). Writes reports/guard_kfold.json (or FILE).
+prompts drawn). Writes reports/guard_kfold.json (or FILE). `--folds` scores only those folds
+(each still trained on three others and its epoch chosen on the next); `--scores DIR` keeps each
+variant's out-of-fold scores there and reads them back instead of training, so variants can run
+in separate processes and a last run compares them.
 """
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import sys
@@ -112,7 +116,7 @@ def out_of_fold(d: dict, variant: str, states=None) -> tuple[np.ndarray, list[in
     z_all = np.full(len(d["y"]), np.nan)
     epochs = []
     extra = with_states("l4_mean")(d) if variant in ("l4_mean", "both") else d["vectors"]
-    for k in range(FOLDS):
+    for k in d["folds"]:
         inner = (k + 1) % FOLDS
         fold = {**d, "vectors": extra, "is_train": (d["fold"] != k) & (d["fold"] != inner), "val": d["fold"] == inner}
         if variant.startswith("token_max") or variant == "both":
@@ -126,19 +130,19 @@ def out_of_fold(d: dict, variant: str, states=None) -> tuple[np.ndarray, list[in
     return z_all, epochs
 
 
-def _thresholds(z, fold, ordinary, rate, pick=None) -> np.ndarray:
+def _thresholds(z, fold, ordinary, rate, folds, pick=None) -> np.ndarray:
     """Per row, its fold's threshold flagging `rate` of the fold's ordinary prompts (those
     drawn in `pick`, indices per fold, when bootstrapping)."""
-    out = np.empty(len(z))
-    for k in range(FOLDS):
-        rows = np.flatnonzero(ordinary & (fold == k)) if pick is None else pick[k]
+    out = np.full(len(z), np.inf)
+    for n, k in enumerate(folds):
+        rows = np.flatnonzero(ordinary & (fold == k)) if pick is None else pick[n]
         ordered = np.sort(z[rows])[::-1]
         out[fold == k] = ordered[int(np.floor(rate * len(ordered)))] + 1e-9
     return out
 
 
 def figures(z, d, rate) -> dict:
-    t = _thresholds(z, d["fold"], d["ordinary"], rate)
+    t = _thresholds(z, d["fold"], d["ordinary"], rate, d["folds"])
     flagged = z >= t
     return {"detection": round(float(flagged[d["attack"]].mean()), 4),
             "lookalikes_flagged": int(flagged[d["hard"]].sum()),
@@ -150,16 +154,16 @@ def paired(z, base, d, rate, rounds: int = 1000) -> dict:
     intervals from a bootstrap that resamples, within each fold, its attacks, look-alikes and
     ordinary prompts."""
     fold = d["fold"]
-    per = {name: [np.flatnonzero(d[name] & (fold == k)) for k in range(FOLDS)] for name in ("attack", "hard", "ordinary")}
+    per = {name: [np.flatnonzero(d[name] & (fold == k)) for k in d["folds"]] for name in ("attack", "hard", "ordinary")}
     rng = np.random.default_rng(22)
     det, hard = [], []
     for _ in range(rounds):
         pick = {name: [rng.choice(rows, len(rows)) for rows in per[name]] for name in per}
         a, h = np.concatenate(pick["attack"]), np.concatenate(pick["hard"])
-        ta, tb = (_thresholds(s, fold, d["ordinary"], rate, pick["ordinary"]) for s in (z, base))
+        ta, tb = (_thresholds(s, fold, d["ordinary"], rate, d["folds"], pick["ordinary"]) for s in (z, base))
         det.append((z[a] >= ta[a]).mean() - (base[a] >= tb[a]).mean())
         hard.append(int((z[h] >= ta[h]).sum()) - int((base[h] >= tb[h]).sum()))
-    mine, theirs = z >= _thresholds(z, fold, d["ordinary"], rate), base >= _thresholds(base, fold, d["ordinary"], rate)
+    mine, theirs = (s >= _thresholds(s, fold, d["ordinary"], rate, d["folds"]) for s in (z, base))
     at = d["attack"]
     return {"attacks_only_this": int((mine & ~theirs & at).sum()), "attacks_only_shipped": int((theirs & ~mine & at).sum()),
             "detection_difference": round(float(mine[at].mean() - theirs[at].mean()), 4),
@@ -169,30 +173,43 @@ def paired(z, base, d, rate, rounds: int = 1000) -> dict:
 
 
 def main() -> int:
-    args = sys.argv[1:]
-    out = ROOT / "reports" / "guard_kfold.json"
-    if args[:1] == ["--out"]:
-        out, args = Path(args[1]), args[2:]
-    only = args or list(VARIANTS)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("variants", nargs="*", default=list(VARIANTS))
+    parser.add_argument("--out", type=Path, default=ROOT / "reports" / "guard_kfold.json")
+    parser.add_argument("--folds", default=",".join(map(str, range(FOLDS))))
+    parser.add_argument("--scores", type=Path)
+    args = parser.parse_args()
     started = time.monotonic()
     d = load()
+    d["folds"] = [int(k) for k in args.folds.split(",")]
+    scored = np.isin(d["fold"], d["folds"])
+    for name in ("attack", "hard", "ordinary"):
+        d[name] = d[name] & scored
     counts = {name: int(d[name].sum()) for name in ("attack", "hard", "ordinary")}
     per_fold = [{name: int((d[name] & (d["fold"] == k)).sum()) for name in ("attack", "hard", "ordinary")}
-                for k in range(FOLDS)]
+                for k in d["folds"]]
     print(f"{counts}; per fold {per_fold}", flush=True)
     states = None
-    if any(v.startswith("token_max") or v == "both" for v in only):
-        states = token_states([e.text for e in d["examples"]])
     scores, results = {}, {}
-    for variant in ["shipped"] + [v for v in only if v != "shipped"]:
-        scores[variant], epochs = out_of_fold(d, variant, states)
+    for variant in args.variants:
+        kept = args.scores / f"{variant}.npz" if args.scores else None
+        if kept and kept.exists():
+            with np.load(kept) as saved:
+                scores[variant], epochs = saved["z"], saved["epochs"].tolist()
+        else:
+            if states is None and (variant.startswith("token_max") or variant == "both"):
+                states = token_states([e.text for e in d["examples"]])
+            scores[variant], epochs = out_of_fold(d, variant, states)
+            if kept:
+                kept.parent.mkdir(parents=True, exist_ok=True)
+                np.savez(kept, z=scores[variant], epochs=np.array(epochs))
         results[variant] = {"epochs": epochs, **{f"{r:g}": figures(scores[variant], d, r) for r in RATES}}
-        if variant != "shipped":
+        if variant != "shipped" and "shipped" in scores:
             results[variant]["against_shipped"] = {f"{r:g}": paired(scores[variant], scores["shipped"], d, r) for r in RATES}
         print(variant, json.dumps(results[variant]), flush=True)
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps({"rows": counts, "per_fold": per_fold, "variants": results,
-                               "seconds": round(time.monotonic() - started)}, indent=2) + "\n")
+    args.out.parent.mkdir(exist_ok=True)
+    args.out.write_text(json.dumps({"folds_scored": d["folds"], "rows": counts, "per_fold": per_fold, "variants": results,
+                                    "seconds": round(time.monotonic() - started)}, indent=2) + "\n")
     return 0
 
 
