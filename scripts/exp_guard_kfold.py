@@ -25,8 +25,9 @@ both rates, their differences with a 95% interval from a paired bootstrap that r
 fold's attacks, look-alikes and ordinary prompts (the thresholds move with the ordinary
 prompts drawn). Writes reports/guard_kfold.json (or FILE). `--folds` scores only those folds
 (each still trained on three others and its epoch chosen on the next); `--scores DIR` keeps each
-variant's out-of-fold scores there and reads them back instead of training, so variants can run
-in separate processes and a last run compares them.
+variant's out-of-fold scores there and reads them back instead of training, so variants and
+folds can run in separate processes and a last run compares them (`--scores` given more than
+once: each folder holds some folds' scores).
 """
 from __future__ import annotations
 
@@ -177,7 +178,7 @@ def main() -> int:
     parser.add_argument("variants", nargs="*", default=list(VARIANTS))
     parser.add_argument("--out", type=Path, default=ROOT / "reports" / "guard_kfold.json")
     parser.add_argument("--folds", default=",".join(map(str, range(FOLDS))))
-    parser.add_argument("--scores", type=Path)
+    parser.add_argument("--scores", type=Path, action="append", default=[])
     args = parser.parse_args()
     started = time.monotonic()
     d = load()
@@ -192,17 +193,20 @@ def main() -> int:
     states = None
     scores, results = {}, {}
     for variant in args.variants:
-        kept = args.scores / f"{variant}.npz" if args.scores else None
-        if kept and kept.exists():
-            with np.load(kept) as saved:
-                scores[variant], epochs = saved["z"], saved["epochs"].tolist()
+        kept = [folder / f"{variant}.npz" for folder in args.scores]
+        if kept and all(path.exists() for path in kept):
+            scores[variant], epochs = np.full(len(d["y"]), np.nan), []
+            for path in kept:       # runs of other folds: each fills its folds' rows
+                with np.load(path) as saved:
+                    scores[variant] = np.where(np.isnan(scores[variant]), saved["z"], scores[variant])
+                    epochs += saved["epochs"].tolist()
         else:
             if states is None and (variant.startswith("token_max") or variant == "both"):
                 states = token_states([e.text for e in d["examples"]])
             scores[variant], epochs = out_of_fold(d, variant, states)
             if kept:
-                kept.parent.mkdir(parents=True, exist_ok=True)
-                np.savez(kept, z=scores[variant], epochs=np.array(epochs))
+                kept[0].parent.mkdir(parents=True, exist_ok=True)
+                np.savez(kept[0], z=scores[variant], epochs=np.array(epochs))
         results[variant] = {"epochs": epochs, **{f"{r:g}": figures(scores[variant], d, r) for r in RATES}}
         if variant != "shipped" and "shipped" in scores:
             results[variant]["against_shipped"] = {f"{r:g}": paired(scores[variant], scores["shipped"], d, r) for r in RATES}
