@@ -248,6 +248,14 @@ def test_a_hash_beside_an_aws_key_id_is_not_its_secret():
     assert [text[s.start:s.end] for s in pii.find(text, pii.DETECTORS)] == ["AKIAJ7Q2XKMN4LP5RSTU"]
 
 
+def test_an_md5_beside_a_lowercase_hash_is_not_a_twilio_token():
+    # Twilio's auth token rule holds 32 hex digits beside an account id: "AC" and 32 lowercase
+    # hex digits, as Twilio writes it; a sha256 with "ac" in it is not one.
+    text = ("checksums: sha256 ac2d711642b726b04401627ca9fbac32f5c8530fb1903cc4db02258717921a48 "
+            "md5 415290769594460e2e485922904f345d")
+    assert [s for s in pii.find(text, pii.DETECTORS) if s.detector == "secret"] == []
+
+
 @pytest.mark.parametrize("text,value", [
     ("the network 10.0.0.0/8 is internal", "10.0.0.0/8"),
     ("route 2001:db8::/32 to the edge", "2001:db8::/32"),
