@@ -27,6 +27,11 @@ _WORDS = re.compile(r"\w+")
 # A word (of any script: मोबाइल's vowel signs are not \w) and the point of its abbreviation
 # (tel., ref.); a CJK run is one word, so its last characters are read apart too.
 _CONTEXT_WORDS = re.compile(r"[^\s\d.,;:!?()\[\]{}\"'“”‘’«»「」、。，：；！？+/=<>*-]+\.?")
+# Scripts written without spaces between words (Thai, Lao, Myanmar, Khmer, CJK, kana, Hangul):
+# only a word with one of their characters is read by its last characters (a Latin word's last
+# letters are no word of their own: Ärztin does not end in the word "tin").
+_RUN_TOGETHER = re.compile("[\u0e00-\u0eff\u1000-\u109f\u1780-\u17ff\u2e80-\u9fff\ua960-\ua97f"
+                           "\uac00-\ud7af\uf900-\ufaff\uff66-\uffdc]")
 
 
 def _stated(copulas: list[str]) -> re.Pattern:
@@ -100,7 +105,7 @@ class PiiRules:
         seen = 0
         for word in reversed(_CONTEXT_WORDS.findall(text[max(0, start - self.phone_window):start].lower())):
             # CJK text runs its words together (加我QQ, 我的电话): there its last characters count.
-            forms = {word} if word.isascii() else {word, *(word[-k:] for k in range(1, min(len(word), 5)))}
+            forms = {word} if word.isascii() or not _RUN_TOGETHER.search(word) else {word, *(word[-k:] for k in range(1, min(len(word), 5)))}
             if forms & self.phone_neutral:
                 continue
             if not seen and (forms & self.phone_not_after or self._id_compound(word)):

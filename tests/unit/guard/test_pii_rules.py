@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.guard import pii, secrets
+from sidecar.guard import pii, pii_rules, secrets
 
 
 def _found(text: str) -> list[tuple[str, str]]:
@@ -389,6 +389,8 @@ def test_placeholders_digests_and_password_talk_pass(text):
     ("Το κινητό μου είναι 694 812 3307.", "694 812 3307"),               # Greece: no trunk prefix
     ("mi celular es 55 1234 5678 y el de la oficina (81) 8123 4567.", "(81) 8123 4567"),
     ("Numbers: 0412 558 903, 1300 655 506", "1300 655 506"),             # a list: Australia's 1300 number
+    ("Telefon meiner Ärztin: 030 901820", "030 901820"),                 # Ärztin does not end in the id word "tin"
+    ("Handy der Ärztin 0151 23456789", "0151 23456789"),
 ])
 def test_national_numbers_named_by_their_context_are_found(text, value):
     assert ("phone", value) in _found(text)
@@ -405,3 +407,14 @@ def test_national_numbers_named_by_their_context_are_found(text, value):
 ])
 def test_ids_numbers_are_not_phone_numbers(text):
     assert [s for s in pii.find(text, pii.DETECTORS) if s.detector == "phone"] == []
+
+
+@pytest.mark.parametrize("text,said", [
+    ("mi teléfono 55 4821 3376", 2),          # a Latin word's last letters ("no") are not a neutral word
+    ("número de teléfono 612 34 56 78", 2),
+    ("我的电话 138 0013 8000", 2),              # a CJK run is read by its last characters
+    ("加我QQ 2876451903", 0),
+])
+def test_the_words_before_a_number_are_read_whole_outside_run_together_scripts(text, said):
+    start = text.rindex(" ", 0, text.index(next(c for c in text if c.isdigit()))) + 1
+    assert pii_rules.RULES.phone_context(text, start) == said
