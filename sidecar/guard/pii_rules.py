@@ -34,13 +34,21 @@ _RUN_TOGETHER = re.compile("[\u0e00-\u0eff\u1000-\u109f\u1780-\u17ff\u2e80-\u9ff
                            "\uac00-\ud7af\uf900-\ufaff\uff66-\uffdc]")
 
 
+def _copula(copula: str) -> str:
+    """A copula that is a word stands apart ("is", not the end of "this"); a sign (":") or a
+    particle of a script written without spaces (是, 는) is written against the name."""
+    if copula[-1].isalnum() and not _RUN_TOGETHER.search(copula):
+        return r"(?<!\w)%s(?![\w-])" % re.escape(copula)
+    return re.escape(copula)
+
+
 def _stated(copulas: list[str]) -> re.Pattern:
     """After a stated credential's name: the rest of its word, up to three short words, a
     copula, then an app password (group 1) or a value (group 2); or, right after the name,
     an app password (group 3). An app password is four groups of four lowercase letters."""
-    signs = "|".join(re.escape(c) for c in sorted(copulas, key=len, reverse=True))
+    signs = "|".join(map(_copula, sorted(copulas, key=len, reverse=True)))
     app = r"([a-z]{4}(?: [a-z]{4}){3})(?!\w)"
-    return re.compile(r"[\w-]{0,8}(?:(?:[ \t]+[\w-]{1,5}){0,3}?[ \t]*(?<!\w)(?:%s)(?![\w-])[ \t]*[:\uff1a]?[ \t]*[\"'`]?"
+    return re.compile(r"[\w-]{0,8}(?:(?:[ \t]+[\w-]{1,5}){0,3}?[ \t]*(?:%s)[ \t]*[:\uff1a]?[ \t]*[\"'`]?"
                       r"(?:%s|([^\s\"'`<>,;(){}\[\]]{8,64})(?<![.?!:]))|[ \t]+%s)" % (signs, app, app))
 
 

@@ -214,9 +214,11 @@ def _stated(text: str, rules: "PiiRules") -> Iterable[Span]:
     """A password stated in a sentence ("a senha do app é Pb7#kW2q!vXm", "app password qzvw mkxe
     hbtr pnla": `[stated]` of the rules). The names are found with str.find on the
     case-folded text (a few C searches), the pattern read only after one."""
-    folded = text.lower()
+    # İ is the one letter whose lowercase is two characters (i and a combining dot): as i, the
+    # offsets stay the text's (ŞİFRE is şifre).
+    folded = text.replace("\u0130", "i").lower()
     if len(folded) != len(text):
-        return                               # a case-folding that changes offsets (rare): not read
+        return                               # a case-folding that changes offsets: not read
     # An ASCII text holds none of the names in other scripts: half the searches.
     for name in rules.stated_ascii_names if text.isascii() else rules.stated_names:
         at = folded.find(name)

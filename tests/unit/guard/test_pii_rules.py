@@ -358,6 +358,13 @@ def test_versions_and_oids_read_from_the_text_pass(text):
      "APP_USR-1234567890123456-010203-0a1b2c3d4e5f60718293a4b5c6d7e8f9-987654321"),
     ("a senha do app é Xq9#mT4v!Lp2.", "Xq9#mT4v!Lp2"),
     ("my wifi password is now Tr4ck-9Lm!pz", "Tr4ck-9Lm!pz"),
+    # A sign or a CJK particle as the copula, written against the name.
+    ("Lösenord: Pb7#kW2q!vXm", "Pb7#kW2q!vXm"),
+    ("Şifre: Pb7#kW2q!vXm", "Pb7#kW2q!vXm"),
+    ("hasło: Pb7#kW2q!vXm", "Pb7#kW2q!vXm"),
+    ("密码是Pb7#kW2q!vXm", "Pb7#kW2q!vXm"),
+    # A Turkish capital İ elsewhere in the text (its lowercase is two characters).
+    ("İstanbul ofisinin ŞİFRESİ: Pb7#kW2q!vXm", "Pb7#kW2q!vXm"),
     ("och app-lösenordet wkrt bzqa mnvd hxle fungerar inte", "wkrt bzqa mnvd hxle"),
     ("the Gmail app password is: wkrt bzqa mnvd hxle", "wkrt bzqa mnvd hxle"),
     # Passwords on a command line.
