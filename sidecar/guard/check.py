@@ -60,6 +60,7 @@ def scan(policy: GuardPolicy, messages) -> Scan:
     word_hits: dict[int, int] = {}
     pii_hits: dict[str, int] = {}
     placeholders: dict[tuple[str, str], str] = {}
+    phones = pii_detectors.PhoneVerdicts()      # one budget of phone-number parses for all the texts
     for where, text in texts:
         edits: list[tuple[int, int, str]] = []
         if policy.words is not None:
@@ -70,7 +71,7 @@ def scan(policy: GuardPolicy, messages) -> Scan:
             if masked:
                 edits += [(s, e, MASK) for s, e in policy.words.spans(text, masked, found)]
         if policy.pii:
-            for span in pii_detectors.find(text, policy.pii, policy.pii_settings):
+            for span in pii_detectors.find(text, policy.pii, policy.pii_settings, phones=phones):
                 pii_hits[span.detector] = pii_hits.get(span.detector, 0) + 1
                 if policy.pii[span.detector] == "redact":
                     value = text[span.start:span.end]

@@ -155,13 +155,15 @@ _TIMESTAMP = re.compile(r"\d{4}-\d{2}-\d{2}[ T]\d")
 
 
 # Each candidate costs a libphonenumber parse per region (~50 µs each): a text of many
-# digit groups ("1 2 3 4 ...", a table of numbers) would cost seconds. Equal candidates are
-# judged once, and a text is allowed this many parses (~30-100 ms). Past them a candidate fails
-# closed: it takes the verdict of the parsed candidates of its shape (its digits as 9, its
-# signs as written: a phone number if any of them was one), and of a shape not parsed it
-# counts as a phone number. A pasted contact list of a thousand rows is redacted whole, a
-# table of ids whose shape was judged is not, and the cost stays linear in the text. Such
-# spans carry score 0.0 (not checked by libphonenumber).
+# digit groups ("1 2 3 4 ...", a table of numbers) would cost seconds, and so would a request
+# of many short texts (a thousand content parts, each with a number). Equal candidates are
+# judged once per request, and a request (its texts together: `PhoneVerdicts`) is allowed this
+# many parses (~30-100 ms). Past them a candidate fails closed: it takes the verdict of the
+# parsed candidates of its shape (its digits as 9, its signs as written: a phone number if any
+# of them was one), and of a shape not parsed it counts as a phone number. A pasted contact
+# list of a thousand rows is redacted whole, a table of ids whose shape was judged is not, and
+# the cost stays linear in the request. Such spans carry score 0.0 (not checked by
+# libphonenumber).
 MAX_PHONE_PARSES = 512
 
 
@@ -169,13 +171,16 @@ class _OutOfParses(Exception):
     pass
 
 
-class _Parses:
-    """A text's budget of libphonenumber parses."""
+class PhoneVerdicts:
+    """What the phone detector judged in one request's texts, under one policy's settings: its
+    budget of libphonenumber parses, each candidate's verdict and each shape's."""
 
-    def __init__(self, left: int):
-        self.left = left
+    def __init__(self, parses: int = MAX_PHONE_PARSES):
+        self.left = parses
+        self.of: dict[tuple[str, bool], bool] = {}          # (candidate, context) -> a phone number
+        self.shapes: dict[tuple[str, bool], bool] = {}      # whether a parsed candidate of the shape was one
 
-    def __call__(self, candidate: str, region: str | None) -> phonenumbers.PhoneNumber:
+    def parse(self, candidate: str, region: str | None) -> phonenumbers.PhoneNumber:
         if self.left <= 0:
             raise _OutOfParses
         self.left -= 1
@@ -193,11 +198,9 @@ _CODE_BEFORE = re.compile(r"(?<![A-Za-z0-9])(?=[A-Za-z0-9]*[A-Za-z])(?=[A-Za-z0-
 _LIST_GAP = re.compile(r"[\s,;/|·•]*(?:(?:and|or|y|o|et|ou|und|oder|e|и|или)[\s,;]+)?")
 
 
-def _phones(text: str, where: "Candidates", regions: tuple[str, ...], grouped: tuple[str, ...] = (),
-            context_regions: tuple[str, ...] = ()) -> Iterable[Span]:
-    verdicts: dict[tuple[str, bool], bool] = {}
-    shapes: dict[tuple[str, bool], bool] = {}       # whether a parsed candidate of the shape was a phone number
-    parse = _Parses(MAX_PHONE_PARSES)
+def _phones(text: str, where: "Candidates", regions: tuple[str, ...], grouped: tuple[str, ...],
+            context_regions: tuple[str, ...], judged: PhoneVerdicts) -> Iterable[Span]:
+    verdicts, shapes = judged.of, judged.shapes
     last = -1                                # the end of the last phone number found
     for m in matches(_PHONE, text, where.digits):
         candidate = m.group()
@@ -217,7 +220,7 @@ def _phones(text: str, where: "Candidates", regions: tuple[str, ...], grouped: t
         if valid is None:
             shape = (candidate.translate(_AS_NINES), bool(context))
             try:
-                valid = verdicts[key] = _is_phone(candidate, regions, grouped, context_regions if context else (), parse)
+                valid = verdicts[key] = _is_phone(candidate, regions, grouped, context_regions if context else (), judged.parse)
                 shapes[shape] = shapes.get(shape, False) or valid
             except _OutOfParses:
                 valid, score = shapes.get(shape, True), 0.0
@@ -484,14 +487,15 @@ class PiiSettings:
 
 
 @functools.cache   # per settings: a policy's are built once, not on every text
-def detector_functions(settings: PiiSettings) -> dict[str, Callable[[str, "Candidates"], Iterable[Span]]]:
+def detector_functions(settings: PiiSettings) -> dict[str, Callable[[str, "Candidates", PhoneVerdicts], Iterable[Span]]]:
     # A phone word lets a national number count in more regions (pii_rules.toml), unless the
     # route names its own: then in those.
     context = RULES.phone_context_regions if settings.grouped_phone_regions else settings.phone_regions
-    return {"email": _emails, "phone": lambda t, w: _phones(t, w, settings.phone_regions, settings.grouped_phone_regions, context),
-            "card": _cards,
-            "iban": _ibans, "ip": _ips, "secret": lambda t, w: secrets.find(t, w.runs, settings.min_entropy),
-            "private_key": _private_keys}
+    return {"email": lambda t, w, _: _emails(t, w),
+            "phone": lambda t, w, judged: _phones(t, w, settings.phone_regions, settings.grouped_phone_regions, context, judged),
+            "card": lambda t, w, _: _cards(t, w), "iban": lambda t, w, _: _ibans(t, w), "ip": lambda t, w, _: _ips(t, w),
+            "secret": lambda t, w, _: secrets.find(t, w.runs, settings.min_entropy),
+            "private_key": lambda t, w, _: _private_keys(t, w)}
 
 
 # The text is read in blocks; a block with a digit is scanned with the block before and the one
@@ -612,10 +616,12 @@ _PRIORITY = {name: rank for rank, name in enumerate(("private_key", "secret", "e
 
 
 def find(text: str, detectors: Iterable[str], settings: PiiSettings = PiiSettings(),
-         locate: Callable[[str], Candidates] = Candidates.of) -> list[Span]:
+         locate: Callable[[str], Candidates] = Candidates.of, phones: PhoneVerdicts | None = None) -> list[Span]:
     """Spans of the given detectors in `text`, in text order; of overlapping spans, the one of
     the stricter detector (_PRIORITY), then the longer, is kept. `locate` says where the
-    patterns run (Candidates.whole: everywhere, the definition)."""
+    patterns run (Candidates.whole: everywhere, the definition). `phones`: the phone verdicts
+    of the request's other texts, checked under the same settings (one budget of parses for
+    them all); without it, the text's own."""
     functions = detector_functions(settings)
     if not text.isascii() and _FULL_WIDTH_ALNUM.search(text):
         # Full-width digits, letters and signs (typed by Japanese and Chinese input methods)
@@ -625,8 +631,9 @@ def find(text: str, detectors: Iterable[str], settings: PiiSettings = PiiSetting
         text = text.translate(_FULL_WIDTH)
     spans: list[Span] = []
     where = locate(text)
+    phones = PhoneVerdicts() if phones is None else phones
     for name in detectors:
-        spans.extend(functions[name](text, where))
+        spans.extend(functions[name](text, where, phones))
     return _without_overlaps(spans) if len(spans) > 1 else spans
 
 

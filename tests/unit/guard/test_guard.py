@@ -301,6 +301,20 @@ def test_a_long_contact_list_is_redacted_whole(rows):
     assert len(spans) == rows
 
 
+def test_a_request_of_many_short_texts_shares_one_parse_budget(monkeypatch):
+    # A thousand content parts, each a distinct mobile number after a phone word: one budget of
+    # parses for the request, not one per part (~4 ms each: seconds a request), and every
+    # part's number still redacted (past the budget, its shape's verdict).
+    import phonenumbers
+    parses = []
+    real = phonenumbers.parse
+    monkeypatch.setattr(phonenumbers, "parse", lambda *a, **k: parses.append(a[0]) or real(*a, **k))
+    parts = [{"type": "text", "text": f"my mobile is 07700 9{n:05d}"} for n in range(1000)]
+    result = scan(policy(personal_data={"detectors": {"phone": "redact"}}), [{"role": "user", "content": parts}])
+    assert len(parses) <= pii.MAX_PHONE_PARSES
+    assert sorted(result.rewrites.values()) == sorted(f"my mobile is <PHONE_{n}>" for n in range(1, 1001))
+
+
 def test_past_the_parse_budget_a_judged_shape_keeps_its_verdict():
     # A table of ids of one shape, judged not to be phone numbers, stays unredacted past the
     # budget; a number of a shape never judged is taken for a phone number.
