@@ -235,14 +235,15 @@ def _stated(text: str, rules: "PiiRules") -> Iterable[Span]:
 
 
 # A password on a command line: curl's and wget's `-u user:password` / `--user user:password`,
-# and the MySQL clients' `-pPASSWORD` (written right after -p, within 200 characters of the
-# client's name on its line: a bounded read, whatever the number of names).
-_CLI_USER = re.compile(r"(?<!\S)(?:-u|--user|--http-user)[ =][\"']?[^\s:\"']{1,64}:([^\s\"']{4,128})")
+# and the MySQL clients' `-pPASSWORD` (written right after -p), each within 200 characters of
+# the client's name on its line (a bounded read, whatever the number of names; docker's
+# `-u 1000:1000` is a user and a group).
+_CLI_USER = re.compile(r"(?<!\S)(?:curl|wget)\b[^\n]{0,200}?(?<!\S)(?:-u|--user|--http-user)[ =][\"']?[^\s:\"']{1,64}:([^\s\"']{4,128})")
 _MYSQL_PASSWORD = re.compile(r"(?<!\S)(?:mysql|mysqldump|mariadb|mysqladmin)\b[^\n]{0,200}?(?<!\S)-p([^\s\"']{4,128})")
 
 
 def _cli_passwords(text: str) -> Iterable[Span]:
-    if "-u " in text or "--user" in text or "--http-user" in text:
+    if ("-u " in text or "--user" in text or "--http-user" in text) and ("curl" in text or "wget" in text):
         for m in _CLI_USER.finditer(text):
             yield Span("secret", m.start(1), m.end(1))
     if "-p" in text and ("mysql" in text or "mariadb" in text):

@@ -385,6 +385,8 @@ def test_provider_tokens_and_stated_passwords_are_found(text, value):
     "password cant have more than that",                                    # four-letter words
     "la password e username: admin",
     "ssh -p 2222 deploy@host and mysql -u root -p",                       # a port; a prompt for the password
+    "docker run -u 1000:1000 -v /data:/data nginx",                       # a user and group id, not curl's
+    "docker exec -u www-data:www-data app ls",
     "when does it expire: eyJzdWIiOiI5ODc2IiwiZXhwIjoxNzk5OTk5OTk5fQ",     # a JWT's payload alone: JSON
 ])
 def test_placeholders_digests_and_password_talk_pass(text):
