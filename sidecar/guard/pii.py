@@ -396,27 +396,30 @@ _TRACE = re.compile(r"(?<![A-Za-z0-9_.])(\d{1,3}(?:\.\d{1,3}){3})\.\d{1,5} > (\d
 _DOTTED = re.compile(r"(?<![\d.])\d+(?:\.\d+){2,}(?!\d|\.\d)")
 
 
-def _dotted_heads(text: str, where: "Candidates") -> tuple[set[str], bool]:
-    """The first numbers of the text's three-part dotted numbers (versions: 2.4.57), and
-    whether it holds one of five parts or more outside a packet trace (an OID,
-    1.3.6.1.4.1.311.21.8, or a long version)."""
-    heads, long = set(), False
+def _dotted_heads(text: str, where: "Candidates") -> set[str]:
+    """The first numbers that make the text's four-part numbers of the same first number
+    versions or OIDs: those of its three-part dotted numbers (versions: 2.4.57) and of those
+    of five parts or more outside a packet trace (long versions); and 0, 1 and 2 where one of
+    those starts with them (an OID, 1.3.6.1.4.1.311.21.8: every OID's first arc is one of them,
+    X.660). An address of another first number in the same text is still an address."""
+    heads: set[str] = set()
     for m in matches(_DOTTED, text, where.digits):
         parts = m.group().split(".")
         if len(parts) == 3:
             heads.add(parts[0])
         elif len(parts) > 4 and text[m.end():m.end() + 3] != " > " and text[m.end():m.end() + 1] != ":":
-            long = True
-    return heads, long
+            heads.update(("0", "1", "2") if parts[0] in ("0", "1", "2") else (parts[0],))
+    return heads
 
 
 def _ips(text: str, where: "Candidates") -> Iterable[Span]:
     # Four dotted numbers with no word of their own around them are read as a version where the
     # text has a version of the same first (major) number: "firmware 4.2.1.0. Is that newer
     # than 4.2.0.15?", "Firmware-Version 11.2.4.0 ... auf 11.3.0.2", "2.4.58.1 ... and 2.4.57"
-    # (a three-part number is a version). A text with an OID or another number of five parts
-    # or more is about those. (Addresses of one network share their first number too, but a
-    # text rarely names a version and an address of the same first number.)
+    # (a three-part number is a version), or a number of five parts or more of the same first
+    # number (an OID's, of first number 0, 1 or 2, makes any of those an OID's sibling: 2.5.4.3).
+    # (Addresses of one network share their first number too, but a text rarely names a version
+    # and an address of the same first number.)
     versions: set[str] = set()
     unread: list[tuple[str, Span]] = []
     for pattern, ranges in ((_IPV4, where.digits), (_IPV6, where.colons)):
@@ -448,10 +451,9 @@ def _ips(text: str, where: "Candidates") -> Iterable[Span]:
                     continue
             yield span
     if unread:
-        heads, long = _dotted_heads(text, where)
-        versions |= heads
+        versions |= _dotted_heads(text, where)
         for head, span in unread:
-            if head not in versions and not long:
+            if head not in versions:
                 yield span
     if " > " in text:
         for m in matches(_TRACE, text, where.digits):

@@ -353,6 +353,14 @@ def test_versions_and_oids_read_from_the_text_pass(text):
 
 
 @pytest.mark.parametrize("text,value", [
+    ("SNMP OID 1.3.6.1.4.1.311.21.8 failed when polling 203.0.113.9", "203.0.113.9"),   # not an OID's arcs
+    ("see section 4.1.2.3.5 and then 8.8.8.8", "8.8.8.8"),
+])
+def test_an_address_beside_an_oid_or_a_long_version_of_another_first_number_is_found(text, value):
+    assert _found(text) == [("ip", value)]
+
+
+@pytest.mark.parametrize("text,value", [
     ('client = Client(os.environ["TWILIO_ACCOUNT_SID"], "4e1a9c0d7b2f83e65a1c9d0e2f4b7a38")', "4e1a9c0d7b2f83e65a1c9d0e2f4b7a38"),
     ("Mercado Pago: APP_USR-1234567890123456-010203-0a1b2c3d4e5f60718293a4b5c6d7e8f9-987654321.",
      "APP_USR-1234567890123456-010203-0a1b2c3d4e5f60718293a4b5c6d7e8f9-987654321"),
