@@ -60,6 +60,7 @@ def scan(policy: GuardPolicy, messages) -> Scan:
     word_hits: dict[int, int] = {}
     pii_hits: dict[str, int] = {}
     placeholders: dict[tuple[str, str], str] = {}
+    numbered: dict[str, int] = {}               # placeholders per detector
     phones = pii_detectors.PhoneVerdicts()      # one budget of phone-number parses for all the texts
     for where, text in texts:
         edits: list[tuple[int, int, str]] = []
@@ -77,7 +78,9 @@ def scan(policy: GuardPolicy, messages) -> Scan:
                     value = text[span.start:span.end]
                     key = (span.detector, value)
                     if key not in placeholders:
-                        n = sum(1 for d, _ in placeholders if d == span.detector) + 1
+                        # Counted per detector, not by reading every placeholder so far: a text
+                        # of many distinct values would cost quadratic time.
+                        n = numbered[span.detector] = numbered.get(span.detector, 0) + 1
                         placeholders[key] = f"<{span.detector.upper()}_{n}>"
                     edits.append((span.start, span.end, placeholders[key]))
         if edits:
