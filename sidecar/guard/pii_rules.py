@@ -35,9 +35,10 @@ _RUN_TOGETHER = re.compile("[\u0e00-\u0eff\u1000-\u109f\u1780-\u17ff\u2e80-\u9ff
 
 
 def _copula(copula: str) -> str:
-    """A copula that is a word stands apart ("is", not the end of "this"); a sign (":") or a
-    particle of a script written without spaces (是, 는) is written against the name."""
-    if copula[-1].isalnum() and not _RUN_TOGETHER.search(copula):
+    """A copula that is a word stands apart ("is", not the end of "this"; 是 and は after a
+    space: written against the name they begin most questions about passwords, 密码是否需要...);
+    a sign (":") is written against the name (Lösenord: ...)."""
+    if copula[-1].isalnum():
         return r"(?<!\w)%s(?![\w-])" % re.escape(copula)
     return re.escape(copula)
 
