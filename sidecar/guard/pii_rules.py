@@ -82,8 +82,19 @@ class PiiRules:
 
     @classmethod
     def load(cls, path: Path) -> "PiiRules":
-        with path.open("rb") as handle:
-            data = tomllib.load(handle)
+        """The rules of `path`; a missing or malformed entry is a ValueError naming the file and
+        the entry, raised at load (at import, for the shipped file), not on a request."""
+        try:
+            with path.open("rb") as handle:
+                return cls._of(tomllib.load(handle))
+        except (KeyError, TypeError, ValueError, re.error) as exc:
+            raise ValueError(f"{path}: invalid personal-data rules: {exc!r}") from exc
+
+    @classmethod
+    def _of(cls, data: dict) -> "PiiRules":
+        repeated = int(data["placeholder"]["repeated"])
+        if repeated < 2:             # one character "repeated" would make every token a placeholder
+            raise ValueError(f"[placeholder] repeated must be 2 or more, not {repeated}")
         rules = tuple(SecretRule(r["provider"], re.compile(r["pattern"]),
                                  re.compile(r["before"] + r"\Z") if "before" in r else None,
                                  re.compile(r["near"]) if "near" in r else None, bool(r.get("whole_field")),
@@ -100,7 +111,7 @@ class PiiRules:
                    int(data["ip"]["window"]), tuple(w.lower() for w in data["ip"]["not_after"]),
                    tuple(data["ip"]["not_before"]), frozenset(w.lower() for w in data["ip"]["address_words"]),
                    tuple(w.lower() for w in data["public"]["after"]), tuple(w.lower() for w in data["public"]["prefix"]),
-                   re.compile(r"(.)\1{%d}" % (int(data["placeholder"]["repeated"]) - 1)),
+                   re.compile(r"(.)\1{%d}" % (repeated - 1)),
                    tuple(w.lower() for w in data["stated"]["names"]), _stated(data["stated"]["copulas"]),
                    tuple((re.compile(c["prefix"]), frozenset(c["lengths"])) for c in data["card"]),
                    int(data["phone"]["window"]), frozenset(w.lower() for w in data["phone"]["words"]),

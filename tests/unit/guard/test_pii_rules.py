@@ -436,3 +436,18 @@ def test_ids_numbers_are_not_phone_numbers(text):
 def test_the_words_before_a_number_are_read_whole_outside_run_together_scripts(text, said):
     start = text.rindex(" ", 0, text.index(next(c for c in text if c.isdigit()))) + 1
     assert pii_rules.RULES.phone_context(text, start) == said
+
+
+@pytest.mark.parametrize("edit,named", [
+    (lambda t: t.replace("[phone]", "[phones]"), "'phone'"),                       # a section missing
+    (lambda t: t.replace("repeated = 6", "repeated = 1"), "repeated"),              # every token a placeholder
+    (lambda t: t.replace("lengths = [16]", "lengths = 16", 1), "int"),              # a list that is not one
+    (lambda t: t.replace("prefix = '4'", "prefix = '4('", 1), "missing \\)"),       # a pattern that does not compile
+])
+def test_a_malformed_rules_file_is_a_clear_error_at_load(tmp_path, edit, named):
+    text = Path(pii.__file__).with_name("pii_rules.toml").read_text(encoding="utf-8")
+    path = tmp_path / "pii_rules.toml"
+    path.write_text(edit(text), encoding="utf-8")
+    assert edit(text) != text
+    with pytest.raises(ValueError, match=f"pii_rules.toml: invalid personal-data rules: .*{named}"):
+        pii_rules.PiiRules.load(path)
