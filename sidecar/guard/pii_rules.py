@@ -34,23 +34,25 @@ _RUN_TOGETHER = re.compile("[\u0e00-\u0eff\u1000-\u109f\u1780-\u17ff\u2e80-\u9ff
                            "\uac00-\ud7af\uf900-\ufaff\uff66-\uffdc]")
 
 
-def _copula(copula: str) -> str:
-    """A copula that is a word stands apart ("is", not the end of "this"; 是 and は after a
-    space: written against the name they begin most questions about passwords, 密码是否需要...);
-    a sign (":") is written against the name (Lösenord: ...)."""
-    if copula[-1].isalnum():
-        return r"(?<!\w)%s(?![\w-])" % re.escape(copula)
-    return re.escape(copula)
+def _copulas(copulas: list[str]) -> str:
+    """The copulas as one pattern. A copula that is a word stands apart ("is", not the end of
+    "this"; 是 and は after a space: written against the name they begin most questions about
+    passwords, 密码是否需要...); a sign (":") is written against the name (Lösenord: ...). The
+    words share one lookbehind: tried once per position, not once per word."""
+    ordered = sorted(copulas, key=len, reverse=True)
+    words = "|".join(re.escape(c) for c in ordered if c[-1].isalnum())
+    signs = "|".join(re.escape(c) for c in ordered if not c[-1].isalnum())
+    return "|".join(([r"(?<!\w)(?:%s)(?![\w-])" % words] if words else []) + ([signs] if signs else []))
 
 
 def _stated(copulas: list[str]) -> re.Pattern:
     """After a stated credential's name: the rest of its word, up to three short words, a
     copula, then an app password (group 1) or a value (group 2); or, right after the name,
     an app password (group 3). An app password is four groups of four lowercase letters."""
-    signs = "|".join(map(_copula, sorted(copulas, key=len, reverse=True)))
+    copula = _copulas(copulas)
     app = r"([a-z]{4}(?: [a-z]{4}){3})(?!\w)"
     return re.compile(r"[\w-]{0,8}(?:(?:[ \t]+[\w-]{1,5}){0,3}?[ \t]*(?:%s)[ \t]*[:\uff1a]?[ \t]*[\"'`]?"
-                      r"(?:%s|([^\s\"'`<>,;(){}\[\]]{8,64})(?<![.?!:]))|[ \t]+%s)" % (signs, app, app))
+                      r"(?:%s|([^\s\"'`<>,;(){}\[\]]{8,64})(?<![.?!:]))|[ \t]+%s)" % (copula, app, app))
 
 
 @dataclass(frozen=True)
