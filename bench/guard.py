@@ -25,7 +25,7 @@ import sys
 import numpy as np
 
 from bench import report
-from bench.guard_data import (ORDINARY_SOURCES, PII_HOLDOUT, PII_HOLDOUT2, PII_HOLDOUT3, ROOT, embed_all, injection_examples,
+from bench.guard_data import (LATER_BATCH, ORDINARY_SOURCES, PII_HOLDOUT, PII_HOLDOUT2, PII_HOLDOUT3, ROOT, embed_all, injection_examples,
                               pii_examples, pii_handwritten)
 
 
@@ -93,7 +93,7 @@ DEVELOPMENT = ("deepset", "sluice")
 
 def _rates(flagged: np.ndarray, test: list, by_language: bool = True) -> dict:
     """Detection (attacks) and false alarms (hard look-alikes; ordinary prompts apart: the
-    English paraphrase set, the CJK ordinary set) of `flagged`, per source and per language of
+    English paraphrase set, data/guard/ordinary.jsonl) of `flagged`, per source and per language of
     the Sluice prompts. The held-out set counts only under its own source (and its languages)."""
     def group(pred) -> tuple[dict, dict]:
         idx = [i for i, e in enumerate(test) if pred(e)]
@@ -106,7 +106,8 @@ def _rates(flagged: np.ndarray, test: list, by_language: bool = True) -> dict:
     result = {"detection": detect, "false_alarms": fa,
               "false_alarms_paraphrase": group(lambda e: e.source == "paraphrase")[1],
               "false_alarms_ordinary_cjk": group(lambda e: e.source == "ordinary")[1], "by_source": {}}
-    # The test rows written before the second batch (guard_data.LATER_BATCH): the earlier figures' set.
+    # The test rows below guard_data.LATER_BATCH's ids (deepset's too): comparable with figures
+    # measured on those rows alone.
     earlier_detect, earlier_fa = group(lambda e: e.source in DEVELOPMENT and e.earlier)
     result["earlier_rows"] = {"detection": earlier_detect, "false_alarms": earlier_fa,
                               "false_alarms_ordinary": group(lambda e: e.source == "ordinary" and e.earlier)[1]}
@@ -297,10 +298,11 @@ def main() -> int:
                         ("ordinary_0.001", "0.1% of ordinary")):
         p = points[name]
         rows.append({"threshold set for": label, "detection": _cell(p["detection"]), "fa hard look-alikes": _cell(p["false_alarms"]),
-                     "fa paraphrase": _cell(p["false_alarms_paraphrase"]), "fa ordinary CJK": _cell(p["false_alarms_ordinary_cjk"]),
+                     "fa paraphrase": _cell(p["false_alarms_paraphrase"]), "fa ordinary non-English": _cell(p["false_alarms_ordinary_cjk"]),
                      "deepset / sluice attacks": f'{p["by_source"]["deepset"]["detection"]["rate"]} / {p["by_source"]["sluice"]["detection"]["rate"]}'})
     print(report.table(rows, list(rows[0])))
-    print("\ntest rows written before the second batch of data/guard/ (same thresholds):")
+    below = ", ".join(f"{series}-{number:03d}" for series, number in LATER_BATCH.items())
+    print(f"\ntest rows of deepset and of data/guard/ with ids below {below} (same thresholds):")
     print(report.table([{"threshold set for": label, "detection": _cell(points[name]["earlier_rows"]["detection"]),
                          "fa hard look-alikes": _cell(points[name]["earlier_rows"]["false_alarms"]),
                          "fa ordinary non-English": _cell(points[name]["earlier_rows"]["false_alarms_ordinary"])}
@@ -319,7 +321,7 @@ def main() -> int:
                         for k, v in data["injection"]["appended"].items()], ["document, route rate", "detection", "false alarms"]))
     inj = data["injection"]["false_alarm_rate_0.001"]
     print(f"\nroute default (false_alarm_rate 0.001, thresholds {inj['threshold']} / n-grams alone {inj['text_threshold']}), "
-          "Sluice prompts by language (false alarms: hard look-alikes; ordinary CJK prompts):")
+          "Sluice prompts by language (false alarms: hard look-alikes; ordinary non-English prompts):")
     print(report.table([{"language": k, "detection": _cell(v["detection"]), "false alarms": _cell(v["false_alarms"]),
                          "fa ordinary": _cell(v["false_alarms_ordinary"]) if "false_alarms_ordinary" in v else ""}
                         for k, v in inj["by_language"].items()], ["language", "detection", "false alarms", "fa ordinary"]))
@@ -335,7 +337,7 @@ def main() -> int:
         rows.append({"route rate": rate.rsplit("_", 1)[1], "language": "all (+deepset)", "detection": _cell(v["all_prompts"]["detection"]),
                      "false alarms": _cell(v["all_prompts"]["false_alarms"]) + " paraphrase " + _cell(v["all_prompts"]["false_alarms_paraphrase"])})
         rows.append({"route rate": rate.rsplit("_", 1)[1], "language": "not embedded", "detection": _cell(v["not_embedded"]["detection"]),
-                     "false alarms": _cell(v["not_embedded"]["false_alarms"]) + " ordinary CJK " + _cell(v["not_embedded"]["false_alarms_ordinary_cjk"])})
+                     "false alarms": _cell(v["not_embedded"]["false_alarms"]) + " ordinary " + _cell(v["not_embedded"]["false_alarms_ordinary_cjk"])})
     print(report.table(rows, ["route rate", "language", "detection", "false alarms"]))
     for name, sets in data["personal_data"].items():
         split = "test" if "test" in sets else "holdout"

@@ -131,7 +131,7 @@ def test_kfold_groups_keep_a_document_with_its_planted_order_and_near_copies():
     assert groups[0] == groups[1] != groups[2]
 
 
-def test_rows_of_the_later_batch_are_left_out_of_the_earlier_figures(tmp_path, monkeypatch):
+def test_earlier_rows_are_the_rows_below_the_later_batch_ids(tmp_path, monkeypatch):
     ours = tmp_path / "injections.jsonl"
     ours.write_text("".join(json.dumps({"id": i, "text": i, "label": 1, "lang": "en", "split": "test"}) + "\n"
                             for i in ("atk-000", "atk-580", "atk-581", "atk-900")))
