@@ -135,9 +135,15 @@ def test_earlier_rows_are_the_rows_below_the_later_batch_ids(tmp_path, monkeypat
     ours = tmp_path / "injections.jsonl"
     ours.write_text("".join(json.dumps({"id": i, "text": i, "label": 1, "lang": "en", "split": "test"}) + "\n"
                             for i in ("atk-000", "atk-580", "atk-581", "atk-900")))
+    ordinary = tmp_path / "ordinary.jsonl"
+    ordinary.write_text("".join(json.dumps({"id": i, "text": i, "lang": "ja", "split": "test"}) + "\n"
+                                for i in ("ord-172", "ord-173")))
     monkeypatch.setattr(guard_data, "OURS", ours)
-    test = [e for e in guard_data.injection_examples(paraphrase_limit=0) if e.source == "sluice"]
-    assert [e.earlier for e in test] == [True, True, False, False]
-    result = guard._rates(np.array([False, False, True, True]), test)
+    monkeypatch.setattr(guard_data, "ORDINARY", ordinary)
+    test = [e for e in guard_data.injection_examples(paraphrase_limit=0) if e.source in ("sluice", "ordinary")]
+    assert [e.earlier for e in test] == [True, True, False, False, True, False]
+    result = guard._rates(np.array([False, False, True, True, False, True]), test)
     assert result["detection"]["rate"] == 0.5 and result["earlier_rows"]["detection"]["rate"] == 0.0
     assert result["earlier_rows"]["detection"]["n"] == 2
+    assert result["false_alarms_ordinary_cjk"]["hits"] == 1
+    assert result["earlier_rows"]["false_alarms_ordinary"] == guard.wilson(0, 1)
