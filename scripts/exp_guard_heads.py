@@ -21,51 +21,39 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.guard_data import ORDINARY_SOURCES, embed_all, injection_examples  # noqa: E402
+from bench.guard import _scores, _threshold_for  # noqa: E402
+from bench.guard_data import ORDINARY_SOURCES, injection_examples  # noqa: E402
 from sidecar.guard.injection import InjectionHead  # noqa: E402
 
 RATES = (0.001, 0.01)
 
 
-def scored(head: InjectionHead, examples, vectors, embedded) -> np.ndarray:
-    full = [head.score(v, e.text) if ok else np.nan for v, e, ok in zip(vectors, examples, embedded)]
-    text = [head.score(None, e.text) for e in examples]
-    return np.array(full), np.array(text)
-
-
-def flagged(full, text, embedded, ordinary, rate, pick=None) -> np.ndarray:
+def flagged(embedded, full, text, ordinary, rate, pick=None) -> np.ndarray:
     """Whether each prompt is flagged at thresholds flagging `rate` of the ordinary prompts in
     `pick` (all of them when None): full-model threshold from those embedded, n-gram threshold
     from all."""
     rows = np.flatnonzero(ordinary) if pick is None else pick
-
-    def cut(scores):
-        ordered = np.sort(scores)[::-1]
-        return ordered[int(np.floor(rate * len(ordered)))] + 1e-9
-
-    t_full = cut(full[rows[embedded[rows]]])
-    t_text = cut(text[rows])
+    t_full = _threshold_for(full[rows[embedded[rows]]], rate)
+    t_text = _threshold_for(text[rows], rate)
     return np.where(embedded, full >= t_full, text >= t_text)
 
 
 def main() -> int:
     old_path, new_path = (Path(p) for p in sys.argv[1:3])
     examples = [e for e in injection_examples() if e.split == "val"]
-    vectors = embed_all([e.text for e in examples])
-    embedded = ~np.isnan(vectors).any(axis=1)
     y = np.array([e.label for e in examples])
     ordinary = np.array([e.source in ORDINARY_SOURCES for e in examples])
     attack, hard = y == 1, (y == 0) & ~ordinary
-    heads = {name: scored(InjectionHead.load(p), examples, vectors, embedded) for name, p in (("old", old_path), ("new", new_path))}
+    heads = {name: _scores(InjectionHead.load(p), examples) for name, p in (("old", old_path), ("new", new_path))}
     rng = np.random.default_rng(22)
     a, h, o = np.flatnonzero(attack), np.flatnonzero(hard), np.flatnonzero(ordinary)
     report = {"val": {"attacks": int(attack.sum()), "lookalikes": int(hard.sum()), "ordinary": int(ordinary.sum())}}
     for rate in RATES:
-        f = {n: flagged(*heads[n], embedded, ordinary, rate) for n in heads}
+        f = {n: flagged(*heads[n], ordinary, rate) for n in heads}
         det, look = [], []
         for _ in range(1000):
             ai, hi, oi = rng.choice(a, len(a)), rng.choice(h, len(h)), rng.choice(o, len(o))
-            g = {n: flagged(*heads[n], embedded, ordinary, rate, oi) for n in heads}
+            g = {n: flagged(*heads[n], ordinary, rate, oi) for n in heads}
             det.append(g["new"][ai].mean() - g["old"][ai].mean())
             look.append(int(g["new"][hi].sum()) - int(g["old"][hi].sum()))
         langs = sorted({examples[i].lang for i in a})
