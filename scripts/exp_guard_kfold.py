@@ -45,11 +45,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from bench.guard_data import (ORDINARY_SOURCES, _paraphrase_texts, embed_all,  # noqa: E402
-                              injection_examples, token_states)
+from bench.guard_data import ORDINARY_SOURCES, _paraphrase_texts, token_states  # noqa: E402
 from drop_chat_overlap import grams  # noqa: E402
-from exp_guard_models import train_token_max, with_states  # noqa: E402
-from train_guard import Ngrams, logits, train  # noqa: E402
+from exp_guard_models import data, train_token_max, with_states  # noqa: E402
+from train_guard import logits, train  # noqa: E402
 
 FOLDS = 5
 RATES = (0.001, 0.01)
@@ -101,14 +100,12 @@ def fold_of(examples: list) -> np.ndarray:
 
 
 def load() -> dict:
-    examples = [e for e in injection_examples() if e.split != "test"]
-    vectors = embed_all([e.text for e in examples])
-    usable = ~np.isnan(vectors).any(axis=1)
-    examples = [e for e, ok in zip(examples, usable) if ok]
-    y = np.array([e.label for e in examples], np.float64)
+    """exp_guard_models.data's train and val rows (those the model embeds) with each row's fold,
+    and the attack, look-alike and ordinary masks over all of them."""
+    d = data()
+    y, examples = d["y"], d["examples"]
     ordinary = np.array([e.source in ORDINARY_SOURCES for e in examples])
-    return {"examples": examples, "vectors": vectors[usable].astype(np.float64),
-            "ngrams": Ngrams([e.text for e in examples]), "y": y, "fold": fold_of(examples),
+    return {"examples": examples, "vectors": d["vectors"], "ngrams": d["ngrams"], "y": y, "fold": fold_of(examples),
             "attack": y == 1, "ordinary": ordinary, "hard": (y == 0) & ~ordinary}
 
 
