@@ -170,6 +170,21 @@ def paired(z, base, d, rate, rounds: int = 1000) -> dict:
             "lookalikes_interval": [int(q) for q in np.quantile(hard, [0.025, 0.975])]}
 
 
+def kept_scores(paths: list[Path], scored: np.ndarray) -> tuple[np.ndarray, list[int]]:
+    """A variant's out-of-fold scores from runs of some folds each (`--scores`), each run filling
+    its folds' rows, and their epochs. Every `scored` row must get one: a row without a score
+    would count as an attack missed and would make its fold's threshold NaN."""
+    z, epochs = np.full(len(scored), np.nan), []
+    for path in paths:
+        with np.load(path) as saved:
+            z = np.where(np.isnan(z), saved["z"], z)
+            epochs += saved["epochs"].tolist()
+    missing = int(np.isnan(z[scored]).sum())
+    if missing:
+        raise SystemExit(f"{', '.join(map(str, paths))}: no score for {missing} rows of the folds asked for")
+    return z, epochs
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("variants", nargs="*", default=list(VARIANTS))
@@ -192,11 +207,7 @@ def main() -> int:
     for variant in args.variants:
         kept = [folder / f"{variant}.npz" for folder in args.scores]
         if kept and all(path.exists() for path in kept):
-            scores[variant], epochs = np.full(len(d["y"]), np.nan), []
-            for path in kept:       # runs of other folds: each fills its folds' rows
-                with np.load(path) as saved:
-                    scores[variant] = np.where(np.isnan(scores[variant]), saved["z"], scores[variant])
-                    epochs += saved["epochs"].tolist()
+            scores[variant], epochs = kept_scores(kept, scored)
         else:
             if states is None and (variant.startswith("token_max") or variant == "both"):
                 states = token_states([e.text for e in d["examples"]])

@@ -3,6 +3,7 @@ held-out set is test only and reported apart from the development test splits.""
 import json
 
 import numpy as np
+import pytest
 
 from bench import guard, guard_data
 from bench.guard_data import Example, generated_examples
@@ -147,3 +148,18 @@ def test_earlier_rows_are_the_rows_below_the_later_batch_ids(tmp_path, monkeypat
     assert result["earlier_rows"]["detection"]["n"] == 2
     assert result["false_alarms_ordinary_cjk"]["hits"] == 1
     assert result["earlier_rows"]["false_alarms_ordinary"] == guard.wilson(0, 1)
+
+
+def test_kfold_kept_scores_fill_every_scored_row_or_stop(tmp_path):
+    import sys
+    sys.path.insert(0, str(guard_data.ROOT / "scripts"))
+    from exp_guard_kfold import kept_scores
+    nan = np.nan
+    np.savez(tmp_path / "a.npz", z=np.array([0.1, 0.2, nan, nan]), epochs=np.array([20]))
+    np.savez(tmp_path / "b.npz", z=np.array([nan, nan, 0.3, nan]), epochs=np.array([40]))
+    scored = np.array([True, True, True, False])
+    z, epochs = kept_scores([tmp_path / "a.npz", tmp_path / "b.npz"], scored)
+    np.testing.assert_array_equal(z[:3], [0.1, 0.2, 0.3])
+    assert epochs == [20, 40]
+    with pytest.raises(SystemExit, match="no score for 1 rows"):
+        kept_scores([tmp_path / "a.npz"], scored)
