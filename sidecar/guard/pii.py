@@ -396,6 +396,20 @@ _TRACE = re.compile(r"(?<![A-Za-z0-9_.])(\d{1,3}(?:\.\d{1,3}){3})\.\d{1,5} > (\d
 _DOTTED = re.compile(r"(?<![\d.])\d+(?:\.\d+){2,}(?!\d|\.\d)")
 
 
+# A product token's word (User-Agent: Chrome/131.0.0.0, AppleWebKit/537.36, com.example-app/1.2.3.4).
+_PRODUCT_WORD = re.compile(r"[A-Za-z][A-Za-z0-9_.-]*\Z")
+
+
+def _product_version(text: str, start: int) -> bool:
+    """Whether the number at text[start] is a product's version: it follows "word/" and the
+    word is not itself a segment of a path or URL (/hosts/10.0.0.12, /nodes/10.0.0.12), where the
+    number is read like any other: an address unless a version word decides (fail closed)."""
+    if start < 2 or text[start - 1] != "/" or not text[start - 2].isalpha():
+        return False
+    word = _PRODUCT_WORD.search(text, max(0, start - 65), start - 1)
+    return word is not None and text[word.start() - 1:word.start()] != "/"
+
+
 def _dotted_heads(text: str, where: "Candidates") -> set[str]:
     """The first numbers that make the text's four-part numbers of the same first number
     versions or OIDs: those of its three-part dotted numbers (versions: 2.4.57) and of those
@@ -439,8 +453,8 @@ def _ips(text: str, where: "Candidates") -> Iterable[Span]:
             if pattern is _IPV4 and not length:
                 if value.startswith("0.") and value != "0.0.0.0":
                     continue
-                if m.start() > 1 and text[m.start() - 1] == "/" and text[m.start() - 2].isalpha():
-                    continue           # a product's version (User-Agent: Chrome/131.0.0.0), a path's segment
+                if _product_version(text, m.start()):
+                    continue
                 version = RULES.version_like(text, m.start(), m.end())
                 head = value[:value.index(".")]
                 if version:

@@ -352,6 +352,24 @@ def test_versions_and_oids_read_from_the_text_pass(text):
     assert [s for s in pii.find(text, pii.DETECTORS) if s.detector == "ip"] == []
 
 
+@pytest.mark.parametrize("text", [
+    "Chrome/131.0.0.0",
+    "User-Agent: Mozilla/5.0 (Windows NT 10.0; Win64; x64) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/131.0.0.0 Safari/537.36",
+])
+def test_a_product_tokens_version_passes(text):
+    assert [s for s in pii.find(text, pii.DETECTORS) if s.detector == "ip"] == []
+
+
+@pytest.mark.parametrize("text,value", [
+    ("GET /hosts/10.0.0.12/metrics", "10.0.0.12"),
+    ("curl https://api.example.com/nodes/10.0.0.12", "10.0.0.12"),
+    # A path's segment is no product token, even one that reads like a release.
+    ("wget https://example.com/releases/8.1.0.2/app.tar.gz", "8.1.0.2"),
+])
+def test_an_address_as_a_path_segment_is_found(text, value):
+    assert _found(text) == [("ip", value)]
+
+
 @pytest.mark.parametrize("text,value", [
     ("SNMP OID 1.3.6.1.4.1.311.21.8 failed when polling 203.0.113.9", "203.0.113.9"),   # not an OID's arcs
     ("see section 4.1.2.3.5 and then 8.8.8.8", "8.8.8.8"),
