@@ -212,26 +212,36 @@ _VOWELS = frozenset("aeiouy")
 
 def _stated(text: str, rules: "PiiRules") -> Iterable[Span]:
     """A password stated in a sentence ("a senha do app é Pb7#kW2q!vXm", "app password qzvw mkxe
-    hbtr pnla": `[stated]` of the rules). The names are found with str.find on the
-    case-folded text (a few C searches), the pattern read only after one."""
+    hbtr pnla": `[stated]` of the rules). The names are found in the case-folded text by one
+    automaton pass, the pattern read only after one."""
     # İ is the one letter whose lowercase is two characters (i and a combining dot): as i, the
     # offsets stay the text's (ŞİFRE is şifre).
     folded = text.replace("\u0130", "i").lower()
     if len(folded) != len(text):
         return                               # a case-folding that changes offsets: not read
-    # An ASCII text holds none of the names in other scripts: half the searches.
-    for name in rules.stated_ascii_names if text.isascii() else rules.stated_names:
-        at = folded.find(name)
-        while at >= 0:
-            m = rules.stated.match(text, at + len(name))
-            if m is not None:
-                app = 1 if m.group(1) else 3 if m.group(3) else 0
-                if app and any(not _VOWELS.intersection(group) for group in m.group(app).split()):
-                    yield Span("secret", m.start(app), m.end(app))
-                elif (m.group(2) and any(c.isalpha() for c in m.group(2)) and _SIGN_IN_VALUE.search(m.group(2))
-                      and not m.group(2).startswith(_NOT_VALUES)):
-                    yield Span("secret", m.start(2), m.end(2))
-            at = folded.find(name, at + 1)
+    for _, _, end in stated_names(folded, rules):
+        m = rules.stated.match(text, end)
+        if m is not None:
+            app = 1 if m.group(1) else 3 if m.group(3) else 0
+            if app and any(not _VOWELS.intersection(group) for group in m.group(app).split()):
+                yield Span("secret", m.start(app), m.end(app))
+            elif (m.group(2) and any(c.isalpha() for c in m.group(2)) and _SIGN_IN_VALUE.search(m.group(2))
+                  and not m.group(2).startswith(_NOT_VALUES)):
+                yield Span("secret", m.start(2), m.end(2))
+
+
+def stated_names(folded: str, rules: "PiiRules") -> list[tuple[int, int, int]]:
+    """(name index, start, end) of every stated name in the case-folded text, overlapping ones
+    included."""
+    try:
+        return rules.stated_automaton.find_matches_as_indexes(folded, overlapping=True)
+    except UnicodeEncodeError:
+        # A lone surrogate (a JSON "\ud800" escape) is no character the automaton can read:
+        # U+FFFD stands in for it, one for one, so offsets hold.
+        return rules.stated_automaton.find_matches_as_indexes(_SURROGATE.sub("\ufffd", folded), overlapping=True)
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 # A password on a command line: curl's and wget's `-u user:password` / `--user user:password`,

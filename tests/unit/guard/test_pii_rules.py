@@ -469,3 +469,33 @@ def test_a_malformed_rules_file_is_a_clear_error_at_load(tmp_path, edit, named):
     assert edit(text) != text
     with pytest.raises(ValueError, match=f"pii_rules.toml: invalid personal-data rules: .*{named}"):
         pii_rules.PiiRules.load(path)
+
+
+def _names_by_find(folded: str) -> list[tuple[int, int]]:
+    """Every stated name's place, one str.find per name: what the automaton must give."""
+    found = []
+    for name in pii_rules.RULES.stated_names:
+        at = folded.find(name)
+        while at >= 0:
+            found.append((at, at + len(name)))
+            at = folded.find(name, at + 1)
+    return sorted(found)
+
+
+def test_the_stated_names_automaton_finds_what_a_search_per_name_finds():
+    root = Path(__file__).resolve().parents[3] / "data/guard"
+    texts = [line.split("\t", 1)[-1] for f in sorted(root.glob("pii_*.txt"))
+             for line in f.read_text(encoding="utf-8").split("\n")]
+    texts += ["PASSWORDpasswordpassword is Xq9#mT4v!Lp2", "密码密码是 Pb7#kW2q!vXm", "ŞİFRESİ: x", "senha \ud800 senha é Xq9#mT4v!Lp2"]
+    hits = 0
+    for text in texts:
+        folded = text.replace("\u0130", "i").lower()
+        expected = _names_by_find(folded)
+        assert sorted((s, e) for _, s, e in secrets.stated_names(folded, pii_rules.RULES)) == expected, text
+        hits += len(expected)
+    assert hits > 30                          # the sample holds stated names
+
+
+def test_a_lone_surrogate_does_not_hide_a_stated_password():
+    text = "\ud800 a senha é Xq9#mT4v!Lp2"
+    assert [text[s.start:s.end] for s in secrets.find(text, [], 4.3)] == ["Xq9#mT4v!Lp2"]
