@@ -3,7 +3,7 @@
     nice -n 19 .venv/bin/python scripts/exp_guard_kfold.py [--out FILE] [--folds 0,1,2] [--scores DIR] [VARIANT ...]
 
 One validation split of ~150 attacks cannot separate variants whose detection differs by a
-few attacks (docs/guard.md). Here every train and val row (bench/guard_data.py; the test split
+few attacks (docs/guard-quality.md). Here every train and val row (bench/guard_data.py; the test split
 and the held-out file are not read) is scored once, out of fold:
 
 - Groups: a paraphrase prompt goes with its paraphrase group (as the splits do); an attack,
