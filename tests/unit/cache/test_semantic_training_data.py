@@ -1,22 +1,25 @@
-"""The verifier's hand-written training pairs: well formed, about half rewordings, and apart
-from the held-out chat suites (scripts/drop_chat_overlap.py), so no chat figure is measured on a
-near-copy of a training pair."""
+"""The verifier's hand-written pairs (handwritten.jsonl, and the news and caption files kept for
+training experiments): well formed, about half rewordings, and apart from the held-out chat
+suites (scripts/drop_chat_overlap.py), so no chat figure is measured on a near-copy of a
+training pair."""
 import pytest
 
 from scripts import drop_chat_overlap
 
-HANDWRITTEN = drop_chat_overlap.TEST_DIRS[0].parent / "handwritten.jsonl"
+DATA = drop_chat_overlap.TEST_DIRS[0].parent
+FILES = ("handwritten.jsonl", "handwritten-news.jsonl", "handwritten-captions.jsonl")
 # The image's test stage has no data/ folder (the Dockerfile does not copy it).
-pytestmark = pytest.mark.skipif(not HANDWRITTEN.exists(), reason="data/semantic is not in this tree")
+pytestmark = pytest.mark.skipif(not (DATA / FILES[0]).exists(), reason="data/semantic is not in this tree")
 
 
-def _pairs():
-    return drop_chat_overlap.load_jsonl(HANDWRITTEN)
+def _pairs(name: str = FILES[0]):
+    return drop_chat_overlap.load_jsonl(DATA / name)
 
 
-def test_pairs_are_well_formed_and_about_half_rewordings():
-    pairs = _pairs()
-    assert len(pairs) >= 900
+@pytest.mark.parametrize("name", FILES)
+def test_pairs_are_well_formed_and_about_half_rewordings(name):
+    pairs = _pairs(name)
+    assert len(pairs) >= 800
     for p in pairs:
         assert set(p) == {"a", "b", "label", "kind", "lang"}, p
         assert p["label"] in (0, 1) and p["a"].strip() and p["b"].strip() and p["a"] != p["b"], p
@@ -25,11 +28,12 @@ def test_pairs_are_well_formed_and_about_half_rewordings():
     assert len({p["lang"] for p in pairs}) >= 8
 
 
-def test_no_pair_is_near_a_held_out_chat_text():
+@pytest.mark.parametrize("name", FILES)
+def test_no_pair_is_near_a_held_out_chat_text(name):
     test = drop_chat_overlap.test_texts()
     assert len(test) > 4000, "a held-out chat suite is missing"
     index = drop_chat_overlap.Index(test)
-    near = [i for i, p in enumerate(_pairs())
+    near = [i for i, p in enumerate(_pairs(name))
             if max(index.highest(p["a"]), index.highest(p["b"])) > drop_chat_overlap.LIMIT]
     assert near == [], f"{len(near)} training pairs near a chat-test text (lines {near[:10]})"
 
