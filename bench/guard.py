@@ -105,7 +105,7 @@ def _rates(flagged: np.ndarray, test: list, by_language: bool = True) -> dict:
     detect, fa = group(lambda e: e.source in DEVELOPMENT)
     result = {"detection": detect, "false_alarms": fa,
               "false_alarms_paraphrase": group(lambda e: e.source == "paraphrase")[1],
-              "false_alarms_ordinary_cjk": group(lambda e: e.source == "ordinary")[1], "by_source": {}}
+              "false_alarms_ordinary": group(lambda e: e.source == "ordinary")[1], "by_source": {}}
     # The test rows below guard_data.LATER_BATCH's ids (deepset's too): comparable with figures
     # measured on those rows alone.
     earlier_detect, earlier_fa = group(lambda e: e.source in DEVELOPMENT and e.earlier)
@@ -298,7 +298,7 @@ def main() -> int:
                         ("ordinary_0.001", "0.1% of ordinary")):
         p = points[name]
         rows.append({"threshold set for": label, "detection": _cell(p["detection"]), "fa hard look-alikes": _cell(p["false_alarms"]),
-                     "fa paraphrase": _cell(p["false_alarms_paraphrase"]), "fa ordinary non-English": _cell(p["false_alarms_ordinary_cjk"]),
+                     "fa paraphrase": _cell(p["false_alarms_paraphrase"]), "fa ordinary non-English": _cell(p["false_alarms_ordinary"]),
                      "deepset / sluice attacks": f'{p["by_source"]["deepset"]["detection"]["rate"]} / {p["by_source"]["sluice"]["detection"]["rate"]}'})
     print(report.table(rows, list(rows[0])))
     below = ", ".join(f"{series}-{number:03d}" for series, number in LATER_BATCH.items())
@@ -337,7 +337,7 @@ def main() -> int:
         rows.append({"route rate": rate.rsplit("_", 1)[1], "language": "all (+deepset)", "detection": _cell(v["all_prompts"]["detection"]),
                      "false alarms": _cell(v["all_prompts"]["false_alarms"]) + " paraphrase " + _cell(v["all_prompts"]["false_alarms_paraphrase"])})
         rows.append({"route rate": rate.rsplit("_", 1)[1], "language": "not embedded", "detection": _cell(v["not_embedded"]["detection"]),
-                     "false alarms": _cell(v["not_embedded"]["false_alarms"]) + " ordinary " + _cell(v["not_embedded"]["false_alarms_ordinary_cjk"])})
+                     "false alarms": _cell(v["not_embedded"]["false_alarms"]) + " ordinary " + _cell(v["not_embedded"]["false_alarms_ordinary"])})
     print(report.table(rows, ["route rate", "language", "detection", "false alarms"]))
     for name, sets in data["personal_data"].items():
         split = "test" if "test" in sets else "holdout"

@@ -146,7 +146,7 @@ def test_earlier_rows_are_the_rows_below_the_later_batch_ids(tmp_path, monkeypat
     result = guard._rates(np.array([False, False, True, True, False, True]), test)
     assert result["detection"]["rate"] == 0.5 and result["earlier_rows"]["detection"]["rate"] == 0.0
     assert result["earlier_rows"]["detection"]["n"] == 2
-    assert result["false_alarms_ordinary_cjk"]["hits"] == 1
+    assert result["false_alarms_ordinary"]["hits"] == 1
     assert result["earlier_rows"]["false_alarms_ordinary"] == guard.wilson(0, 1)
 
 
