@@ -22,7 +22,6 @@ reports/guard_lexical_cost.json. The test splits are not read.
 from __future__ import annotations
 
 import json
-import math
 import os
 import statistics
 import sys
@@ -119,41 +118,14 @@ class Features:
     def buckets(self, text: str) -> np.ndarray:
         return self.hashed(self.points(text))[0].astype(np.int64)
 
-    def grams_in(self, start: int, end: int, size: int) -> int:
-        return sum(max(0, min(end, size - n + 1) - start) for n in self.orders)
-
     def tail_roots(self) -> tuple[float, ...]:
-        w, top = lexical.WINDOW, max(self.orders)
-        return tuple(math.sqrt(max(self.grams_in(s, s + w, 2 * w), 1)) for s in range(2 * w - top + 2 - w, w + 1))
+        return lexical.tail_roots(self.orders)
 
     def score(self, weights: np.ndarray, text: str, tail_roots=None) -> float:
         """lexical.score with this definition (same windows)."""
         points = self.points(text)
         flat, lengths = self.hashed(points)
-        if not lengths[0]:
-            return 0.0
-        size, window = len(points), lexical.WINDOW
-        gathered = weights.take(flat)
-        total = np.zeros(size)
-        at = 0
-        for length in lengths:
-            total[:length] += gathered[at:at + length]
-            at += length
-        best = total.sum() / math.sqrt(len(flat))
-        if size > window:
-            sums = np.empty(size + 1)
-            sums[0] = 0.0
-            np.cumsum(total, out=sums[1:])
-            stretch = sums[window:] - sums[:-window]
-            full = max(0, size - max(self.orders) + 1 - window + 1)
-            if full:
-                best = max(best, stretch[:full].max() / math.sqrt(len(self.orders) * window))
-                for value, root in zip(stretch[full:].tolist(), tail_roots or self.tail_roots()):
-                    best = max(best, value / root)
-            else:
-                for start, value in enumerate(stretch.tolist()):
-                    best = max(best, value / math.sqrt(max(self.grams_in(start, start + window, size), 1)))
-        return float(best)
+        return lexical.windowed(weights, flat, lengths, len(points), self.orders, tail_roots or self.tail_roots())
 
 
 VARIANTS = {

@@ -99,9 +99,15 @@ def score(weights: np.ndarray, text: str) -> float:
     the whole text, the document's ordinary n-grams would outweigh it."""
     points = _folded_points(text)
     flat, lengths = _hashed(points)
+    return windowed(weights, flat, lengths, len(points))
+
+
+def windowed(weights: np.ndarray, flat: np.ndarray, lengths: list[int], size: int,
+             orders: tuple[int, ...] = ORDERS, tail_roots: tuple[float, ...] | None = None) -> float:
+    """`score` of a text of `size` points from its n-grams' buckets (`_hashed`'s two results);
+    `orders` and `tail_roots` are another n-gram definition's (scripts/exp_guard_lexical.py)."""
     if not lengths[0]:
         return 0.0
-    size = len(points)
     # The weights of the n-grams starting at each position, the orders added in turn.
     gathered = weights.take(flat)
     total = np.zeros(size)
@@ -117,24 +123,28 @@ def score(weights: np.ndarray, text: str) -> float:
         stretch = sums[WINDOW:] - sums[:-WINDOW]
         # Every stretch but the last few holds all orders' n-grams at each position, the same
         # count: the highest of them is the highest sum over that count's root.
-        full = max(0, size - max(ORDERS) + 1 - WINDOW + 1)      # stretches [0, full) are complete
+        full = max(0, size - max(orders) + 1 - WINDOW + 1)      # stretches [0, full) are complete
         if full:
-            best = max(best, stretch[:full].max() / math.sqrt(len(ORDERS) * WINDOW))
+            best = max(best, stretch[:full].max() / math.sqrt(len(orders) * WINDOW))
             # The last few hold as many n-grams as the last few of any text this long.
-            for value, root in zip(stretch[full:].tolist(), _TAIL_ROOTS):
+            for value, root in zip(stretch[full:].tolist(), _TAIL_ROOTS if tail_roots is None else tail_roots):
                 best = max(best, value / root)
         else:
             for start, value in enumerate(stretch.tolist()):
-                best = max(best, value / math.sqrt(max(_grams_in(start, start + WINDOW, size), 1)))
+                best = max(best, value / math.sqrt(max(grams_in(start, start + WINDOW, size, orders), 1)))
     return float(best)
 
 
-def _grams_in(start: int, end: int, size: int) -> int:
+def grams_in(start: int, end: int, size: int, orders: tuple[int, ...] = ORDERS) -> int:
     """How many n-grams of a text of `size` points start at positions [start, end)."""
-    return sum(max(0, min(end, size - n + 1) - start) for n in ORDERS)
+    return sum(max(0, min(end, size - n + 1) - start) for n in orders)
 
 
-# The roots of the n-gram counts of the stretches after the complete ones, the same for every
-# text with a complete one (counted here for one such length).
-_TAIL_ROOTS = tuple(math.sqrt(max(_grams_in(start, start + WINDOW, 2 * WINDOW), 1))
-                    for start in range(2 * WINDOW - max(ORDERS) + 2 - WINDOW, WINDOW + 1))
+def tail_roots(orders: tuple[int, ...] = ORDERS) -> tuple[float, ...]:
+    """The roots of the n-gram counts of the stretches after the complete ones, the same for
+    every text with a complete one (counted here for one such length)."""
+    return tuple(math.sqrt(max(grams_in(start, start + WINDOW, 2 * WINDOW, orders), 1))
+                 for start in range(2 * WINDOW - max(orders) + 2 - WINDOW, WINDOW + 1))
+
+
+_TAIL_ROOTS = tail_roots()
