@@ -241,8 +241,7 @@ def _phone_shaped(candidate: str) -> bool:
 
 def _is_phone(candidate: str, regions: tuple[str, ...], grouped: tuple[str, ...] = (), context: tuple[str, ...] = (),
               parse: Callable[[str, str | None], phonenumbers.PhoneNumber] = functools.partial(phonenumbers.parse, keep_raw_input=True)) -> bool:
-    if not _phone_shaped(candidate):
-        return False
+    """Whether a candidate `_phone_shaped` passed (the caller checks) is a phone number."""
     if candidate.startswith("00"):
         candidate = "+" + candidate[2:]      # 00 dials abroad from most countries, as + does
     international = candidate.startswith(("+", "(+"))
