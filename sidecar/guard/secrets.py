@@ -35,7 +35,7 @@ def _mixed(token: str) -> bool:
 # from each of its characters.)
 RUN_CHARS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.+/=-"
 MIN_RUN = 20
-_RUN_CLASS = "[A-Za-z0-9_.+/=-]"      # RUN_CHARS (a test holds them equal)
+_RUN_CLASS = "[" + re.escape(RUN_CHARS) + "]"
 _RUN = re.compile(f"{_RUN_CLASS}(?<!{_RUN_CLASS}.){_RUN_CLASS}{{{MIN_RUN - 1},}}")
 
 
@@ -177,6 +177,11 @@ _NOT_VALUES = ("http", "$", "%", "process.", "os.", "/", "~/", "./", "../")
 _SIGN_IN_VALUE = re.compile(r"[0-9!@#$%^&*+=?~/|\\]")
 
 
+def _password_like(value: str) -> bool:
+    """A letter and a digit or sign: what a password has and a word or a number has not."""
+    return any(c.isalpha() for c in value) and _SIGN_IN_VALUE.search(value) is not None
+
+
 def _assigned(text: str, rules: "PiiRules") -> Iterable[Span]:
     """Values assigned to a name that says it is a credential (password=, "api_key": ...)."""
     reverse = None
@@ -194,8 +199,8 @@ def _assigned(text: str, rules: "PiiRules") -> Iterable[Span]:
             if name is not None and rules.assignment_names.search(name.group(1)):
                 m = _VALUE.match(text, at + 1)
                 value = m.group(1).rstrip(".?:") if m else ""     # a sentence's end is not part of the value
-                if (len(value) >= rules.assignment_min_length and any(c.isalpha() for c in value)
-                        and _SIGN_IN_VALUE.search(value) and not value.startswith(_NOT_VALUES)):
+                if (len(value) >= rules.assignment_min_length and _password_like(value)
+                        and not value.startswith(_NOT_VALUES)):
                     end = m.start(1) + len(value)
                     if m.end(1) - m.start(1) == _VALUE_HEAD:      # a longer value is redacted whole
                         end = m.start(1) + len(text[m.start(1):_VALUE_REST.match(text, m.end(1)).end()].rstrip(".?:"))
@@ -225,8 +230,7 @@ def _stated(text: str, rules: "PiiRules") -> Iterable[Span]:
             app = 1 if m.group(1) else 3 if m.group(3) else 0
             if app and any(not _VOWELS.intersection(group) for group in m.group(app).split()):
                 yield Span("secret", m.start(app), m.end(app))
-            elif (m.group(2) and any(c.isalpha() for c in m.group(2)) and _SIGN_IN_VALUE.search(m.group(2))
-                  and not m.group(2).startswith(_NOT_VALUES)):
+            elif m.group(2) and _password_like(m.group(2)) and not m.group(2).startswith(_NOT_VALUES):
                 yield Span("secret", m.start(2), m.end(2))
 
 
@@ -259,7 +263,7 @@ def _cli_passwords(text: str) -> Iterable[Span]:
     if "-p" in text and ("mysql" in text or "mariadb" in text):
         for m in _MYSQL_PASSWORD.finditer(text):
             value = m.group(1)
-            if any(c.isalpha() for c in value) and _SIGN_IN_VALUE.search(value):
+            if _password_like(value):
                 yield Span("secret", m.start(1), m.end(1))
 
 
