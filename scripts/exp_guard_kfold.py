@@ -45,6 +45,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
+from bench.guard import _threshold_for  # noqa: E402
 from bench.guard_data import ORDINARY_SOURCES, _paraphrase_texts, token_states  # noqa: E402
 from drop_chat_overlap import grams  # noqa: E402
 from exp_guard_models import data, train_token_max, with_states  # noqa: E402
@@ -134,8 +135,7 @@ def _thresholds(z, fold, ordinary, rate, folds, pick=None) -> np.ndarray:
     out = np.full(len(z), np.inf)
     for n, k in enumerate(folds):
         rows = np.flatnonzero(ordinary & (fold == k)) if pick is None else pick[n]
-        ordered = np.sort(z[rows])[::-1]
-        out[fold == k] = ordered[int(np.floor(rate * len(ordered)))] + 1e-9
+        out[fold == k] = _threshold_for(z[rows], rate)
     return out
 
 

@@ -34,6 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
+from bench.guard import _threshold_for  # noqa: E402
 from bench.guard_data import (ORDINARY_SOURCES, embed_all, generated_examples, injection_examples,  # noqa: E402
                               pooled_states, token_states)
 from sidecar.guard import lexical  # noqa: E402
@@ -44,8 +45,7 @@ from train_guard import Ngrams, class_weights, logits, train  # noqa: E402
 
 def recall_at(scores, attacks, benign, rate) -> tuple[float, float]:
     """Detection at the threshold flagging `rate` of `benign`, and that threshold."""
-    ordered = np.sort(scores[benign])[::-1]
-    threshold = ordered[int(np.floor(rate * len(ordered)))] + 1e-9
+    threshold = _threshold_for(scores[benign], rate)
     return float((scores[attacks] >= threshold).mean()), threshold
 
 
@@ -239,8 +239,7 @@ def paired_difference(z, base, attacks, ordinary, rate, rounds: int = 1000) -> d
     a, o = np.flatnonzero(attacks), np.flatnonzero(ordinary)
 
     def caught(scores, oi, ai):
-        ordered = np.sort(scores[oi])[::-1]
-        return scores[ai] >= ordered[int(np.floor(rate * len(ordered)))] + 1e-9
+        return scores[ai] >= _threshold_for(scores[oi], rate)
 
     mine, theirs = caught(z, o, a), caught(base, o, a)
     rng = np.random.default_rng(22)
