@@ -28,7 +28,6 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 
@@ -159,19 +158,14 @@ def _half(weights: np.ndarray) -> np.ndarray:
 
 def train_variant(f: Features, examples: list, vectors: np.ndarray) -> dict:
     """Both heads, trained as train_guard.py trains them, with `f`'s features."""
-    saved = train_guard.lexical
-    train_guard.lexical = SimpleNamespace(DIM=f.dim)         # the table size _init and grad use
-    try:
-        y = np.array([e.label for e in examples], np.float64)
-        is_train = np.array([e.split == "train" for e in examples])
-        every = Ngrams([e.text for e in examples], buckets=f.buckets)
-        text_params, text_epoch, _ = train_guard.train(np.zeros((len(examples), 0)), every, y, is_train, ~is_train)
-        usable = ~np.isnan(vectors).any(axis=1)
-        rows = np.flatnonzero(usable)
-        ngrams = Ngrams([examples[i].text for i in rows], buckets=f.buckets)
-        params, epoch, _ = train_guard.train(vectors[rows].astype(np.float64), ngrams, y[rows], is_train[rows], ~is_train[rows])
-    finally:
-        train_guard.lexical = saved
+    y = np.array([e.label for e in examples], np.float64)
+    is_train = np.array([e.split == "train" for e in examples])
+    every = Ngrams([e.text for e in examples], buckets=f.buckets, dim=f.dim)
+    text_params, text_epoch, _ = train_guard.train(np.zeros((len(examples), 0)), every, y, is_train, ~is_train)
+    usable = ~np.isnan(vectors).any(axis=1)
+    rows = np.flatnonzero(usable)
+    ngrams = Ngrams([examples[i].text for i in rows], buckets=f.buckets, dim=f.dim)
+    params, epoch, _ = train_guard.train(vectors[rows].astype(np.float64), ngrams, y[rows], is_train[rows], ~is_train[rows])
     return {"embedding": _half(params["embedding"]), "lexical": _half(params["lexical"]),
             "bias": np.float32(params["bias"]), "epoch": epoch,
             "text_lexical": _half(text_params["lexical"]), "text_bias": np.float32(text_params["bias"]),

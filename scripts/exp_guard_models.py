@@ -143,7 +143,7 @@ def train_token_max(d: dict, units: int, token=None) -> tuple[np.ndarray, int]:
     v, ngrams, y = d["vectors"], d["ngrams"], d["y"]
     weight = class_weights(y, d["is_train"])
     rng = np.random.default_rng(22)
-    params = {"embedding": np.zeros(v.shape[1]), "lexical": np.zeros(lexical.DIM), "bias": np.zeros(()),
+    params = {"embedding": np.zeros(v.shape[1]), "lexical": np.zeros(ngrams.dim), "bias": np.zeros(()),
               "proj": rng.normal(0, 1 / np.sqrt(states.shape[1]), (states.shape[1], units)).astype(np.float32),
               "proj_bias": np.zeros(units, np.float32), "out": np.zeros(units)}
     l2 = {"embedding": train_guard.L2_EMBEDDING, "lexical": train_guard.L2_LEXICAL, "bias": 0.0,

@@ -32,7 +32,8 @@ EPOCHS, LR, L2_LEXICAL, L2_EMBEDDING = 600, 0.02, 1e-5, 1e-4
 class Ngrams:
     """The n-gram features of many texts as a sparse matrix (rows, buckets, values)."""
 
-    def __init__(self, texts: list[str], buckets=lexical.buckets):
+    def __init__(self, texts: list[str], buckets=lexical.buckets, dim: int = lexical.DIM):
+        self.dim = dim                  # the table size: buckets are below it
         rows, cols, values = [], [], []
         for i, text in enumerate(texts):
             index = buckets(text)
@@ -46,7 +47,7 @@ class Ngrams:
         return np.bincount(self.rows, weights=self.values * weights[self.cols], minlength=self.n)
 
     def grad(self, g: np.ndarray) -> np.ndarray:            # X.T @ g
-        return np.bincount(self.cols, weights=self.values * g[self.rows], minlength=lexical.DIM)
+        return np.bincount(self.cols, weights=self.values * g[self.rows], minlength=self.dim)
 
 
 def recall_at(scores: np.ndarray, labels: np.ndarray, rate: float) -> float:
@@ -68,8 +69,8 @@ def class_weights(y, train_rows) -> np.ndarray:
     return np.where(y == 1, 0.5 / yt.mean(), 0.5 / (1 - yt.mean())) * train_rows / train_rows.sum()
 
 
-def _init(vectors, hidden: int) -> dict:
-    params = {"embedding": np.zeros(vectors.shape[1]), "lexical": np.zeros(lexical.DIM), "bias": np.zeros(())}
+def _init(vectors, ngrams: Ngrams, hidden: int) -> dict:
+    params = {"embedding": np.zeros(vectors.shape[1]), "lexical": np.zeros(ngrams.dim), "bias": np.zeros(())}
     if hidden:
         # A small ReLU layer over the embedding beside the linear terms (seeded: deterministic).
         rng = np.random.default_rng(22)
@@ -89,7 +90,7 @@ def _grads(params, vectors, ngrams, g) -> dict:
 
 def train(vectors, ngrams, y, train_rows, val_rows, weight=None, l2_embedding=L2_EMBEDDING, l2_lexical=L2_LEXICAL,
           hidden: int = 0):
-    params = _init(vectors, hidden)
+    params = _init(vectors, ngrams, hidden)
     l2 = {"embedding": l2_embedding, "lexical": l2_lexical, "bias": 0.0,
           "hidden": l2_embedding, "hidden_bias": 0.0, "out": l2_embedding}
     moments = {k: (np.zeros_like(v), np.zeros_like(v)) for k, v in params.items()}
