@@ -31,6 +31,7 @@ import hashlib
 import json
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -249,12 +250,12 @@ def choose_floor(cos_label1: np.ndarray) -> float:
     return float(np.floor(np.quantile(cos_label1, 1 - FLOOR_RECALL) * 20) / 20)
 
 
-def datasets(pairs_path: Path | None = None):
+def datasets(pairs_path: Path | None = None, handwritten: tuple[Path, ...] = HANDWRITTEN):
     """(train pairs, calibration {name: pairs}) as lists of dicts; each dict gets `cos`."""
     from tune_semantic import DEFAULT_PAIRS, load_pairs
     generated = generate()
-    handwritten = [dict(p, file=path.name) for path in HANDWRITTEN for p in load_jsonl(path)]
-    train = [p for p in generated if p["half"] == "train"] + handwritten
+    written = [dict(p, file=path.name) for path in handwritten for p in load_jsonl(path)]
+    train = [p for p in generated if p["half"] == "train"] + written
     calibration = {"generated-valid": [p for p in generated if p["half"] == "valid"]}
     public = [p for p in load_pairs(pairs_path or DEFAULT_PAIRS) if p.half == "tune"]
     for source in ("qqp", "mrpc-train", "stsb-train"):
@@ -262,35 +263,66 @@ def datasets(pairs_path: Path | None = None):
     return train, calibration
 
 
+@dataclass(frozen=True)
+class Rows:
+    """Every pair the verifier is trained and calibrated on, with its cosine and feature row:
+    `cos`, `x` and `labels` hold the training pairs first, then each calibration set in order."""
+    train: list[dict]
+    calibration: dict[str, list[dict]]
+    align: bool         # the four token-alignment features follow the lexical ones
+    cos: np.ndarray
+    x: np.ndarray
+    labels: np.ndarray
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return FEATURES + ALIGN_FEATURES if self.align else FEATURES
+
+    def sets(self) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """Each calibration set's (feature rows, cosines, labels)."""
+        out, offset = {}, len(self.train)
+        for name, pairs in self.calibration.items():
+            rows = slice(offset, offset + len(pairs))
+            out[name] = (self.x[rows], self.cos[rows], self.labels[rows])
+            offset += len(pairs)
+        return out
+
+
+def rows(pairs_path: Path | None = None, align: bool = True, handwritten: tuple[Path, ...] = HANDWRITTEN) -> Rows:
+    forget_profiles(max_bytes=None)
+    train, calibration = datasets(pairs_path, handwritten)
+    everything = train + [p for ps in calibration.values() for p in ps]
+    cos = cosines(everything)
+    x = feature_rows(everything, cos)
+    if align:
+        x = np.hstack([x, align_rows(everything)])
+    return Rows(train, calibration, align, cos, x, np.array([p["label"] for p in everything], float))
+
+
+def training_weights(train: list[dict], weight: float = HANDWRITTEN_WEIGHT) -> np.ndarray:
+    """Each training pair's weight: `weight` for a hand-written one, 1 for a generated one."""
+    return np.array([weight if "frame" not in p else 1.0 for p in train])
+
+
 def directions(names) -> np.ndarray:
     """+1 / -1 / 0 per feature for monotone trees (RISING, FREE, the rest falling)."""
     return np.array([0 if n in FREE else 1 if n in RISING else -1 for n in names])
 
 
-def build(pairs_path: Path | None = None, align: bool = True, monotone: bool = False) -> tuple[dict, dict]:
-    forget_profiles(max_bytes=None)
-    train, calibration = datasets(pairs_path)
-    everything = train + [p for ps in calibration.values() for p in ps]
-    cos_all = cosines(everything)
-    x_all = feature_rows(everything, cos_all)
-    names = FEATURES + ALIGN_FEATURES if align else FEATURES
-    if align:
-        x_all = np.hstack([x_all, align_rows(everything)])
-    n = len(train)
-    x, y, c = x_all[:n], np.array([p["label"] for p in train], float), cos_all[:n]
+def fit(data: Rows, weight: float = HANDWRITTEN_WEIGHT, monotone: bool = False) -> tuple[dict, dict]:
+    """The trees trained on `data`'s training pairs past TRAIN_COSINE, with their candidate
+    floor and thresholds measured on its calibration sets."""
+    n = len(data.train)
+    x, y, c = data.x[:n], data.labels[:n], data.cos[:n]
     keep = c >= TRAIN_COSINE
-    weight = np.array([HANDWRITTEN_WEIGHT if "frame" not in p else 1.0 for p in train])[keep]
     start = time.perf_counter()
-    model = train_trees(x[keep], y[keep], weight, directions(names) if monotone else None)
+    model = train_trees(x[keep], y[keep], training_weights(data.train, weight)[keep],
+                        directions(data.names) if monotone else None)
     seconds = time.perf_counter() - start
-    model["features"] = list(names)
-    if align:
+    model["features"] = list(data.names)
+    if data.align:
         model["states_layers"] = STATES_LAYERS     # checked at load (sidecar/cache/verifier.py)
-    sets, offset = {}, n
-    for name, ps in calibration.items():
-        sets[name] = (x_all[offset:offset + len(ps)], cos_all[offset:offset + len(ps)],
-                      np.array([p["label"] for p in ps]))
-        offset += len(ps)
+    sets = data.sets()
     label1 = np.concatenate([c_[y_ == 1] for _, c_, y_ in sets.values()])
     model["floor"] = choose_floor(label1)
     model["calibration"] = {"rates": [1.0], "thresholds": [0.5]}   # placeholder to score with
@@ -301,6 +333,10 @@ def build(pairs_path: Path | None = None, align: bool = True, monotone: bool = F
     stats = {"train_pairs": int(keep.sum()), "train_label1": int(y[keep].sum()), "seconds": round(seconds, 1),
              "floor": model["floor"], "calibration": model["calibration"]}
     return model, stats
+
+
+def build(pairs_path: Path | None = None, align: bool = True, monotone: bool = False) -> tuple[dict, dict]:
+    return fit(rows(pairs_path, align), monotone=monotone)
 
 
 def main(argv=None) -> int:

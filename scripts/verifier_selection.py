@@ -70,32 +70,24 @@ def main(argv=None) -> int:
     parser.add_argument("--monotone", action="store_true", help="trees monotone in every feature but FREE")
     parser.add_argument("--out", type=Path, default=ROOT / "reports" / "verifier_selection.json")
     args = parser.parse_args(argv)
-    tv.HANDWRITTEN, tv.HANDWRITTEN_WEIGHT = tuple(args.handwritten), args.weight
     align = not args.no_align
-    model, stats = tv.build(align=align, monotone=args.monotone)
-    train, calibration = tv.datasets()
-    everything = train + [p for ps in calibration.values() for p in ps]
-    cos = tv.cosines(everything)
-    x = tv.feature_rows(everything, cos)
-    if align:
-        x = np.hstack([x, tv.align_rows(everything)])
-    labels = np.array([p["label"] for p in everything], float)
+    data = tv.rows(align=align, handwritten=tuple(args.handwritten))
+    model, stats = tv.fit(data, weight=args.weight, monotone=args.monotone)
+    train, cos, x, labels = data.train, data.cos, data.x, data.labels
     thresholds = dict(zip(model["calibration"]["rates"], model["calibration"]["thresholds"]))
     floor = model["floor"]
     out = {"handwritten": [str(p) for p in args.handwritten], "weight": args.weight, "align": align,
            "monotone": args.monotone, "train": stats}
-    verifier, offset = Verifier(model), len(train)
-    for name, pairs in calibration.items():
-        rows = slice(offset, offset + len(pairs))
-        scores = verifier.probabilities(x[rows])
-        out[name] = {r: figures(scores, cos[rows], labels[rows], floor, thresholds[r]) for r in RATES}
+    verifier = Verifier(model)
+    for (name, pairs), (xs, cs, ys) in zip(data.calibration.items(), data.sets().values()):
+        scores = verifier.probabilities(xs)
+        out[name] = {r: figures(scores, cs, ys, floor, thresholds[r]) for r in RATES}
         if name == "generated-valid":
             out[name]["served at 0.05, by label, kind and language"] = served_by(
-                pairs, scores >= thresholds[0.05], cos[rows] >= floor)
-        offset += len(pairs)
+                pairs, scores >= thresholds[0.05], cs >= floor)
     n = len(train)
     keep = cos[:n] >= tv.TRAIN_COSINE
-    weight = np.array([tv.HANDWRITTEN_WEIGHT if "frame" not in p else 1.0 for p in train])
+    weight = tv.training_weights(train, args.weight)
     source = [p.get("file", "") for p in train]
     lines: dict[str, int] = {}
     line = np.zeros(n, int)
