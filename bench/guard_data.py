@@ -307,10 +307,8 @@ def _pool_states(texts: list[str], settings) -> dict[str, np.ndarray]:
 def _model_runs(texts: list[str], settings):
     """(texts, layer-4 states float16, last hidden states, mask) per model run of up to 32 texts
     of like length; texts the model refuses are left out."""
-    from sidecar.embedding.encoder import STATES_OUTPUT
     from sidecar.embedding.errors import NothingToEmbed
     from sidecar.embedding.loader import load
-    from sidecar.embedding.tensors import pad_batch
     encoder = load(settings).encoder
     if not encoder.has_states:
         raise SystemExit("the embedding model has no token_states output: run `make model`")
@@ -323,11 +321,7 @@ def _model_runs(texts: list[str], settings):
     tokenized.sort(key=lambda t: len(t[1]))
     for start in range(0, len(tokenized), 32):
         chunk = tokenized[start:start + 32]
-        ids, mask = pad_batch([t[1] for t in chunk], encoder.tokenizer.token_to_id("[PAD]") or 0)
-        feeds = {"input_ids": ids, "attention_mask": mask}
-        if any(i.name == "token_type_ids" for i in encoder.session.get_inputs()):
-            feeds["token_type_ids"] = np.zeros_like(ids)
-        last, l4 = encoder.session.run([encoder.session.get_outputs()[0].name, STATES_OUTPUT], feeds)
+        last, l4, mask = encoder.run_unpooled([t[1] for t in chunk])
         yield [t[0] for t in chunk], l4.astype(np.float16), last, mask
         if (start // 32) % 50 == 0:
             print(f"  token states {start + len(chunk)}/{len(tokenized)}", flush=True)

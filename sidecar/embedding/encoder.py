@@ -65,9 +65,15 @@ class Encoder:
     def run_with_states(self, token_ids: Sequence[Sequence[int]]) -> tuple[np.ndarray, list[np.ndarray]]:
         """One model run: the vectors, and each text's token states [len(ids), dim] float16
         (the graph must have them: `has_states`)."""
-        (hidden, states), mask = self._run(token_ids, [self._output, STATES_OUTPUT])
+        hidden, states, mask = self.run_unpooled(token_ids)
         return (mean_pool_normalize(hidden, mask),
                 [states[row, :len(ids)].astype(np.float16) for row, ids in enumerate(token_ids)])
+
+    def run_unpooled(self, token_ids: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """One model run's last hidden states and token states [texts, tokens, dim], float32,
+        and its attention mask: for training and benchmarks that pool them their own ways."""
+        (hidden, states), mask = self._run(token_ids, [self._output, STATES_OUTPUT])
+        return hidden, states, mask
 
     def _run(self, token_ids: Sequence[Sequence[int]], outputs: list[str]) -> tuple[list[np.ndarray], np.ndarray]:
         input_ids, mask = pad_batch(token_ids, self._pad_id)
