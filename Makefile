@@ -11,7 +11,8 @@ PROTOS  := $(wildcard proto/sluice/v1/*.proto)
 
 all: $(STAMP) $(GEN) $(MODEL)
 
-$(STAMP): pyproject.toml
+# pip install -e also builds sidecar/guard/_ngrams.c in place (pyproject.toml, ext-modules).
+$(STAMP): pyproject.toml sidecar/guard/_ngrams.c
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[dev]'

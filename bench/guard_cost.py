@@ -84,7 +84,9 @@ def measure(root: Path = ROOT, passes: int = 5) -> dict:
     head = default_head()
     vector = np.random.default_rng(0).standard_normal(head.embedding.shape[0]).astype(np.float32)
     vector /= np.linalg.norm(vector)
-    out: dict = {"denied_words": policy.words.size, "prompt_chars": PROMPT_CHARS}
+    from sidecar.guard import lexical
+    out: dict = {"denied_words": policy.words.size, "prompt_chars": PROMPT_CHARS,
+                 "compiled_ngrams": getattr(lexical, "COMPILED", False)}
     for name, texts in kinds.items():
         scans, injections, totals = [], [], []
         for _ in range(passes):
@@ -118,6 +120,10 @@ def _tree_of(rev: str) -> Path:
         archive = subprocess.run(["git", "archive", commit], cwd=ROOT, check=True, capture_output=True).stdout
         subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
         shutil.copytree(ROOT / "sidecar" / "gen", tree / "sidecar" / "gen")
+        if (tree / "sidecar" / "guard" / "_ngrams.c").exists():
+            # Its compiled modules, as `pip install -e .` builds them here (pyproject.toml).
+            subprocess.run([sys.executable, "-c", "from setuptools import setup; setup()", "-q", "build_ext", "--inplace"],
+                           cwd=tree, check=True, capture_output=True)
     return tree
 
 
@@ -137,7 +143,7 @@ def compare(rev: str, rounds: int) -> dict:
         for label, tree in (trees.items() if index % 2 == 0 else reversed(trees.items())):
             load = os.getloadavg()[0]
             runs.append({"round": index, "code": label, "load_1m": round(load, 2), **_run_in(tree)})
-            print(f"round {index} {label}: load {load:.2f}", flush=True)
+            print(f"round {index} {label}: load {load:.2f}, compiled n-gram scorer: {runs[-1]['compiled_ngrams']}", flush=True)
     kinds = [k for k in runs[0] if isinstance(runs[0][k], dict)]
     rows, summary = [], {}
     for kind in kinds:

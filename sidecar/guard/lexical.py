@@ -6,9 +6,13 @@ folded text (sidecar/guard/normalize.py) keep them, in any script, and need no v
 each n-gram is hashed into one of `DIM` buckets and the classifier learns a weight per bucket
 (an n-gram that recurs counts each time; `score` divides by the square root of the count, and
 judges a long text by its most suspect stretch as well as as a whole).
-All in numpy over the code points (no Python loop per character), so a 2 KB prompt costs tens
-of microseconds. A text longer than `MAX_CHARS` is read at its start and end, where an order
-sits in a pasted document.
+A text longer than `MAX_CHARS` is read at its start and end, where an order sits in a pasted
+document.
+
+The numpy code below is the definition; sidecar/guard/_ngrams.c computes the same buckets and
+the same score bit for bit in one pass (a 2 KB prompt: ~25 µs against ~200), and is used where
+it was built (`pip install -e .` builds it when a C compiler is there) and states the same
+constants. `COMPILED` says which runs.
 """
 from __future__ import annotations
 
@@ -27,6 +31,20 @@ _MIX = np.uint64(0x9E3779B97F4A7C15)
 
 
 WINDOW = 200   # chosen on validation attacks appended to validation documents (eval: "appended")
+
+
+def _compiled():
+    try:
+        from sidecar.guard import _ngrams
+    except ImportError:
+        return None
+    same = (_ngrams.DIM_BITS, _ngrams.ORDERS, _ngrams.MAX_CHARS, _ngrams.WINDOW, _ngrams.PRIME, _ngrams.MIX) == (
+        DIM_BITS, ORDERS, MAX_CHARS, WINDOW, int(_PRIME), int(_MIX))
+    return _ngrams if same else None
+
+
+_ngrams = _compiled()
+COMPILED = _ngrams is not None
 
 
 def _folded_points(text: str) -> np.ndarray:
@@ -88,7 +106,19 @@ def _hashed(points: np.ndarray) -> tuple[np.ndarray, list[int]]:
 
 def buckets(text: str) -> np.ndarray:
     """The bucket of each character n-gram of the text (int64, in no useful order)."""
+    if _ngrams is not None:
+        return np.frombuffer(_ngrams.buckets(_ascii_or_folded(text)), np.int64)
+    return numpy_buckets(text)
+
+
+def numpy_buckets(text: str) -> np.ndarray:
+    """`buckets` by the numpy code, whether or not the compiled one is there."""
     return _hashed(_folded_points(text))[0]
+
+
+def _ascii_or_folded(text: str) -> str:
+    # The compiled code folds ASCII itself (its fold of a folded text changes nothing).
+    return text if text.isascii() else fold(text)
 
 
 def score(weights: np.ndarray, text: str) -> float:
@@ -97,6 +127,13 @@ def score(weights: np.ndarray, text: str) -> float:
     than `WINDOW` characters, the highest such score of the whole text and of every stretch of
     `WINDOW` characters. An order appended to a pasted document scores as it would alone: over
     the whole text, the document's ordinary n-grams would outweigh it."""
+    if _ngrams is not None and weights.dtype == np.float32 and weights.shape == (DIM,) and weights.flags.c_contiguous:
+        return _ngrams.score(weights, _ascii_or_folded(text))
+    return numpy_score(weights, text)
+
+
+def numpy_score(weights: np.ndarray, text: str) -> float:
+    """`score` by the numpy code, whether or not the compiled one is there."""
     points = _folded_points(text)
     flat, lengths = _hashed(points)
     return windowed(weights, flat, lengths, len(points))

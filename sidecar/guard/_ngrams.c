@@ -1,0 +1,326 @@
+/* The injection classifier's hashed character n-grams (sidecar/guard/lexical.py), compiled.
+
+   The same features and score as lexical.py's numpy code, which stays the reference: the same
+   points (the folded text, runs of whitespace as one space, a long text cut to its two ends, a
+   space at each end), the same buckets (polynomial hash wrapping at 2**64, tagged with the
+   order, mixed, top bits), the same sums in the same order (numpy's pairwise sum for the whole
+   text, a running sum for the stretches), so the score is equal bit for bit. One pass over the
+   points where numpy makes a dozen, each with its own temporary array.
+
+   score(weights, text) and buckets(text) take the raw text when it is ASCII, else
+   normalize.fold(text): the ASCII part of the fold (control characters other than tab, line
+   feed and carriage return dropped, A-Z lowered) is done here, and changes nothing in a text
+   already folded. Work is bounded by MAX_CHARS whatever the input: one read of the text to
+   count, one to copy at most MAX_CHARS points, then fixed-size arrays. */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#define DIM_BITS 18
+#define DIM ((Py_ssize_t)1 << DIM_BITS)
+#define MAX_CHARS 8192
+#define WINDOW 200
+#define MIN_ORDER 3
+#define MAX_ORDER 5
+#define N_ORDERS (MAX_ORDER - MIN_ORDER + 1)
+_Static_assert(N_ORDERS == 3, "ORDERS below lists three orders");
+/* A space, the text's first MAX_CHARS / 2 points, a space, its last MAX_CHARS / 2, a space. */
+#define MAX_POINTS (MAX_CHARS + 3)
+#define PRIME 0x100000001B3ULL
+#define MIX 0x9E3779B97F4A7C15ULL
+#define PAIRWISE_BLOCK 128
+
+/* The ASCII part of the fold, by table: the point after it, DROP when the fold drops it (control
+   characters other than tab, line feed and carriage return), with SPACE set on whitespace
+   (str.split's, the same for every code point under 128). */
+#define DROP 0xFFFFFFFFu
+#define SPACE 0x80000000u     /* above every code point */
+static uint32_t ascii_table[128];
+
+static void fill_ascii_table(void)
+{
+    for (uint32_t c = 0; c < 128; c++) {
+        uint32_t folded = c >= 'A' && c <= 'Z' ? c + 32 : c;
+        if ((c < 32 && c != '\t' && c != '\n' && c != '\r') || c == 127)
+            folded = DROP;
+        else if (Py_UNICODE_ISSPACE(c))
+            folded |= SPACE;
+        ascii_table[c] = folded;
+    }
+}
+
+static inline uint32_t fold_point(uint32_t c)
+{
+    if (c < 128)
+        return ascii_table[c];
+    return Py_UNICODE_ISSPACE(c) ? SPACE : c;
+}
+
+/* The points of the text into out[MAX_POINTS] (their count): " ".join(folded.split()), cut to
+   its first and last MAX_CHARS / 2 characters with a space between when longer than MAX_CHARS,
+   a space at each end. A text of at most MAX_CHARS code points is read once; a longer one
+   twice, first to count. */
+#define POINTS_OF(NAME, TYPE)                                                                   \
+    static Py_ssize_t NAME(const TYPE *data, Py_ssize_t n, uint32_t *out)                       \
+    {                                                                                           \
+        Py_ssize_t length = n; /* the joined text's length, or a bound on it */                 \
+        int gap = 0;                                                                            \
+        if (n > MAX_CHARS) {                                                                    \
+            length = 0;                                                                         \
+            for (Py_ssize_t i = 0; i < n; i++) {                                                \
+                uint32_t c = fold_point(data[i]);                                               \
+                if (c == DROP)                                                                  \
+                    continue;                                                                   \
+                if (c & SPACE) {                                                                \
+                    gap = length > 0;                                                           \
+                } else {                                                                        \
+                    length += gap + 1;                                                          \
+                    gap = 0;                                                                    \
+                }                                                                               \
+            }                                                                                   \
+        }                                                                                       \
+        const int cut = length > MAX_CHARS;                                                     \
+        const Py_ssize_t head = cut ? MAX_CHARS / 2 : length;                                   \
+        const Py_ssize_t tail = cut ? length - MAX_CHARS / 2 : length;                          \
+        Py_ssize_t k = 0, at = 0; /* at: the position in the joined text */                     \
+        out[k++] = ' ';                                                                         \
+        gap = 0;                                                                                \
+        for (Py_ssize_t i = 0; i < n; i++) {                                                    \
+            uint32_t c = fold_point(data[i]);                                                   \
+            if (c == DROP)                                                                      \
+                continue;                                                                       \
+            if (c & SPACE) {                                                                    \
+                gap = at > 0;                                                                   \
+                continue;                                                                       \
+            }                                                                                   \
+            for (int step = gap; step >= 0; step--) { /* the space between words, then c */     \
+                if (at < head || at >= tail)                                                    \
+                    out[k++] = step ? ' ' : c;                                                  \
+                if (++at == head && cut)                                                        \
+                    out[k++] = ' ';                                                             \
+            }                                                                                   \
+            gap = 0;                                                                            \
+        }                                                                                       \
+        out[k++] = ' ';                                                                         \
+        return k;                                                                               \
+    }
+
+POINTS_OF(points_of_1, Py_UCS1)
+POINTS_OF(points_of_2, Py_UCS2)
+POINTS_OF(points_of_4, Py_UCS4)
+
+static Py_ssize_t points_of(PyObject *text, uint32_t *out)
+{
+    const Py_ssize_t n = PyUnicode_GET_LENGTH(text);
+    switch (PyUnicode_KIND(text)) {
+    case PyUnicode_1BYTE_KIND:
+        return points_of_1(PyUnicode_1BYTE_DATA(text), n, out);
+    case PyUnicode_2BYTE_KIND:
+        return points_of_2(PyUnicode_2BYTE_DATA(text), n, out);
+    default:
+        return points_of_4(PyUnicode_4BYTE_DATA(text), n, out);
+    }
+}
+
+static inline uint64_t bucket(uint64_t hash, int order)
+{
+    return ((hash ^ (uint64_t)order) * MIX) >> (64 - DIM_BITS);
+}
+
+/* The buckets of every order's n-grams, order by order (lexical._hashed's layout). */
+static Py_ssize_t buckets_of(const uint32_t *p, Py_ssize_t size, int64_t *out)
+{
+    Py_ssize_t at = 0;
+    for (int order = MIN_ORDER; order <= MAX_ORDER; order++) {
+        for (Py_ssize_t i = 0; i + order <= size; i++) {
+            uint64_t hash = p[i];
+            for (int j = 1; j < order; j++)
+                hash = hash * PRIME + p[i + j];
+            out[at++] = (int64_t)bucket(hash, order);
+        }
+    }
+    return at;
+}
+
+/* numpy's sum of a float64 array: pairwise, eight accumulators in blocks of up to 128. */
+static double pairwise_sum(const double *a, Py_ssize_t n)
+{
+    if (n < 8) {
+        double sum = -0.0;
+        for (Py_ssize_t i = 0; i < n; i++)
+            sum += a[i];
+        return sum;
+    }
+    if (n <= PAIRWISE_BLOCK) {
+        double r[8];
+        Py_ssize_t i;
+        for (int j = 0; j < 8; j++)
+            r[j] = a[j];
+        for (i = 8; i < n - (n % 8); i += 8)
+            for (int j = 0; j < 8; j++)
+                r[j] += a[i + j];
+        double sum = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]));
+        for (; i < n; i++)
+            sum += a[i];
+        return sum;
+    }
+    Py_ssize_t half = n / 2;
+    half -= half % 8;
+    return pairwise_sum(a, half) + pairwise_sum(a + half, n - half);
+}
+
+/* lexical.grams_in: how many n-grams of a text of `size` points start in [start, end). */
+static Py_ssize_t grams_in(Py_ssize_t start, Py_ssize_t end, Py_ssize_t size)
+{
+    Py_ssize_t count = 0;
+    for (int order = MIN_ORDER; order <= MAX_ORDER; order++) {
+        Py_ssize_t last = size - order + 1 < end ? size - order + 1 : end;
+        if (last > start)
+            count += last - start;
+    }
+    return count;
+}
+
+/* lexical.windowed for these orders, over the points' n-grams. */
+static double score_of(const float *weights, const uint32_t *p, Py_ssize_t size, double *total, double *sums)
+{
+    if (size < MIN_ORDER)
+        return 0.0;
+    Py_ssize_t grams = 0;
+    for (Py_ssize_t i = 0; i < size; i++) {
+        /* total[i]: the weights of the n-grams starting at i, the orders added in turn. */
+        double t = 0.0;
+        uint64_t hash = p[i];
+        for (int order = 2; order <= MAX_ORDER && i + order <= size; order++) {
+            hash = hash * PRIME + p[i + order - 1];
+            if (order >= MIN_ORDER) {
+                t += (double)weights[bucket(hash, order)];
+                grams++;
+            }
+        }
+        total[i] = t;
+    }
+    double best = (0.0 + pairwise_sum(total, size)) / sqrt((double)grams);
+    if (size > WINDOW) {
+        sums[0] = 0.0;
+        for (Py_ssize_t i = 0; i < size; i++)
+            sums[i + 1] = sums[i] + total[i];
+        const Py_ssize_t stretches = size - WINDOW + 1;
+        Py_ssize_t full = size - MAX_ORDER + 1 - WINDOW + 1;      /* stretches holding every order's n-grams */
+        if (full < 0)
+            full = 0;
+        if (full) {
+            double top = sums[WINDOW] - sums[0];
+            for (Py_ssize_t j = 1; j < full; j++) {
+                double value = sums[j + WINDOW] - sums[j];
+                if (value > top)
+                    top = value;
+            }
+            double value = top / sqrt((double)(N_ORDERS * WINDOW));
+            if (value > best)
+                best = value;
+        }
+        for (Py_ssize_t j = full; j < stretches; j++) {
+            Py_ssize_t count = grams_in(j, j + WINDOW, size);
+            double value = (sums[j + WINDOW] - sums[j]) / sqrt((double)(count > 1 ? count : 1));
+            if (value > best)
+                best = value;
+        }
+    }
+    return best;
+}
+
+static int text_arg(PyObject *text)
+{
+    if (!PyUnicode_Check(text)) {
+        PyErr_SetString(PyExc_TypeError, "text must be a str");
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *py_score(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "score(weights, text)");
+        return NULL;
+    }
+    if (text_arg(args[1]) < 0)
+        return NULL;
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
+        return NULL;
+    if (view.itemsize != 4 || view.format == NULL || strcmp(view.format, "f") != 0 || view.len != DIM * 4) {
+        PyBuffer_Release(&view);
+        PyErr_Format(PyExc_ValueError, "weights must be %zd float32 values, C-contiguous", (Py_ssize_t)DIM);
+        return NULL;
+    }
+    uint32_t *points = PyMem_Malloc(MAX_POINTS * sizeof(uint32_t));
+    double *work = PyMem_Malloc((2 * MAX_POINTS + 1) * sizeof(double));
+    if (points == NULL || work == NULL) {
+        PyMem_Free(points);
+        PyMem_Free(work);
+        PyBuffer_Release(&view);
+        return PyErr_NoMemory();
+    }
+    Py_ssize_t size = points_of(args[1], points);
+    double best = score_of((const float *)view.buf, points, size, work, work + MAX_POINTS);
+    PyMem_Free(points);
+    PyMem_Free(work);
+    PyBuffer_Release(&view);
+    return PyFloat_FromDouble(best);
+}
+
+static PyObject *py_buckets(PyObject *module, PyObject *text)
+{
+    (void)module;
+    if (text_arg(text) < 0)
+        return NULL;
+    uint32_t *points = PyMem_Malloc(MAX_POINTS * sizeof(uint32_t));
+    if (points == NULL)
+        return PyErr_NoMemory();
+    Py_ssize_t size = points_of(text, points);
+    Py_ssize_t count = 0;
+    for (int order = MIN_ORDER; order <= MAX_ORDER; order++)
+        count += size >= order ? size - order + 1 : 0;
+    PyObject *out = PyBytes_FromStringAndSize(NULL, count * (Py_ssize_t)sizeof(int64_t));
+    if (out != NULL)
+        buckets_of(points, size, (int64_t *)PyBytes_AS_STRING(out));
+    PyMem_Free(points);
+    return out;
+}
+
+static PyMethodDef methods[] = {
+    {"score", (PyCFunction)(void (*)(void))py_score, METH_FASTCALL,
+     "score(weights, text): lexical.score; text is the raw text when ASCII, else its fold."},
+    {"buckets", py_buckets, METH_O,
+     "buckets(text): lexical.buckets as native int64 bytes, order by order; text as for score."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module_def = {
+    PyModuleDef_HEAD_INIT, "_ngrams", "Compiled n-gram features of sidecar/guard/lexical.py.", -1, methods,
+    NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__ngrams(void)
+{
+    fill_ascii_table();
+    PyObject *module = PyModule_Create(&module_def);
+    if (module == NULL)
+        return NULL;
+    /* lexical.py uses this module only where its own definition says the same. */
+    if (PyModule_AddIntConstant(module, "DIM_BITS", DIM_BITS) < 0
+        || PyModule_AddIntConstant(module, "MAX_CHARS", MAX_CHARS) < 0
+        || PyModule_AddIntConstant(module, "WINDOW", WINDOW) < 0
+        || PyModule_AddObject(module, "ORDERS", Py_BuildValue("(iii)", MIN_ORDER, MIN_ORDER + 1, MAX_ORDER)) < 0
+        || PyModule_AddObject(module, "PRIME", PyLong_FromUnsignedLongLong(PRIME)) < 0
+        || PyModule_AddObject(module, "MIX", PyLong_FromUnsignedLongLong(MIX)) < 0) {
+        Py_DECREF(module);
+        return NULL;
+    }
+    return module;
+}
