@@ -63,6 +63,19 @@ def fold(text: str) -> str:
     return text.casefold()
 
 
+def fold_keeping_offsets(text: str) -> tuple[str, np.ndarray | None]:
+    """fold(text), and fold_with_offsets(text)'s offsets where the same work gives them (a text
+    folded by table lookups, an ASCII text without control characters); None elsewhere. A word
+    scan that masks then needs no second fold."""
+    if text.isascii():
+        folded = fold(text)
+        return folded, (np.arange(len(text)) if len(folded) == len(text) else None)
+    by_table = _by_table(text, offsets=True)
+    if by_table is not None:
+        return by_table
+    return fold(text), None
+
+
 def fold_with_offsets(text: str) -> tuple[str, np.ndarray]:
     """fold(text) character by character, and for each folded character the index of the
     original character it came from (a match [i, j) in the folded text covers the original

@@ -16,8 +16,9 @@ from dataclasses import dataclass
 from typing import Iterable
 
 import ahocorasick_rs
+import numpy as np
 
-from sidecar.guard.normalize import fold, fold_with_offsets, prepare_offsets, squeeze, squeezed
+from sidecar.guard.normalize import fold, fold_keeping_offsets, fold_with_offsets, prepare_offsets, squeeze, squeezed
 
 SQUEEZE_MODES = ("cjk", "all", "off")
 
@@ -84,15 +85,19 @@ class WordMatcher:
 
     def find(self, text: str) -> "Found":
         """The lists with a word in `text`, and the matches, which `spans` can reuse."""
-        folded = fold(text)
+        folded, offsets = fold_keeping_offsets(text)
         hits = self._hits(folded)
-        return Found({index for index, _, _ in hits}, folded, hits)
+        return Found({index for index, _, _ in hits}, folded, hits, offsets)
 
     def spans(self, text: str, lists: set[int], found: "Found | None" = None) -> list[tuple[int, int]]:
         """Ranges of the original `text` covered by words of `lists`, merged and sorted.
-        `found` (this text's `find`) saves a second pass of the automaton when the text folds
-        the same character by character as at once (nearly always)."""
-        folded, offsets = fold_with_offsets(text)
+        `found` (this text's `find`) saves a second fold where it kept the offsets, and a second
+        pass of the automaton when the text folds the same character by character as at once
+        (nearly always)."""
+        if found is not None and found.offsets is not None:
+            folded, offsets = found.folded, found.offsets
+        else:
+            folded, offsets = fold_with_offsets(text)
         hits = found.hits if found is not None and found.folded == folded else self._hits(folded)
         ranges = []
         for index, start, end in hits:
@@ -133,6 +138,9 @@ class Found:
     lists: set[int]                         # indexes of the lists that hit
     folded: str                             # the text as matched
     hits: list[tuple[int, int, int]]        # (list index, start, end) in `folded`
+    # For each character of `folded`, the offset in the text of the one it came from, where
+    # folding gave them (normalize.fold_keeping_offsets); else None, and `spans` works them out.
+    offsets: np.ndarray | None = None
 
 
 def _automaton(entries: dict[str, list[WordEntry]]):
