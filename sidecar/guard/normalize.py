@@ -13,6 +13,7 @@ import functools
 import re
 import unicodedata
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 
@@ -63,20 +64,21 @@ def fold(text: str) -> str:
     return text.casefold()
 
 
-def fold_keeping_offsets(text: str) -> tuple[str, np.ndarray | None]:
+def fold_keeping_offsets(text: str) -> tuple[str, Sequence[int] | None]:
     """fold(text), and fold_with_offsets(text)'s offsets where the same work gives them (a text
     folded by table lookups, an ASCII text without control characters); None elsewhere. A word
-    scan that masks then needs no second fold."""
+    scan that masks then needs no second fold. Where every character folds to one, the offsets
+    are a range: nothing to build for the many texts that have nothing to mask."""
     if text.isascii():
         folded = fold(text)
-        return folded, (np.arange(len(text)) if len(folded) == len(text) else None)
+        return folded, (range(len(text)) if len(folded) == len(text) else None)
     by_table = _by_table(text, offsets=True)
     if by_table is not None:
         return by_table
     return fold(text), None
 
 
-def fold_with_offsets(text: str) -> tuple[str, np.ndarray]:
+def fold_with_offsets(text: str) -> tuple[str, Sequence[int]]:
     """fold(text) character by character, and for each folded character the index of the
     original character it came from (a match [i, j) in the folded text covers the original
     text from offsets[i] to offsets[j - 1] + 1)."""
@@ -116,7 +118,7 @@ def _pieces(text: str, points: np.ndarray) -> tuple[str, np.ndarray]:
     return "".join(pieces), np.repeat(np.arange(len(text)), tables.lengths[points])
 
 
-def _by_table(text: str, offsets: bool) -> tuple[str, np.ndarray | None] | None:
+def _by_table(text: str, offsets: bool) -> tuple[str, Sequence[int] | None] | None:
     """fold(text) one character at a time by table lookups, where that is what folding the
     whole text gives: a text of the Basic Multilingual Plane without a character that NFKC
     could join to or reorder with the one before it (_Tables.joins). None for other texts.
@@ -129,10 +131,10 @@ def _by_table(text: str, offsets: bool) -> tuple[str, np.ndarray | None] | None:
     if kinds & _JOINS:
         return None
     if not kinds & _CHANGES:
-        return text, (np.arange(len(text)) if offsets else None)
+        return text, (range(len(text)) if offsets else None)
     if not kinds & _NOT_ONE:               # every change one character for one
         folded = tables.single.take(points).tobytes().decode("utf-32-le", "surrogatepass")
-        return folded, (np.arange(len(text)) if offsets else None)
+        return folded, (range(len(text)) if offsets else None)
     return _pieces(text, points)
 
 

@@ -13,10 +13,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Iterable, Sequence
 
 import ahocorasick_rs
-import numpy as np
 
 from sidecar.guard.normalize import fold, fold_keeping_offsets, fold_with_offsets, prepare_offsets, squeeze, squeezed
 
@@ -140,7 +139,7 @@ class Found:
     hits: list[tuple[int, int, int]]        # (list index, start, end) in `folded`
     # For each character of `folded`, the offset in the text of the one it came from, where
     # folding gave them (normalize.fold_keeping_offsets); else None, and `spans` works them out.
-    offsets: np.ndarray | None = None
+    offsets: Sequence[int] | None = None
 
 
 def _automaton(entries: dict[str, list[WordEntry]]):
