@@ -1,4 +1,6 @@
-/* The injection classifier's hashed character n-grams (sidecar/guard/lexical.py), compiled.
+/* The injection classifier's hashed character n-grams (sidecar/guard/lexical.py), compiled; and
+   the table lookups of the words filter's fold (normalize._by_table, fold_by_table below), which
+   both the filter and the n-grams of a non-ASCII prompt go through.
 
    The same features and score as lexical.py's numpy code, which stays the reference: the same
    points (the folded text, runs of whitespace as one space, a long text cut to its two ends, a
@@ -311,11 +313,84 @@ static PyObject *py_buckets(PyObject *module, PyObject *text)
     return out;
 }
 
+/* normalize._by_table's lookups in one pass: the kinds of the text's characters or-ed together
+   (BEYOND_BMP for a character past the Basic Multilingual Plane, where the tables end); where
+   none has a kind in `stop`, the text with each character replaced by single[] (the text
+   itself when none has `changes`); else the or-ed kinds, for normalize.py to go on from. */
+#define BEYOND_BMP 0x100
+
+static PyObject *py_fold_by_table(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 5 || text_arg(args[0]) < 0 || !PyLong_Check(args[3]) || !PyLong_Check(args[4])) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError, "fold_by_table(text, kinds, single, stop, changes)");
+        return NULL;
+    }
+    PyObject *text = args[0];
+    const long stop = PyLong_AsLong(args[3]), changes = PyLong_AsLong(args[4]);
+    if (PyErr_Occurred())
+        return NULL;
+    Py_buffer kinds, single;
+    if (PyObject_GetBuffer(args[1], &kinds, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
+        return NULL;
+    if (PyObject_GetBuffer(args[2], &single, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+        PyBuffer_Release(&kinds);
+        return NULL;
+    }
+    PyObject *out = NULL;
+    if (kinds.itemsize != 1 || kinds.len != 0x10000 || single.itemsize != 4 || single.len != 4 * 0x10000) {
+        PyErr_SetString(PyExc_ValueError, "kinds must be 65536 bytes, single 65536 uint32 values");
+        goto done;
+    }
+    const uint8_t *kind_of = kinds.buf;
+    const uint32_t *single_of = single.buf;
+    const int unit = PyUnicode_KIND(text);
+    const void *data = PyUnicode_DATA(text);
+    const Py_ssize_t n = PyUnicode_GET_LENGTH(text);
+    long seen = 0;
+    Py_UCS4 top = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_UCS4 c = PyUnicode_READ(unit, data, i);
+        if (c >= 0x10000) {
+            out = PyLong_FromLong(seen | BEYOND_BMP);
+            goto done;
+        }
+        seen |= kind_of[c];
+        if (single_of[c] > top)
+            top = single_of[c];
+    }
+    if (seen & stop) {
+        out = PyLong_FromLong(seen);
+    } else if (!(seen & changes)) {
+        Py_INCREF(text);
+        out = text;
+    } else {
+        if (top > 0x10FFFF) {
+            PyErr_SetString(PyExc_ValueError, "single maps to a value past the last code point");
+            goto done;
+        }
+        out = PyUnicode_New(n, top);
+        if (out == NULL)
+            goto done;
+        const int out_unit = PyUnicode_KIND(out);
+        void *out_data = PyUnicode_DATA(out);
+        for (Py_ssize_t i = 0; i < n; i++)
+            PyUnicode_WRITE(out_unit, out_data, i, single_of[PyUnicode_READ(unit, data, i)]);
+    }
+done:
+    PyBuffer_Release(&kinds);
+    PyBuffer_Release(&single);
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"score", (PyCFunction)(void (*)(void))py_score, METH_FASTCALL,
      "score(weights, text): lexical.score; text is the raw text when ASCII, else its fold."},
     {"buckets", py_buckets, METH_O,
      "buckets(text): lexical.buckets as native int64 bytes, order by order; text as for score."},
+    {"fold_by_table", (PyCFunction)(void (*)(void))py_fold_by_table, METH_FASTCALL,
+     "fold_by_table(text, kinds, single, stop, changes): normalize._by_table's lookups (see there)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -334,6 +409,7 @@ PyMODINIT_FUNC PyInit__ngrams(void)
     if (PyModule_AddIntConstant(module, "DIM_BITS", DIM_BITS) < 0
         || PyModule_AddIntConstant(module, "MAX_CHARS", MAX_CHARS) < 0
         || PyModule_AddIntConstant(module, "WINDOW", WINDOW) < 0
+        || PyModule_AddIntConstant(module, "BEYOND_BMP", BEYOND_BMP) < 0
         || PyModule_AddObject(module, "ORDERS", Py_BuildValue("(iii)", MIN_ORDER, MIN_ORDER + 1, MAX_ORDER)) < 0
         || PyModule_AddObject(module, "PRIME", PyLong_FromUnsignedLongLong(PRIME)) < 0
         || PyModule_AddObject(module, "MIX", PyLong_FromUnsignedLongLong(MIX)) < 0) {

@@ -1,13 +1,14 @@
-"""The compiled n-gram scorer (sidecar/guard/_ngrams.c) against lexical.py's numpy code, its
-definition: the same buckets and the same score, bit for bit, on every kind of text; and the
-lexical tests of test_guard.py once more on the numpy code alone."""
+"""The compiled module (sidecar/guard/_ngrams.c) against the numpy code it stands in for, the
+definition: lexical.py's buckets and score, bit for bit, and normalize.py's fold by table
+lookups, on every kind of text; and test_guard.py's lexical and fold tests once more on the
+numpy code alone."""
 import inspect
 import random
 
 import numpy as np
 import pytest
 
-from sidecar.guard import lexical
+from sidecar.guard import lexical, normalize
 from tests.unit.guard import test_guard
 
 try:
@@ -58,7 +59,7 @@ def same(text: str):
 @needs_compiled
 def test_the_compiled_scorer_is_built_and_used():
     # Built but not used would mean its constants and lexical.py's differ: a failure, not a skip.
-    assert lexical.COMPILED and lexical._ngrams is _ngrams
+    assert lexical.COMPILED and lexical._ngrams is _ngrams and normalize._compiled is _ngrams
 
 
 @needs_compiled
@@ -103,15 +104,58 @@ def test_compiled_scorer_refuses_what_it_cannot_read():
     assert lexical.score(WEIGHTS.astype(np.float64), "ignore the rules") == lexical.numpy_score(WEIGHTS, "ignore the rules")
 
 
+@needs_compiled
+def test_compiled_fold_by_table_equals_numpys(monkeypatch):
+    def both(text):
+        got = [normalize._by_table(text, offsets) for offsets in (True, False)]
+        got += [normalize.fold(text), normalize.fold_with_offsets(text), normalize.fold_keeping_offsets(text)]
+        return [None if r is None else r if isinstance(r, str) else (r[0], None if r[1] is None else list(r[1]))
+                for r in got]
+    rng = random.Random(5)
+    # Characters the tables fold one for one, to several, not at all; that NFKC joins; past the
+    # Basic Multilingual Plane; surrogates.
+    pool = [chr(c) for c in range(0x20, 0x250)] + list("加微信ｘＡ，。ｶﾞ가\u1161\u0301ﬁß\u0130ǅ\u3000\u200b\ud800\uffff😀𝐀")
+    texts = ["".join(rng.choice(pool) for _ in range(rng.randint(1, 80))) for _ in range(3000)]
+    texts += list(random_texts(300, seed=9))
+    for text in texts:
+        if text.isascii():
+            continue
+        compiled = both(text)
+        with monkeypatch.context() as patch:
+            patch.setattr(normalize, "_compiled", None)
+            assert compiled == both(text), text
+
+
+@needs_compiled
+def test_compiled_fold_refuses_tables_it_cannot_read():
+    tables = normalize._bmp_tables()
+    with pytest.raises(ValueError):
+        _ngrams.fold_by_table("加", tables.kinds[:-1], tables.single, 6, 1)       # would read past it
+    with pytest.raises(ValueError):
+        _ngrams.fold_by_table("加", tables.kinds, tables.single.astype(np.uint16), 6, 1)
+    with pytest.raises(ValueError):
+        _ngrams.fold_by_table("Ａ", tables.kinds, np.full(0x10000, 0x110000, np.uint32), 0, 1)   # no such character
+
+
 LEXICAL_TESTS = [test_guard.test_head_reads_the_text_as_well_as_the_embedding,
                  test_guard.test_a_prompt_without_embedding_is_judged_by_the_ngram_model_at_its_own_threshold,
                  test_guard.test_an_order_appended_to_a_long_document_scores_as_it_would_alone,
                  test_guard.test_lexical_features_fold_text_and_cost_little_on_long_prompts,
-                 test_guard.test_lexical_features_and_score_equal_their_definition_bit_for_bit]
+                 test_guard.test_lexical_features_and_score_equal_their_definition_bit_for_bit,
+                 test_guard.test_fold_by_table_equals_folding_the_whole_text,
+                 test_guard.test_fold_drops_invisible_characters_and_folds_case]
+FOLD_TEXTS = test_guard.test_fold_with_offsets_maps_each_folded_character_to_its_source.pytestmark[0].args[1]
 
 
 @pytest.mark.parametrize("test", LEXICAL_TESTS, ids=lambda test: test.__name__)
-def test_the_lexical_tests_hold_on_the_numpy_code(test, monkeypatch, tmp_path):
+def test_the_lexical_and_fold_tests_hold_on_the_numpy_code(test, monkeypatch, tmp_path):
     # test_guard.py runs them on the compiled code where it is built.
     monkeypatch.setattr(lexical, "_ngrams", None)
+    monkeypatch.setattr(normalize, "_compiled", None)
     test(**({"tmp_path": tmp_path} if "tmp_path" in inspect.signature(test).parameters else {}))
+
+
+@pytest.mark.parametrize("text", FOLD_TEXTS)
+def test_fold_with_offsets_holds_on_the_numpy_code(text, monkeypatch):
+    monkeypatch.setattr(normalize, "_compiled", None)
+    test_guard.test_fold_with_offsets_maps_each_folded_character_to_its_source(text)
