@@ -1,6 +1,7 @@
 /* The injection classifier's hashed character n-grams (sidecar/guard/lexical.py), compiled; and
-   the table lookups of the words filter's fold (normalize._by_table, fold_by_table below), which
-   both the filter and the n-grams of a non-ASCII prompt go through.
+   the table lookups of the words filter's fold and squeeze (normalize._by_table and squeezed:
+   fold_by_table and squeeze_by_table below), which the filter and the n-grams of a non-ASCII
+   prompt go through.
 
    The same features and score as lexical.py's numpy code, which stays the reference: the same
    points (the folded text, runs of whitespace as one space, a long text cut to its two ends, a
@@ -384,6 +385,69 @@ done:
     return out;
 }
 
+/* normalize.squeezed's lookups in one pass: the characters of a folded text that kept[] keeps,
+   and each one's offset in the text (native int64 bytes); None for a text with a character
+   past the Basic Multilingual Plane, where the table ends. */
+static PyObject *py_squeeze_by_table(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "squeeze_by_table(text, kept)");
+        return NULL;
+    }
+    if (text_arg(args[0]) < 0)
+        return NULL;
+    PyObject *text = args[0];
+    Py_buffer kept;
+    if (PyObject_GetBuffer(args[1], &kept, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
+        return NULL;
+    PyObject *out = NULL, *squeezed = NULL, *offsets = NULL;
+    if (kept.itemsize != 1 || kept.len != 0x10000) {
+        PyErr_SetString(PyExc_ValueError, "kept must be 65536 bytes");
+        goto done;
+    }
+    const uint8_t *keep = kept.buf;
+    const int unit = PyUnicode_KIND(text);
+    const void *data = PyUnicode_DATA(text);
+    const Py_ssize_t n = PyUnicode_GET_LENGTH(text);
+    Py_ssize_t count = 0;
+    Py_UCS4 top = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_UCS4 c = PyUnicode_READ(unit, data, i);
+        if (c >= 0x10000) {
+            Py_INCREF(Py_None);
+            out = Py_None;
+            goto done;
+        }
+        if (keep[c]) {
+            count++;
+            if (c > top)
+                top = c;
+        }
+    }
+    squeezed = PyUnicode_New(count, top);
+    offsets = PyBytes_FromStringAndSize(NULL, count * (Py_ssize_t)sizeof(int64_t));
+    if (squeezed == NULL || offsets == NULL)
+        goto done;
+    const int out_unit = PyUnicode_KIND(squeezed);
+    void *out_data = PyUnicode_DATA(squeezed);
+    int64_t *where = (int64_t *)PyBytes_AS_STRING(offsets);
+    Py_ssize_t k = 0;
+    for (Py_ssize_t i = 0; i < n && k < count; i++) {
+        Py_UCS4 c = PyUnicode_READ(unit, data, i);
+        if (keep[c]) {
+            PyUnicode_WRITE(out_unit, out_data, k, c);
+            where[k++] = i;
+        }
+    }
+    out = PyTuple_Pack(2, squeezed, offsets);
+done:
+    Py_XDECREF(squeezed);
+    Py_XDECREF(offsets);
+    PyBuffer_Release(&kept);
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"score", (PyCFunction)(void (*)(void))py_score, METH_FASTCALL,
      "score(weights, text): lexical.score; text is the raw text when ASCII, else its fold."},
@@ -391,6 +455,8 @@ static PyMethodDef methods[] = {
      "buckets(text): lexical.buckets as native int64 bytes, order by order; text as for score."},
     {"fold_by_table", (PyCFunction)(void (*)(void))py_fold_by_table, METH_FASTCALL,
      "fold_by_table(text, kinds, single, stop, changes): normalize._by_table's lookups (see there)."},
+    {"squeeze_by_table", (PyCFunction)(void (*)(void))py_squeeze_by_table, METH_FASTCALL,
+     "squeeze_by_table(text, kept): normalize.squeezed's lookups (see there)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -233,6 +233,10 @@ def squeeze_offsets(folded: str) -> np.ndarray:
 
 def squeezed(folded: str) -> tuple[str, np.ndarray]:
     """squeeze(folded) and squeeze_offsets(folded) from one look at each character."""
+    if _compiled is not None:       # the same lookups in one pass
+        tight = _compiled.squeeze_by_table(folded, _bmp_kept().view(np.uint8))
+        if tight is not None:
+            return tight[0], np.frombuffer(tight[1], np.int64)
     points = _code_points(folded)
     if len(points) and points.max() >= _BMP:
         return _GAPS.sub("", folded), np.array([m.start() for m in _KEPT.finditer(folded)], np.int64)

@@ -127,6 +127,19 @@ def test_compiled_fold_by_table_equals_numpys(monkeypatch):
 
 
 @needs_compiled
+def test_compiled_squeeze_by_table_equals_numpys(monkeypatch):
+    rng = random.Random(6)
+    pool = [chr(c) for c in range(0x20, 0x250)] + list("加微信ｘ，。가 .-_\u3000\u200b\ud800\uffff😀")
+    texts = ["".join(rng.choice(pool) for _ in range(rng.randint(0, 80))) for _ in range(3000)]
+    for text in texts + ["", "加 微 信", "加.微.信", "😀 加 微 信"]:
+        tight, where = normalize.squeezed(text)
+        with monkeypatch.context() as patch:
+            patch.setattr(normalize, "_compiled", None)
+            want, want_where = normalize.squeezed(text)
+        assert tight == want and where.dtype == want_where.dtype and where.tolist() == want_where.tolist(), text
+
+
+@needs_compiled
 def test_compiled_fold_refuses_tables_it_cannot_read():
     tables = normalize._bmp_tables()
     with pytest.raises(ValueError):
@@ -135,6 +148,8 @@ def test_compiled_fold_refuses_tables_it_cannot_read():
         _ngrams.fold_by_table("加", tables.kinds, tables.single.astype(np.uint16), 6, 1)
     with pytest.raises(ValueError):
         _ngrams.fold_by_table("Ａ", tables.kinds, np.full(0x10000, 0x110000, np.uint32), 0, 1)   # no such character
+    with pytest.raises(ValueError):
+        _ngrams.squeeze_by_table("加 微", np.ones(0x8000, np.uint8))
 
 
 LEXICAL_TESTS = [test_guard.test_head_reads_the_text_as_well_as_the_embedding,
