@@ -259,6 +259,22 @@ static int text_arg(PyObject *text)
     return 0;
 }
 
+/* A table argument: `count` C-contiguous items of `itemsize` bytes (of `format` when not NULL);
+   else released, with ValueError set, so that no lookup reads past it. */
+static int table_arg(PyObject *table, Py_buffer *view, Py_ssize_t itemsize, Py_ssize_t count, const char *format)
+{
+    if (PyObject_GetBuffer(table, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
+        return -1;
+    if (view->itemsize != itemsize || view->len != itemsize * count
+        || (format != NULL && (view->format == NULL || strcmp(view->format, format) != 0))) {
+        PyBuffer_Release(view);
+        PyErr_Format(PyExc_ValueError, "a table of %zd items of %zd bytes%s%s is needed", count, itemsize,
+                     format != NULL ? ", format " : "", format != NULL ? format : "");
+        return -1;
+    }
+    return 0;
+}
+
 static PyObject *py_score(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)module;
@@ -269,13 +285,8 @@ static PyObject *py_score(PyObject *module, PyObject *const *args, Py_ssize_t na
     if (text_arg(args[1]) < 0)
         return NULL;
     Py_buffer view;
-    if (PyObject_GetBuffer(args[0], &view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
+    if (table_arg(args[0], &view, 4, DIM, "f") < 0)
         return NULL;
-    if (view.itemsize != 4 || view.format == NULL || strcmp(view.format, "f") != 0 || view.len != DIM * 4) {
-        PyBuffer_Release(&view);
-        PyErr_Format(PyExc_ValueError, "weights must be %zd float32 values, C-contiguous", (Py_ssize_t)DIM);
-        return NULL;
-    }
     uint32_t *points = PyMem_Malloc(MAX_POINTS * sizeof(uint32_t));
     double *work = PyMem_Malloc((2 * MAX_POINTS + 1) * sizeof(double));
     uint32_t *at = PyMem_Malloc(N_ORDERS * MAX_POINTS * sizeof(uint32_t));
@@ -333,17 +344,13 @@ static PyObject *py_fold_by_table(PyObject *module, PyObject *const *args, Py_ss
     if (PyErr_Occurred())
         return NULL;
     Py_buffer kinds, single;
-    if (PyObject_GetBuffer(args[1], &kinds, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
+    if (table_arg(args[1], &kinds, 1, 0x10000, NULL) < 0)
         return NULL;
-    if (PyObject_GetBuffer(args[2], &single, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+    if (table_arg(args[2], &single, 4, 0x10000, NULL) < 0) {
         PyBuffer_Release(&kinds);
         return NULL;
     }
     PyObject *out = NULL;
-    if (kinds.itemsize != 1 || kinds.len != 0x10000 || single.itemsize != 4 || single.len != 4 * 0x10000) {
-        PyErr_SetString(PyExc_ValueError, "kinds must be 65536 bytes, single 65536 uint32 values");
-        goto done;
-    }
     const uint8_t *kind_of = kinds.buf;
     const uint32_t *single_of = single.buf;
     const int unit = PyUnicode_KIND(text);
@@ -399,13 +406,9 @@ static PyObject *py_squeeze_by_table(PyObject *module, PyObject *const *args, Py
         return NULL;
     PyObject *text = args[0];
     Py_buffer kept;
-    if (PyObject_GetBuffer(args[1], &kept, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
+    if (table_arg(args[1], &kept, 1, 0x10000, NULL) < 0)
         return NULL;
     PyObject *out = NULL, *squeezed = NULL, *offsets = NULL;
-    if (kept.itemsize != 1 || kept.len != 0x10000) {
-        PyErr_SetString(PyExc_ValueError, "kept must be 65536 bytes");
-        goto done;
-    }
     const uint8_t *keep = kept.buf;
     const int unit = PyUnicode_KIND(text);
     const void *data = PyUnicode_DATA(text);
