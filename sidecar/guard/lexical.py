@@ -11,9 +11,8 @@ document.
 
 The numpy code below is the definition; sidecar/guard/_ngrams.c computes the same buckets and
 the same score bit for bit in one pass (a 2 KB prompt: ~20 µs with the weights in cache,
-against ~130 for the numpy code), and is used where
-it was built (`pip install -e .` builds it when a C compiler is there) and states the same
-constants. `COMPILED` says which runs.
+against ~130 for the numpy code), and is used where it was built (`pip install -e .` builds it
+when a C compiler is there) and states the same constants. `COMPILED` says which runs.
 """
 from __future__ import annotations
 
