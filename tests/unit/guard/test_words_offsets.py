@@ -6,7 +6,7 @@ import random
 
 import numpy as np
 
-from bench.guard_data import ROOT, SHARED
+from bench.guard_data import OURS, SHARED
 from sidecar.guard.normalize import fold, fold_keeping_offsets, fold_with_offsets
 from sidecar.guard.words import WordMatcher
 
@@ -17,7 +17,7 @@ WORDS = ["the", "ignore", "password", "is", "de", "la", "微信", "的", "です
 def sample_texts() -> list[str]:
     rng = random.Random(22)
     texts = []
-    for path in sorted((ROOT / "data" / "guard").glob("*.jsonl")) + [SHARED / "guard" / "prompt_injections.jsonl"]:
+    for path in sorted(OURS.parent.glob("*.jsonl")) + [SHARED / "guard" / "prompt_injections.jsonl"]:
         rows = [json.loads(line) for line in path.read_text(encoding="utf-8").split("\n") if line.strip()]
         texts += [row["text"] for row in rng.sample(rows, min(150, len(rows))) if isinstance(row.get("text"), str)]
     # Folds that drop characters or change their number, where no offsets are kept.
