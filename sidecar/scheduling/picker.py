@@ -50,29 +50,40 @@ class PickerConfig:
     kind: str = "weighted_random"  # a name in PICKERS
     hysteresis: float = 0.15  # keep the held shares until one moves by more than this (absolute)
     exponent: float = 4.0  # pick weight = static weight * score ** exponent; higher favours the best more
+    hold_s: float = 1.0  # and for at most this long: then the current shares are taken
 
     def __post_init__(self) -> None:
         require(self.kind in PICKERS, "PickerConfig.kind", f"must be one of {sorted(PICKERS)}", self.kind)
         fraction("PickerConfig.hysteresis", self.hysteresis)
         positive("PickerConfig.exponent", self.exponent)
+        positive("PickerConfig.hold_s", self.hold_s)
 
 
 class Hysteresis:
     """Holds a weight distribution per key (a route's tier) and keeps returning it until some
-    cluster's share of the total moves by more than `threshold` or the set of clusters changes.
-    Shares are compared against the held distribution, so slow drift still gets through."""
+    cluster's share of the total moves by more than `threshold`, the set of clusters changes, or
+    it is `hold_s` old. Shares are compared against the held distribution, so slow drift still
+    gets through.
+
+    The age limit matters because what trips the threshold is often a spike (a moment with
+    several requests in flight on one cluster): without it the spike's shares stay for as long
+    as later shares are within `threshold` of them, which on a steady route is for good."""
 
     def __init__(self) -> None:
-        self._held: dict[Hashable, Mapping[str, float]] = {}
+        self._held: dict[Hashable, tuple[float, Mapping[str, float]]] = {}
 
-    def apply(self, key: Hashable, weights: Mapping[str, float], threshold: float) -> Mapping[str, float]:
+    def apply(
+        self, key: Hashable, weights: Mapping[str, float], threshold: float, now: float, hold_s: float
+    ) -> Mapping[str, float]:
         shares = _shares(weights)
-        held = self._held.get(key)
-        if held is not None and held.keys() == shares.keys() and all(
-            abs(shares[c] - held[c]) <= threshold for c in shares
-        ):
-            return held
-        self._held[key] = shares
+        entry = self._held.get(key)
+        if entry is not None:
+            held_at, held = entry
+            if 0 <= now - held_at < hold_s and held.keys() == shares.keys() and all(
+                abs(shares[c] - held[c]) <= threshold for c in shares
+            ):
+                return held
+        self._held[key] = (now, shares)
         return shares
 
 

@@ -131,7 +131,7 @@ class Scheduler:
             kept, tier_dropped = apply_filters(tier)
             dropped.update(tier_dropped)
             if kept:
-                return self._choose(kept, role, policy, dropped)
+                return self._choose(kept, role, policy, dropped, now)
         return Decision.unavailable(self._retry_after(candidates, now), dropped)
 
     def _only_candidate(self, spec: CandidateSpec, now: float) -> Decision | None:
@@ -162,7 +162,9 @@ class Scheduler:
         self._emit(breaker.poll(now))
         return Endpoint(spec, self.signals.cluster_snapshot(spec.cluster, now), breaker.state, breaker.offer_probe())
 
-    def _choose(self, kept: list[Endpoint], role: Role, policy: RoutePolicy, dropped: dict[str, str]) -> Decision:
+    def _choose(
+        self, kept: list[Endpoint], role: Role, policy: RoutePolicy, dropped: dict[str, str], now: float
+    ) -> Decision:
         if len(kept) == 1 and kept[0].breaker is BreakerState.CLOSED:
             # One healthy choice: nothing to weigh (scoring is most of a pick's cost).
             only = kept[0]
@@ -178,7 +180,7 @@ class Scheduler:
             if sum(weights.values()) <= 0:  # every score 0: fall back to the static weights
                 weights = {ep.cluster: ep.spec.weight for ep in kept}
             key = (policy.name, role, tuple(weights))  # per route, tier and set of clusters left
-            held = self._hysteresis.apply(key, weights, policy.picker.hysteresis)
+            held = self._hysteresis.apply(key, weights, policy.picker.hysteresis, now, policy.picker.hold_s)
             cluster = PICKERS[policy.picker.kind](held, self._rng)
             chosen = next(ep for ep in kept if ep.cluster == cluster)
         return Decision(

@@ -68,29 +68,40 @@ HYSTERESIS = [
 @pytest.mark.parametrize("before, after, expected", [r[1:] for r in HYSTERESIS], ids=[r[0] for r in HYSTERESIS])
 def test_hysteresis(before, after, expected):
     hysteresis = Hysteresis()
-    hysteresis.apply("route", before, 0.15)
-    assert dict(hysteresis.apply("route", after, 0.15)) == pytest.approx(expected)
+    hysteresis.apply("route", before, 0.15, now=0.0, hold_s=1.0)
+    assert dict(hysteresis.apply("route", after, 0.15, now=0.5, hold_s=1.0)) == pytest.approx(expected)
 
 
 def test_hysteresis_keeps_the_choice_under_small_changes():
     """The same RNG draw keeps picking the same cluster while the scores wobble."""
     hysteresis = Hysteresis()
     wobbling = [{"a": 0.52, "b": 0.48}, {"a": 0.47, "b": 0.53}, {"a": 0.5, "b": 0.5}, {"a": 0.45, "b": 0.55}]
-    held = [hysteresis.apply("route", w, 0.15) for w in wobbling]
+    held = [hysteresis.apply("route", w, 0.15, now=0.1 * i, hold_s=1.0) for i, w in enumerate(wobbling)]
     assert [weighted_random(h, Fixed(0.49)) for h in held] == ["a"] * 4
     assert [weighted_random(w, Fixed(0.49)) for w in wobbling] == ["a", "b", "a", "b"]  # without it: flapping
 
 
 def test_slow_drift_eventually_gets_through():
     hysteresis = Hysteresis()
-    shares = [hysteresis.apply("route", {"a": 50 + step, "b": 50 - step}, 0.15)["a"] for step in range(0, 21, 2)]
+    shares = [hysteresis.apply("route", {"a": 50 + step, "b": 50 - step}, 0.15, now=step / 100, hold_s=1.0)["a"]
+              for step in range(0, 21, 2)]
     assert shares[0] == 0.5 and shares[-1] > 0.6
 
 
 def test_keys_hold_separate_distributions():
     hysteresis = Hysteresis()
-    hysteresis.apply("r1", {"a": 1, "b": 1}, 0.15)
-    assert dict(hysteresis.apply("r2", {"a": 3, "b": 1}, 0.15)) == {"a": 0.75, "b": 0.25}
+    hysteresis.apply("r1", {"a": 1, "b": 1}, 0.15, now=0.0, hold_s=1.0)
+    assert dict(hysteresis.apply("r2", {"a": 3, "b": 1}, 0.15, now=0.0, hold_s=1.0)) == {"a": 0.75, "b": 0.25}
+
+
+def test_held_shares_lapse_after_hold_s():
+    """A spike that trips the threshold is held while later shares stay within it of the spike;
+    once hold_s has passed, the shares of now are taken."""
+    hysteresis = Hysteresis()
+    hysteresis.apply("route", {"a": 50, "b": 50}, 0.15, now=0.0, hold_s=1.0)
+    assert hysteresis.apply("route", {"a": 27, "b": 73}, 0.15, now=0.1, hold_s=1.0)["a"] == 0.27     # the spike
+    assert hysteresis.apply("route", {"a": 14, "b": 86}, 0.15, now=1.0, hold_s=1.0)["a"] == 0.27     # held
+    assert hysteresis.apply("route", {"a": 14, "b": 86}, 0.15, now=1.1, hold_s=1.0)["a"] == 0.14     # lapsed
 
 
 @pytest.mark.parametrize(
@@ -99,6 +110,7 @@ def test_keys_hold_separate_distributions():
         ("kind", "round_robin", "PickerConfig.kind must be one of"),
         ("hysteresis", 1.5, r"PickerConfig.hysteresis must be within \[0, 1\]"),
         ("exponent", 0, "PickerConfig.exponent must be > 0"),
+        ("hold_s", 0, "PickerConfig.hold_s must be > 0"),
     ],
 )
 def test_bad_picker_config_names_the_field(field, value, message):

@@ -114,6 +114,34 @@ def test_the_route_policy_chooses_the_scorers():
     assert {s.pick([A, B], 1.0, by_gpu).cluster for _ in range(30)} == {"a"}
 
 
+class Draws:
+    """An RNG that always draws the same value: the pick shows which side of it a's share is."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def random(self):
+        return self.value
+
+
+def test_a_moment_of_load_does_not_set_the_split_for_good():
+    """b had four requests in flight when a's latency became known: a's share jumped from 0.5
+    to 0.27 and was held. With b idle again a's share is 0.14, within the hysteresis (0.15) of
+    0.27, so only the hold time (1 s) brings the split to what the scores say."""
+    s = Scheduler(SchedulerConfig(), rng=Draws(0.2))       # picks a while a's share is over 0.2
+    policy = RoutePolicy(name="r", scorers={"latency": 1, "load": 1})
+    assert s.pick([A, B], 0.0, policy).cluster == "a"       # nothing known: 0.5 each
+    s.signals.on_first_byte("a", 0.1, 0.05)
+    s.signals.on_first_byte("b", 0.01, 0.05)
+    for _ in range(4):
+        s.signals.on_send("b", 0.1)
+    assert s.pick([A, B], 0.1, policy).cluster == "a"       # a 0.27 with b busy: replaces 0.5
+    for _ in range(4):
+        s.signals.on_abandon("b")
+    assert s.pick([A, B], 0.5, policy).cluster == "a"       # a 0.14, close to 0.27: held
+    assert [s.pick([A, B], t, policy).cluster for t in (1.2, 5.0, 30.0)] == ["b"] * 3
+
+
 def test_all_zero_scores_fall_back_to_the_static_weights():
     s = scheduler()
     for cluster in "ab":
