@@ -57,11 +57,13 @@ GROUPED_PHONE_REGIONS = ("AU", "KR", "ID", "NL", "TR", "SA", "CH", "TW", "BE", "
 _EMAIL = re.compile(r"[A-Za-z0-9._%+\u00c0-\u024f-](?<![A-Za-z0-9._%+\u00c0-\u024f-].)[A-Za-z0-9._%+'\u00c0-\u024f-]{0,63}@(?:[A-Za-z0-9\u00c0-\u024f](?:[A-Za-z0-9\u00c0-\u024f-]{0,61}[A-Za-z0-9\u00c0-\u024f])?\.)+"
                     r"[A-Za-z]{2,24}(?![A-Za-z0-9@-])")
 
-# 13 to 19 digits, in groups split by single spaces or dashes. A comma beside them is a CSV
+# Groups of digits split by single spaces or dashes, read whole. A comma beside them is a CSV
 # field's (txn_1,4929183047265511,42.80): thousands separators leave groups of three digits,
 # and a decimal fraction of 13 or more digits is rare; a point before or after one is not, nor
 # a plus before (+49 1517 1638468 is a phone number's country code, whatever Luhn says).
-_CARD = re.compile(r"\d(?<![A-Za-z0-9.+/_-].)(?:[ -]?\d){12,18}(?![A-Za-z0-9/_-]|\.\d)")
+_DIGIT_GROUPS = re.compile(r"\d(?<![A-Za-z0-9.+/_-].)\d*(?:[ -]\d+)*(?![A-Za-z0-9/_-]|\.\d)")
+_GROUP_SIGN = re.compile(r"[ -]")
+_CARD_DIGITS = range(13, 20)
 
 
 def _card_shaped(digits: str) -> bool:
@@ -80,11 +82,47 @@ def luhn_ok(digits: str) -> bool:
     return total % 10 == 0
 
 
+def _card(digits: str) -> bool:
+    return len(digits) in _CARD_DIGITS and _card_shaped(digits) and luhn_ok(digits)
+
+
 def _cards(text: str, where: "Candidates") -> Iterable[Span]:
-    for m in matches(_CARD, text, where.digits):
-        digits = re.sub(r"[ -]", "", m.group())
-        if _card_shaped(digits) and luhn_ok(digits):
-            yield Span("card", m.start(), m.end())
+    for m in matches(_DIGIT_GROUPS, text, where.digits):
+        run = m.group()
+        digits = _GROUP_SIGN.sub("", run)
+        if len(digits) < _CARD_DIGITS.start:
+            continue
+        if len(digits) < _CARD_DIGITS.stop:
+            if _card(digits):
+                yield Span("card", m.start(), m.end())
+            continue
+        # More digits than a card: a list of cards ("6250 9470 0018 3943 3008 4417 2093 58")
+        # only where the groups split wholly into valid cards; otherwise one longer number whose
+        # leading groups may pass Luhn by chance (a parcel's 22 digits, 9400 1118 9922 3384 1067 05).
+        for start, end in _card_list(run):
+            yield Span("card", m.start() + start, m.start() + end)
+
+
+def _card_list(run: str) -> list[tuple[int, int]]:
+    """The cards a run of digit groups splits into, each whole groups, as offsets in the run;
+    none unless every group belongs to a card."""
+    bounds = [(g.start(), g.end()) for g in re.finditer(r"\d+", run)]
+    # split[i]: a split of the groups before i into cards, as the index each card starts at.
+    split: dict[int, list[int]] = {0: []}
+    for i in range(len(bounds)):
+        if i not in split:
+            continue
+        digits = ""
+        for j in range(i, len(bounds)):
+            digits += run[bounds[j][0]:bounds[j][1]]
+            if len(digits) >= _CARD_DIGITS.stop:
+                break
+            if j + 1 not in split and _card(digits):
+                split[j + 1] = split[i] + [i]
+    if len(bounds) not in split:
+        return []
+    starts = split[len(bounds)]
+    return [(bounds[a][0], bounds[b - 1][1]) for a, b in zip(starts, starts[1:] + [len(bounds)])]
 
 
 # In any case: an IBAN typed or pasted in lowercase is still one, and the mod-97 checksum and

@@ -320,6 +320,16 @@ def test_cards_of_more_networks_and_in_csv_fields_are_found(text, value):
     assert _found(text) == [("card", value)]
 
 
+def test_a_run_of_card_numbers_is_split_into_its_cards():
+    text = "Which networks are these? 6250 9470 0018 3943 3008 4417 2093 58 3614 892047 2284"
+    assert _found(text) == [("card", "6250 9470 0018 3943"), ("card", "3008 4417 2093 58"), ("card", "3614 892047 2284")]
+
+
+def test_a_longer_number_whose_leading_groups_pass_luhn_is_no_card():
+    # A parcel's 22 digits: its first 16 are a Luhn-valid number of a card prefix, the rest no card.
+    assert [s for s in pii.find("USPS 9400 1118 9922 3384 1067 05 is late", pii.DETECTORS) if s.detector == "card"] == []
+
+
 def test_an_iban_grouped_by_dashes_is_found():
     assert _found("IBAN: GB82-WEST-1234-5698-7654-32, danke") == [("iban", "GB82-WEST-1234-5698-7654-32")]
 
