@@ -419,9 +419,11 @@ def _written_nationally(candidate: str, number) -> bool:
 # An IPv4 address, with its network's prefix length when it has one (10.0.0.0/8).
 _IPV4 = re.compile(r"\d(?<![A-Za-z0-9_.].)\d{0,2}\.(?:\d{1,3}\.){2}\d{1,3}(?:/\d{1,2})?(?![A-Za-z0-9_]|\.\d|-[A-Za-z])")
 # IPv6: full, compressed, ending in an IPv4 address (::ffff:192.0.2.1), with a zone (fe80::1%eth0)
-# and a prefix length (2001:db8::/32).
+# and a prefix length (2001:db8::/32); also with a port written after it without brackets, as
+# HAProxy and other logs do (2a02:c207::1:40022): five digits are no group of an address.
 _IPV6 = re.compile(r"[0-9A-Fa-f:](?<![A-Za-z0-9_:.].)[0-9A-Fa-f]{0,3}:?(?:[0-9A-Fa-f]{0,4}:){1,7}"
-                   r"(?:\d{1,3}(?:\.\d{1,3}){3}|[0-9A-Fa-f]{0,4})(?:%[A-Za-z0-9_]+)?(?:/\d{1,3})?(?![A-Za-z0-9_:]|\.\d)")
+                   r"(?:\d{1,3}(?:\.\d{1,3}){3}|[0-9A-Fa-f]{0,4})(?:%[A-Za-z0-9_]+)?(?:/\d{1,3})?"
+                   r"(?:(?![A-Za-z0-9_:]|\.\d)|(?=:\d{5}(?![A-Za-z0-9_:]|\.\d)))")
 
 
 # A packet trace's addresses with their ports after a fifth number (tcpdump: `192.168.1.104.53188
@@ -448,16 +450,18 @@ def _product_version(text: str, start: int) -> bool:
 
 
 def _dotted_heads(text: str, where: "Candidates") -> set[str]:
-    """The first numbers that make the text's four-part numbers of the same first number
-    versions or OIDs: those of its three-part dotted numbers (versions: 2.4.57) and of those
-    of five parts or more outside a packet trace (long versions); and 0, 1 and 2 where one of
-    those starts with them (an OID, 1.3.6.1.4.1.311.21.8: every OID's first arc is one of them,
-    X.660). An address of another first number in the same text is still an address."""
+    """The heads that make the text's four-part numbers of the same head versions or OIDs: the
+    first two numbers of its three-part dotted numbers (versions: 2.4.57 makes 2.4.58.1 one,
+    not 18.204.12.9 beside node 18.17.1: a release's siblings share its major and minor
+    numbers), the first number of those of five parts or more outside a packet trace (long
+    versions); and 0, 1 and 2 where one of those starts with them (an OID, 1.3.6.1.4.1.311.21.8:
+    every OID's first arc is one of them, X.660). An address of another head in the same text
+    is still an address."""
     heads: set[str] = set()
     for m in matches(_DOTTED, text, where.digits):
         parts = m.group().split(".")
         if len(parts) == 3:
-            heads.add(parts[0])
+            heads.add(parts[0] + "." + parts[1])
         elif len(parts) > 4 and text[m.end():m.end() + 3] != " > " and text[m.end():m.end() + 1] != ":":
             heads.update(("0", "1", "2") if parts[0] in ("0", "1", "2") else (parts[0],))
     return heads
@@ -465,10 +469,11 @@ def _dotted_heads(text: str, where: "Candidates") -> set[str]:
 
 def _ips(text: str, where: "Candidates") -> Iterable[Span]:
     # Four dotted numbers with no word of their own around them are read as a version where the
-    # text has a version of the same first (major) number: "firmware 4.2.1.0. Is that newer
-    # than 4.2.0.15?", "Firmware-Version 11.2.4.0 ... auf 11.3.0.2", "2.4.58.1 ... and 2.4.57"
-    # (a three-part number is a version), or a number of five parts or more of the same first
-    # number (an OID's, of first number 0, 1 or 2, makes any of those an OID's sibling: 2.5.4.3).
+    # text has a version of the same first (major) number that a word decides: "firmware
+    # 4.2.1.0. Is that newer than 4.2.0.15?", "Firmware-Version 11.2.4.0 ... auf 11.3.0.2"; a
+    # three-part number of the same first two numbers ("2.4.58.1 ... and 2.4.57"; a three-part
+    # number is a version); or a number of five parts or more of the same first number (an
+    # OID's, of first number 0, 1 or 2, makes any of those an OID's sibling: 2.5.4.3).
     # (Addresses of one network share their first number too, but a text rarely names a version
     # and an address of the same first number.)
     versions: set[str] = set()
@@ -493,18 +498,18 @@ def _ips(text: str, where: "Candidates") -> Iterable[Span]:
                 if _product_version(text, m.start()):
                     continue
                 version = RULES.version_like(text, m.start(), m.end())
-                head = value[:value.index(".")]
+                first, second, _ = value.split(".", 2)
                 if version:
-                    versions.add(head)
+                    versions.add(first)
                 if version is None:
-                    unread.append((head, span))
+                    unread.append((first, first + "." + second, span))
                 if version is not False:
                     continue
             yield span
     if unread:
         versions |= _dotted_heads(text, where)
-        for head, span in unread:
-            if head not in versions:
+        for first, minor, span in unread:
+            if first not in versions and minor not in versions:
                 yield span
     if " > " in text:
         for m in matches(_TRACE, text, where.digits):

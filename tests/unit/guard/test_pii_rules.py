@@ -279,6 +279,12 @@ def test_an_md5_beside_a_lowercase_hash_is_not_a_twilio_token():
     # A version of the text does not make an address of other first numbers one.
     ("Version 1.2.3.4 of the agent talks to 10.0.0.5 now", "10.0.0.5"),
     ("firmware 4.2.1.0 runs on host 4.2.0.15", "4.2.0.15"),
+    # A three-part version makes siblings of its major and minor numbers only.
+    ("Our deploy uses node 18.17.1 and the API at 18.204.12.9 times out", "18.204.12.9"),
+    # A firewall's rule is no section.
+    ("Give me an iptables rule that allows only 81.2.69.160 to reach port 5432", "81.2.69.160"),
+    # A port after an IPv6 address without brackets (HAProxy): five digits are no group.
+    ("haproxy[991]: 2a02:c207:2034:1188::1:40022 [10/Mar/2025:13:44:02.004] fe_https", "2a02:c207:2034:1188::1"),
 ])
 def test_ip_forms_are_found(text, value):
     assert _found(text) == [("ip", value)]
@@ -295,6 +301,8 @@ def test_ip_forms_are_found(text, value):
     "The board reports firmware 4.2.1.0. Is that newer than 4.2.0.15?",
     "Is 2.1.0.7 older than release 2.1.3.0, or the same?",
     "Upgrade from 1.2.3.4 to 1.2.4.0 tonight",
+    # A version word's compound.
+    "Hvad er forskellen på versionsnummer 8.0.1.2 og en IP-adresse?", "Die Build-Nummer 4.12.0.3 steht im Log",
 ])
 def test_ip_look_alikes_pass(text):
     assert [s for s in pii.find(text, pii.DETECTORS) if s.detector == "ip"] == []
@@ -386,6 +394,7 @@ def test_an_address_as_a_path_segment_is_found(text, value):
 ])
 def test_an_address_beside_an_oid_or_a_long_version_of_another_first_number_is_found(text, value):
     assert _found(text) == [("ip", value)]
+
 
 
 @pytest.mark.parametrize("text,value", [
