@@ -194,6 +194,17 @@ def test_provider_token_is_found_whole(provider):
     ("$settings = ['smtp_pass' => 'Qw3rty!2024'];", "Qw3rty!2024"),
     ("token := \"a8F3kL0pZ2xQ\"", "a8F3kL0pZ2xQ"),
     ("curl -H 'Authorization: Bearer eyAbC12dEf34gHi56jKl78'", "eyAbC12dEf34gHi56jKl78"),
+    # An ampersand inside a value (libpq's key=value string): no query parameter follows it.
+    ("host=db1 port=5432 user=reporting password=Tr0ub4dor&3xK", "Tr0ub4dor&3xK"),
+    ("https://example.com/login?password=Xy7#pQ2z&user=bob", "Xy7#pQ2z"),
+    ('  app_key = "eb70b10da535d8b1fa7c879769efeff90da98ee2"', "eb70b10da535d8b1fa7c879769efeff90da98ee2"),
+    # Base64 of a JSON object that holds a credential, short or long.
+    ("decode this: eyJ1c2VyIjoic3ZjIiwicGFzc3dvcmQiOiJIazIjdk45cUw3eFIifQ==",
+     "eyJ1c2VyIjoic3ZjIiwicGFzc3dvcmQiOiJIazIjdk45cUw3eFIifQ=="),
+    ("decode: eyJ0eXBlIjoic2VydmljZV9hY2NvdW50IiwicHJvamVjdCI6ImFjbWUtcHJvZCIsInJlZ2lvbiI6ImV1LXdlc3QtMSIsInVzZXIi"
+     "OiJzdmMiLCJwYXNzd29yZCI6IkhrMiN2TjlxTDd4UiJ9",
+     "eyJ0eXBlIjoic2VydmljZV9hY2NvdW50IiwicHJvamVjdCI6ImFjbWUtcHJvZCIsInJlZ2lvbiI6ImV1LXdlc3QtMSIsInVzZXIi"
+     "OiJzdmMiLCJwYXNzd29yZCI6IkhrMiN2TjlxTDd4UiJ9"),
 ])
 def test_credentials_by_their_context_are_found(text, value):
     assert _found(text) == [("secret", value)]
