@@ -36,17 +36,22 @@ from sidecar.guard.spans import Span, matches
 DETECTORS = ("email", "phone", "card", "iban", "ip", "secret", "private_key")
 # Regions whose national-format numbers (without +country code) count as phone numbers.
 DEFAULT_PHONE_REGIONS = ("US", "GB", "DE", "FR", "ES", "IT", "CN", "JP", "RU", "BR", "IN")
-# Where a route names no regions, national numbers written in groups and starting with the trunk
-# prefix 0 (0412 738 195, 01 5892713), grouped exactly as the region writes them, also count in
-# these: the other regions among the 40
-# largest economies whose numbers are dialled at home with that prefix. The prefix and a
-# grouping the region's format confirms are the evidence; an unbroken run of digits, weaker
-# evidence (~75% of random 10-digit runs starting with 0 are a valid mobile number of one of
-# them), counts in DEFAULT_PHONE_REGIONS only. Regions without a trunk prefix (DK, NO, SG, HK,
-# MX, PL) are left out: their national numbers are bare runs of 8 to 10 digits, as years, ids
-# and amounts are.
-GROUPED_PHONE_REGIONS = ("AU", "KR", "ID", "NL", "TR", "SA", "CH", "TW", "BE", "SE", "AR", "IE", "TH", "AT", "IL",
-                         "AE", "PH", "VN", "BD", "MY", "EG", "NG", "CO")
+
+
+def _grouped_regions() -> tuple[str, ...]:
+    """Where a route names no regions, national numbers written in groups and starting with the
+    trunk prefix 0 (0412 738 195, 0722 418 396), grouped exactly as the region writes them, also
+    count in these: the other regions of `context_regions` (pii_rules.toml) whose numbers are
+    dialled at home with that prefix. The prefix and a grouping the region's format confirms
+    are the evidence; an unbroken run of digits, weaker evidence (~75% of random 10-digit runs
+    starting with 0 are a valid mobile number of one of them), counts in DEFAULT_PHONE_REGIONS
+    only. Regions without a trunk prefix (DK, NO, SG, HK, MX, PL) are left out: their national
+    numbers are bare runs of 8 to 10 digits, as years, ids and amounts are."""
+    return tuple(r for r in RULES.phone_context_regions if r not in DEFAULT_PHONE_REGIONS
+                 and (phonenumbers.PhoneMetadata.metadata_for_region(r).national_prefix or "").startswith("0"))
+
+
+GROUPED_PHONE_REGIONS = _grouped_regions()
 
 
 # Local parts and domain labels of ASCII and Latin letters (Zoë.Ng@, o'connor@,
@@ -57,11 +62,14 @@ GROUPED_PHONE_REGIONS = ("AU", "KR", "ID", "NL", "TR", "SA", "CH", "TW", "BE", "
 _EMAIL = re.compile(r"[A-Za-z0-9._%+\u00c0-\u024f-](?<![A-Za-z0-9._%+\u00c0-\u024f-].)[A-Za-z0-9._%+'\u00c0-\u024f-]{0,63}@(?:[A-Za-z0-9\u00c0-\u024f](?:[A-Za-z0-9\u00c0-\u024f-]{0,61}[A-Za-z0-9\u00c0-\u024f])?\.)+"
                     r"[A-Za-z]{2,24}(?![A-Za-z0-9@-])")
 
+# Not after a dash (SN-7734-0021, a code's part), unless the dash follows a letter of another
+# script than Latin: Hebrew joins its prefixes so (ב-052-719-4836, "at").
+_AFTER_PREFIX = r"(?:(?<!-.)|(?<=[^\W\d_A-Za-z]-.))"
 # Groups of digits split by single spaces or dashes, read whole. A comma beside them is a CSV
 # field's (txn_1,4929183047265511,42.80): thousands separators leave groups of three digits,
 # and a decimal fraction of 13 or more digits is rare; a point before or after one is not, nor
 # a plus before (+49 1517 1638468 is a phone number's country code, whatever Luhn says).
-_DIGIT_GROUPS = re.compile(r"\d(?<![A-Za-z0-9.+/_-].)\d*(?:[ -]\d+)*(?![A-Za-z0-9/_-]|\.\d)")
+_DIGIT_GROUPS = re.compile(r"\d(?<![A-Za-z0-9.+/_].)%s\d*(?:[ -]\d+)*(?![A-Za-z0-9/_-]|\.\d)" % _AFTER_PREFIX)
 _GROUP_SIGN = re.compile(r"[ -]")
 _CARD_DIGITS = range(13, 20)
 
@@ -175,8 +183,8 @@ def _ibans(text: str, where: "Candidates") -> Iterable[Span]:
 
 # A phone-number candidate: a + (also in brackets: "(+34) 912 345 678") or a digit, then digits
 # with spaces, dots, dashes, brackets, slashes. Not right after a number sign: #0412 345 678 is
-# an order's or a ticket's number.
-_PHONE = re.compile(r"[+(\d](?<![A-Za-z0-9+./_#-].)(?:(?<=\()\+)?[\d ().\-–/]{5,22}\d(?![A-Za-z0-9_]|[.-]?[A-Za-z0-9])")
+# an order's or a ticket's number; nor after a dash (_AFTER_PREFIX).
+_PHONE = re.compile(r"[+(\d](?<![A-Za-z0-9+./_#].)%s(?:(?<=\()\+)?[\d ().\-–/]{5,22}\d(?![A-Za-z0-9_]|[.-]?[A-Za-z0-9])" % _AFTER_PREFIX)
 # Dates and times: libphonenumber accepts some as numbers of some region.
 _NOT_DIGIT = re.compile(r"\D")
 _DATE = re.compile(r"\d{4}[-./]\d{1,2}[-./]\d{1,2}|\d{1,2}[-./]\d{1,2}[-./]\d{2,4}|\d{4}-\d{1,2}")
@@ -285,8 +293,10 @@ def _is_phone(candidate: str, regions: tuple[str, ...], grouped: tuple[str, ...]
     international = candidate.startswith(("+", "(+"))
     bare = not international and _NOT_DIGIT.search(candidate) is None
     home = len(regions)
+    digits = _NOT_DIGIT.sub("", candidate)
     if not (international or bare) and candidate.lstrip("(")[:1] == "0":
-        regions += grouped
+        # Only the regions whose numbering plan can hold the digits are parsed.
+        regions += tuple(r for r in grouped if _could_be(r, digits))
     valid: dict[str | None, phonenumbers.PhoneNumber] = {}      # the regions' valid readings, for the context's loop
     for index, region in enumerate((None,) if international else regions):
         try:
@@ -306,10 +316,11 @@ def _is_phone(candidate: str, regions: tuple[str, ...], grouped: tuple[str, ...]
             return True
     if international or bare:
         return False
-    # A phone word before it: a national number of the context regions, in their exact groups,
-    # with or without the trunk prefix. A region read above is not parsed again, nor one whose
-    # numbering plan cannot hold the digits.
-    digits = _NOT_DIGIT.sub("", candidate)
+    # A phone word before it: a national number of the context regions, with or without the
+    # trunk prefix, its groups within the region's (strict grouping: Austria's 0664 218 7730,
+    # formatted 0664 2187730); the word is the evidence the exact grouping stands in for
+    # without it. A region read above is not parsed again, nor one whose numbering plan cannot
+    # hold the digits.
     for region in context:
         if region in regions:
             number = valid.get(region)
@@ -321,7 +332,7 @@ def _is_phone(candidate: str, regions: tuple[str, ...], grouped: tuple[str, ...]
             except phonenumbers.NumberParseException:
                 continue
             number = number if phonenumbers.is_valid_number(number) else None
-        if number is not None and _national_digits(number, digits) and _grouped_as_formatted(candidate, number, exactly=True):
+        if number is not None and _national_digits(number, digits) and _grouped_as_formatted(candidate, number):
             return True
     return False
 

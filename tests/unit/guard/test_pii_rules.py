@@ -457,6 +457,12 @@ def test_placeholders_digests_and_password_talk_pass(text):
     ("Numbers: 0412 558 903, 1300 655 506", "1300 655 506"),             # a list: Australia's 1300 number
     ("Telefon meiner Ärztin: 030 901820", "030 901820"),                 # Ärztin does not end in the id word "tin"
     ("Handy der Ärztin 0151 23456789", "0151 23456789"),
+    # A list after an international number: Austria's mobile in groups within its format's.
+    ("Compare these two Austrian numbers: +43 1 53114 0 and 0664 218 7730", "0664 218 7730"),
+    # Hebrew's prefix joined by a dash ("at"), not a code's.
+    ("אפשר לחזור אליי ב-052-719-4836 או במייל", "052-719-4836"),
+    # A region that dials the trunk prefix 0, grouped as it writes its numbers, without a word.
+    ("iar pentru întrebări sunați la 0722 418 396.", "0722 418 396"),
 ])
 def test_national_numbers_named_by_their_context_are_found(text, value):
     assert ("phone", value) in _found(text)
@@ -470,6 +476,7 @@ def test_national_numbers_named_by_their_context_are_found(text, value):
     "our phone bill total was 2345 6789 won",                             # a phone word too far back
     "Rechnungsnummer: 030 4492 1837",                                     # an id's compound word
     "the SSN 078-05-1120 is a textbook example",
+    "serial SN-0722-418-396 on the label",                                # a code's part, after a dash
 ])
 def test_ids_numbers_are_not_phone_numbers(text):
     assert [s for s in pii.find(text, pii.DETECTORS) if s.detector == "phone"] == []
