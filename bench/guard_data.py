@@ -49,7 +49,7 @@ ORDINARY_SOURCES = ("paraphrase", "ordinary")
 PII = ROOT / "data" / "guard" / "pii.jsonl"
 PII_HANDWRITTEN = ROOT / "data" / "guard" / "pii_handwritten.txt"
 # Written apart from the detectors' development, in the same format, every line one source:
-# the first set's misses were read and fixed (development data); the second is blind.
+# the first three sets' misses were read and fixed (development data); the fourth is blind.
 PII_HOLDOUT = ROOT / "data" / "guard" / "pii_holdout.txt"
 PII_HOLDOUT2 = ROOT / "data" / "guard" / "pii_holdout2.txt"
 PII_HOLDOUT3 = ROOT / "data" / "guard" / "pii_holdout3.txt"
