@@ -71,6 +71,7 @@ _AFTER_PREFIX = r"(?:(?<!-.)|(?<=[^\W\d_A-Za-z]-.))"
 # a plus before (+49 1517 1638468 is a phone number's country code, whatever Luhn says).
 _DIGIT_GROUPS = re.compile(r"\d(?<![A-Za-z0-9.+/_].)%s\d*(?:[ -]\d+)*(?![A-Za-z0-9/_-]|\.\d)" % _AFTER_PREFIX)
 _GROUP_SIGN = re.compile(r"[ -]")
+_GROUP = re.compile(r"\d+")
 _CARD_DIGITS = range(13, 20)
 
 
@@ -114,7 +115,7 @@ def _cards(text: str, where: "Candidates") -> Iterable[Span]:
 def _card_list(run: str) -> list[tuple[int, int]]:
     """The cards a run of digit groups splits into, each whole groups, as offsets in the run;
     none unless every group belongs to a card."""
-    bounds = [(g.start(), g.end()) for g in re.finditer(r"\d+", run)]
+    bounds = [g.span() for g in _GROUP.finditer(run)]
     # split[i]: a split of the groups before i into cards, as the index each card starts at.
     split: dict[int, list[int]] = {0: []}
     for i in range(len(bounds)):
