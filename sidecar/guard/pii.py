@@ -63,13 +63,15 @@ _EMAIL = re.compile(r"[A-Za-z0-9._%+\u00c0-\u024f-](?<![A-Za-z0-9._%+\u00c0-\u02
                     r"[A-Za-z]{2,24}(?![A-Za-z0-9@-])")
 
 # Not after a dash (SN-7734-0021, a code's part), unless the dash follows a letter of another
-# script than Latin: Hebrew joins its prefixes so (ב-052-719-4836, "at").
-_AFTER_PREFIX = r"(?:(?<!-.)|(?<=[^\W\d_A-Za-z]-.))"
-# Groups of digits split by single spaces or dashes, read whole. A comma beside them is a CSV
-# field's (txn_1,4929183047265511,42.80): thousands separators leave groups of three digits,
-# and a decimal fraction of 13 or more digits is rare; a point before or after one is not, nor
-# a plus before (+49 1517 1638468 is a phone number's country code, whatever Luhn says).
-_DIGIT_GROUPS = re.compile(r"\d(?<![A-Za-z0-9.+/_].)%s\d*(?:[ -]\d+)*(?![A-Za-z0-9/_-]|\.\d)" % _AFTER_PREFIX)
+# script than Latin: Hebrew joins its prefixes so (ב-052-719-4836, "at"). (A negative
+# lookbehind of its own, not an alternation: ~2x faster on a log's many numbers.)
+_AFTER_PREFIX = r"(?<![\x00-\x7f\W\d_]-.)"
+# A run of 13 or more digits in groups split by single spaces or dashes, read whole (a log's
+# many shorter numbers cost no match). A comma beside it is a CSV field's
+# (txn_1,4929183047265511,42.80): thousands separators leave groups of three digits, and a
+# decimal fraction of 13 or more digits is rare; a point before or after one is not, nor a plus
+# before (+49 1517 1638468 is a phone number's country code, whatever Luhn says).
+_DIGIT_GROUPS = re.compile(r"\d(?<![A-Za-z0-9.+/_].)%s(?:[ -]?\d){12,}(?![A-Za-z0-9/_-]|\.\d)" % _AFTER_PREFIX)
 _GROUP_SIGN = re.compile(r"[ -]")
 _GROUP = re.compile(r"\d+")
 _CARD_DIGITS = range(13, 20)
@@ -99,8 +101,6 @@ def _cards(text: str, where: "Candidates") -> Iterable[Span]:
     for m in matches(_DIGIT_GROUPS, text, where.digits):
         run = m.group()
         digits = _GROUP_SIGN.sub("", run)
-        if len(digits) < _CARD_DIGITS.start:
-            continue
         if len(digits) < _CARD_DIGITS.stop:
             if _card(digits):
                 yield Span("card", m.start(), m.end())
