@@ -10,9 +10,9 @@
   spacing tricks) in paraphrase prompts, and false matches on clean ones, per squeeze mode;
 - personal data: per detector, precision and recall on data/guard/pii.jsonl (generated) and
   data/guard/pii_handwritten.txt (hand-written), dev and test each, and, each as one source when
-  it exists, on data/guard/pii_holdout.txt and data/guard/pii_holdout2.txt (written apart;
-  development data since their misses were read) and data/guard/pii_holdout3.txt (written
-  apart, blind);
+  it exists, on data/guard/pii_holdout.txt, data/guard/pii_holdout2.txt and
+  data/guard/pii_holdout3.txt (written apart; development data since their misses were read)
+  and data/guard/pii_holdout4.txt (written apart, blind);
 - cost: guard CPU time for a 2 KB prompt with 10,000 denied words loaded, every detector on, and
   the injection classifier's scoring (bench/guard_cost.py).
 """
@@ -25,7 +25,7 @@ import sys
 import numpy as np
 
 from bench import report
-from bench.guard_data import (LATER_BATCH, ORDINARY_SOURCES, PII_HOLDOUT, PII_HOLDOUT2, PII_HOLDOUT3, ROOT, embed_all, injection_examples,
+from bench.guard_data import (LATER_BATCH, ORDINARY_SOURCES, PII_HOLDOUT, PII_HOLDOUT2, PII_HOLDOUT3, PII_HOLDOUT4, ROOT, embed_all, injection_examples,
                               pii_examples, pii_handwritten)
 
 
@@ -268,14 +268,16 @@ PII_SOURCES = {"generated": "generated set (pii.jsonl), test split",
                "handwritten": "hand-written set (pii_handwritten.txt), test split",
                "holdout": "pii_holdout.txt, all prompts (development data: its misses were read)",
                "holdout2": "pii_holdout2.txt, all prompts (development data: its misses were read)",
-               "holdout3": "pii_holdout3.txt, all prompts (blind held-out set)"}
+               "holdout3": "pii_holdout3.txt, all prompts (development data: its misses were read)",
+               "holdout4": "pii_holdout4.txt, all prompts (blind held-out set)"}
 
 
 def personal_data() -> dict:
     generated, handwritten = pii_examples(), pii_handwritten()
     out = {"generated": {split: _pii_counts([r for r in generated if r["split"] == split]) for split in ("dev", "test")},
            "handwritten": {split: _pii_counts([r for r in handwritten if r["split"] == split]) for split in ("dev", "test")}}
-    for name, path in (("holdout", PII_HOLDOUT), ("holdout2", PII_HOLDOUT2), ("holdout3", PII_HOLDOUT3)):
+    for name, path in (("holdout", PII_HOLDOUT), ("holdout2", PII_HOLDOUT2), ("holdout3", PII_HOLDOUT3),
+                       ("holdout4", PII_HOLDOUT4)):
         if path.exists():
             out[name] = {"holdout": _pii_counts(pii_handwritten(path, holdout=True))}
     return out

@@ -19,8 +19,9 @@ Personal-data data: data/guard/pii.jsonl (generated, its own dev / test) and
 data/guard/pii_handwritten.txt (written prompt by prompt; lines alternate dev / test) and, when
 they exist, data/guard/pii_holdout.txt (written apart from the detectors; its misses were
 read and fixed, so it is development data), data/guard/pii_holdout2.txt (written apart; its
-misses were read and fixed too: development data) and data/guard/pii_holdout3.txt (written
-apart, the blind set: reported only).
+misses were read and fixed too: development data), data/guard/pii_holdout3.txt (written
+apart; its misses were read and fixed too: development data) and data/guard/pii_holdout4.txt
+(written apart, the blind set: reported only).
 """
 from __future__ import annotations
 
@@ -48,10 +49,11 @@ ORDINARY_SOURCES = ("paraphrase", "ordinary")
 PII = ROOT / "data" / "guard" / "pii.jsonl"
 PII_HANDWRITTEN = ROOT / "data" / "guard" / "pii_handwritten.txt"
 # Written apart from the detectors' development, in the same format, every line one source:
-# the first set's misses were read and fixed (development data); the second is blind.
+# the first three sets' misses were read and fixed (development data); the fourth is blind.
 PII_HOLDOUT = ROOT / "data" / "guard" / "pii_holdout.txt"
 PII_HOLDOUT2 = ROOT / "data" / "guard" / "pii_holdout2.txt"
 PII_HOLDOUT3 = ROOT / "data" / "guard" / "pii_holdout3.txt"
+PII_HOLDOUT4 = ROOT / "data" / "guard" / "pii_holdout4.txt"
 # Per id series of injections.jsonl and ordinary.jsonl, the first row of those written where the
 # classifier was weakest, most in Hindi, Arabic, Russian, Vietnamese, Thai, Indonesian, Turkish
 # and CJK (data/guard/README.md). `make eval-guard` also reports the test rows below these

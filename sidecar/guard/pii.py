@@ -36,17 +36,22 @@ from sidecar.guard.spans import Span, matches
 DETECTORS = ("email", "phone", "card", "iban", "ip", "secret", "private_key")
 # Regions whose national-format numbers (without +country code) count as phone numbers.
 DEFAULT_PHONE_REGIONS = ("US", "GB", "DE", "FR", "ES", "IT", "CN", "JP", "RU", "BR", "IN")
-# Where a route names no regions, national numbers written in groups and starting with the trunk
-# prefix 0 (0412 738 195, 01 5892713), grouped exactly as the region writes them, also count in
-# these: the other regions among the 40
-# largest economies whose numbers are dialled at home with that prefix. The prefix and a
-# grouping the region's format confirms are the evidence; an unbroken run of digits, weaker
-# evidence (~75% of random 10-digit runs starting with 0 are a valid mobile number of one of
-# them), counts in DEFAULT_PHONE_REGIONS only. Regions without a trunk prefix (DK, NO, SG, HK,
-# MX, PL) are left out: their national numbers are bare runs of 8 to 10 digits, as years, ids
-# and amounts are.
-GROUPED_PHONE_REGIONS = ("AU", "KR", "ID", "NL", "TR", "SA", "CH", "TW", "BE", "SE", "AR", "IE", "TH", "AT", "IL",
-                         "AE", "PH", "VN", "BD", "MY", "EG", "NG", "CO")
+
+
+def _grouped_regions() -> tuple[str, ...]:
+    """Where a route names no regions, national numbers written in groups and starting with the
+    trunk prefix 0 (0412 738 195, 0722 418 396), grouped exactly as the region writes them, also
+    count in these: the other regions of `context_regions` (pii_rules.toml) whose numbers are
+    dialled at home with that prefix. The prefix and a grouping the region's format confirms
+    are the evidence; an unbroken run of digits, weaker evidence (~75% of random 10-digit runs
+    starting with 0 are a valid mobile number of one of them), counts in DEFAULT_PHONE_REGIONS
+    only. Regions without a trunk prefix (DK, NO, SG, HK, MX, PL) are left out: their national
+    numbers are bare runs of 8 to 10 digits, as years, ids and amounts are."""
+    return tuple(r for r in RULES.phone_context_regions if r not in DEFAULT_PHONE_REGIONS
+                 and (phonenumbers.PhoneMetadata.metadata_for_region(r).national_prefix or "").startswith("0"))
+
+
+GROUPED_PHONE_REGIONS = _grouped_regions()
 
 
 # Local parts and domain labels of ASCII and Latin letters (Zoë.Ng@, o'connor@,
@@ -57,11 +62,19 @@ GROUPED_PHONE_REGIONS = ("AU", "KR", "ID", "NL", "TR", "SA", "CH", "TW", "BE", "
 _EMAIL = re.compile(r"[A-Za-z0-9._%+\u00c0-\u024f-](?<![A-Za-z0-9._%+\u00c0-\u024f-].)[A-Za-z0-9._%+'\u00c0-\u024f-]{0,63}@(?:[A-Za-z0-9\u00c0-\u024f](?:[A-Za-z0-9\u00c0-\u024f-]{0,61}[A-Za-z0-9\u00c0-\u024f])?\.)+"
                     r"[A-Za-z]{2,24}(?![A-Za-z0-9@-])")
 
-# 13 to 19 digits, in groups split by single spaces or dashes. A comma beside them is a CSV
-# field's (txn_1,4929183047265511,42.80): thousands separators leave groups of three digits,
-# and a decimal fraction of 13 or more digits is rare; a point before or after one is not, nor
-# a plus before (+49 1517 1638468 is a phone number's country code, whatever Luhn says).
-_CARD = re.compile(r"\d(?<![A-Za-z0-9.+/_-].)(?:[ -]?\d){12,18}(?![A-Za-z0-9/_-]|\.\d)")
+# Not after a dash (SN-7734-0021, a code's part), unless the dash follows a letter of another
+# script than Latin: Hebrew joins its prefixes so (ב-052-719-4836, "at"). (A negative
+# lookbehind of its own, not an alternation: ~2x faster on a log's many numbers.)
+_AFTER_PREFIX = r"(?<![\x00-\x7f\W\d_]-.)"
+# A run of 13 or more digits in groups split by single spaces or dashes, read whole (a log's
+# many shorter numbers cost no match). A comma beside it is a CSV field's
+# (txn_1,4929183047265511,42.80): thousands separators leave groups of three digits, and a
+# decimal fraction of 13 or more digits is rare; a point before or after one is not, nor a plus
+# before (+49 1517 1638468 is a phone number's country code, whatever Luhn says).
+_DIGIT_GROUPS = re.compile(r"\d(?<![A-Za-z0-9.+/_].)%s(?:[ -]?\d){12,}(?![A-Za-z0-9/_-]|\.\d)" % _AFTER_PREFIX)
+_GROUP_SIGN = re.compile(r"[ -]")
+_GROUP = re.compile(r"\d+")
+_CARD_DIGITS = range(13, 20)
 
 
 def _card_shaped(digits: str) -> bool:
@@ -80,11 +93,45 @@ def luhn_ok(digits: str) -> bool:
     return total % 10 == 0
 
 
+def _card(digits: str) -> bool:
+    return len(digits) in _CARD_DIGITS and _card_shaped(digits) and luhn_ok(digits)
+
+
 def _cards(text: str, where: "Candidates") -> Iterable[Span]:
-    for m in matches(_CARD, text, where.digits):
-        digits = re.sub(r"[ -]", "", m.group())
-        if _card_shaped(digits) and luhn_ok(digits):
-            yield Span("card", m.start(), m.end())
+    for m in matches(_DIGIT_GROUPS, text, where.digits):
+        run = m.group()
+        digits = _GROUP_SIGN.sub("", run)
+        if len(digits) < _CARD_DIGITS.stop:
+            if _card(digits):
+                yield Span("card", m.start(), m.end())
+            continue
+        # More digits than a card: a list of cards ("6250 9470 0018 3943 3008 4417 2093 58")
+        # only where the groups split wholly into valid cards; otherwise one longer number whose
+        # leading groups may pass Luhn by chance (a parcel's 22 digits, 9400 1118 9922 3384 1067 05).
+        for start, end in _card_list(run):
+            yield Span("card", m.start() + start, m.start() + end)
+
+
+def _card_list(run: str) -> list[tuple[int, int]]:
+    """The cards a run of digit groups splits into, each whole groups, as offsets in the run;
+    none unless every group belongs to a card."""
+    bounds = [g.span() for g in _GROUP.finditer(run)]
+    # split[i]: a split of the groups before i into cards, as the index each card starts at.
+    split: dict[int, list[int]] = {0: []}
+    for i in range(len(bounds)):
+        if i not in split:
+            continue
+        digits = ""
+        for j in range(i, len(bounds)):
+            digits += run[bounds[j][0]:bounds[j][1]]
+            if len(digits) >= _CARD_DIGITS.stop:
+                break
+            if j + 1 not in split and _card(digits):
+                split[j + 1] = split[i] + [i]
+    if len(bounds) not in split:
+        return []
+    starts = split[len(bounds)]
+    return [(bounds[a][0], bounds[b - 1][1]) for a, b in zip(starts, starts[1:] + [len(bounds)])]
 
 
 # In any case: an IBAN typed or pasted in lowercase is still one, and the mod-97 checksum and
@@ -137,8 +184,8 @@ def _ibans(text: str, where: "Candidates") -> Iterable[Span]:
 
 # A phone-number candidate: a + (also in brackets: "(+34) 912 345 678") or a digit, then digits
 # with spaces, dots, dashes, brackets, slashes. Not right after a number sign: #0412 345 678 is
-# an order's or a ticket's number.
-_PHONE = re.compile(r"[+(\d](?<![A-Za-z0-9+./_#-].)(?:(?<=\()\+)?[\d ().\-–/]{5,22}\d(?![A-Za-z0-9_]|[.-]?[A-Za-z0-9])")
+# an order's or a ticket's number; nor after a dash (_AFTER_PREFIX).
+_PHONE = re.compile(r"[+(\d](?<![A-Za-z0-9+./_#].)%s(?:(?<=\()\+)?[\d ().\-–/]{5,22}\d(?![A-Za-z0-9_]|[.-]?[A-Za-z0-9])" % _AFTER_PREFIX)
 # Dates and times: libphonenumber accepts some as numbers of some region.
 _NOT_DIGIT = re.compile(r"\D")
 _DATE = re.compile(r"\d{4}[-./]\d{1,2}[-./]\d{1,2}|\d{1,2}[-./]\d{1,2}[-./]\d{2,4}|\d{4}-\d{1,2}")
@@ -247,8 +294,10 @@ def _is_phone(candidate: str, regions: tuple[str, ...], grouped: tuple[str, ...]
     international = candidate.startswith(("+", "(+"))
     bare = not international and _NOT_DIGIT.search(candidate) is None
     home = len(regions)
+    digits = _NOT_DIGIT.sub("", candidate)
     if not (international or bare) and candidate.lstrip("(")[:1] == "0":
-        regions += grouped
+        # Only the regions whose numbering plan can hold the digits are parsed.
+        regions += tuple(r for r in grouped if _could_be(r, digits))
     valid: dict[str | None, phonenumbers.PhoneNumber] = {}      # the regions' valid readings, for the context's loop
     for index, region in enumerate((None,) if international else regions):
         try:
@@ -268,10 +317,11 @@ def _is_phone(candidate: str, regions: tuple[str, ...], grouped: tuple[str, ...]
             return True
     if international or bare:
         return False
-    # A phone word before it: a national number of the context regions, in their exact groups,
-    # with or without the trunk prefix. A region read above is not parsed again, nor one whose
-    # numbering plan cannot hold the digits.
-    digits = _NOT_DIGIT.sub("", candidate)
+    # A phone word before it: a national number of the context regions, with or without the
+    # trunk prefix, its groups within the region's (strict grouping: Austria's 0664 218 7730,
+    # formatted 0664 2187730); the word is the evidence the exact grouping stands in for
+    # without it. A region read above is not parsed again, nor one whose numbering plan cannot
+    # hold the digits.
     for region in context:
         if region in regions:
             number = valid.get(region)
@@ -283,7 +333,7 @@ def _is_phone(candidate: str, regions: tuple[str, ...], grouped: tuple[str, ...]
             except phonenumbers.NumberParseException:
                 continue
             number = number if phonenumbers.is_valid_number(number) else None
-        if number is not None and _national_digits(number, digits) and _grouped_as_formatted(candidate, number, exactly=True):
+        if number is not None and _national_digits(number, digits) and _grouped_as_formatted(candidate, number):
             return True
     return False
 
@@ -381,9 +431,11 @@ def _written_nationally(candidate: str, number) -> bool:
 # An IPv4 address, with its network's prefix length when it has one (10.0.0.0/8).
 _IPV4 = re.compile(r"\d(?<![A-Za-z0-9_.].)\d{0,2}\.(?:\d{1,3}\.){2}\d{1,3}(?:/\d{1,2})?(?![A-Za-z0-9_]|\.\d|-[A-Za-z])")
 # IPv6: full, compressed, ending in an IPv4 address (::ffff:192.0.2.1), with a zone (fe80::1%eth0)
-# and a prefix length (2001:db8::/32).
+# and a prefix length (2001:db8::/32); also with a port written after it without brackets, as
+# HAProxy and other logs do (2a02:c207::1:40022): five digits are no group of an address.
 _IPV6 = re.compile(r"[0-9A-Fa-f:](?<![A-Za-z0-9_:.].)[0-9A-Fa-f]{0,3}:?(?:[0-9A-Fa-f]{0,4}:){1,7}"
-                   r"(?:\d{1,3}(?:\.\d{1,3}){3}|[0-9A-Fa-f]{0,4})(?:%[A-Za-z0-9_]+)?(?:/\d{1,3})?(?![A-Za-z0-9_:]|\.\d)")
+                   r"(?:\d{1,3}(?:\.\d{1,3}){3}|[0-9A-Fa-f]{0,4})(?:%[A-Za-z0-9_]+)?(?:/\d{1,3})?"
+                   r"(?:(?![A-Za-z0-9_:]|\.\d)|(?=:\d{5}(?![A-Za-z0-9_:]|\.\d)))")
 
 
 # A packet trace's addresses with their ports after a fifth number (tcpdump: `192.168.1.104.53188
@@ -410,16 +462,18 @@ def _product_version(text: str, start: int) -> bool:
 
 
 def _dotted_heads(text: str, where: "Candidates") -> set[str]:
-    """The first numbers that make the text's four-part numbers of the same first number
-    versions or OIDs: those of its three-part dotted numbers (versions: 2.4.57) and of those
-    of five parts or more outside a packet trace (long versions); and 0, 1 and 2 where one of
-    those starts with them (an OID, 1.3.6.1.4.1.311.21.8: every OID's first arc is one of them,
-    X.660). An address of another first number in the same text is still an address."""
+    """The heads that make the text's four-part numbers of the same head versions or OIDs: the
+    first two numbers of its three-part dotted numbers (versions: 2.4.57 makes 2.4.58.1 one,
+    not 18.204.12.9 beside node 18.17.1: a release's siblings share its major and minor
+    numbers), the first number of those of five parts or more outside a packet trace (long
+    versions); and 0, 1 and 2 where one of those starts with them (an OID, 1.3.6.1.4.1.311.21.8:
+    every OID's first arc is one of them, X.660). An address of another head in the same text
+    is still an address."""
     heads: set[str] = set()
     for m in matches(_DOTTED, text, where.digits):
         parts = m.group().split(".")
         if len(parts) == 3:
-            heads.add(parts[0])
+            heads.add(parts[0] + "." + parts[1])
         elif len(parts) > 4 and text[m.end():m.end() + 3] != " > " and text[m.end():m.end() + 1] != ":":
             heads.update(("0", "1", "2") if parts[0] in ("0", "1", "2") else (parts[0],))
     return heads
@@ -427,10 +481,11 @@ def _dotted_heads(text: str, where: "Candidates") -> set[str]:
 
 def _ips(text: str, where: "Candidates") -> Iterable[Span]:
     # Four dotted numbers with no word of their own around them are read as a version where the
-    # text has a version of the same first (major) number: "firmware 4.2.1.0. Is that newer
-    # than 4.2.0.15?", "Firmware-Version 11.2.4.0 ... auf 11.3.0.2", "2.4.58.1 ... and 2.4.57"
-    # (a three-part number is a version), or a number of five parts or more of the same first
-    # number (an OID's, of first number 0, 1 or 2, makes any of those an OID's sibling: 2.5.4.3).
+    # text has a version of the same first (major) number that a word decides: "firmware
+    # 4.2.1.0. Is that newer than 4.2.0.15?", "Firmware-Version 11.2.4.0 ... auf 11.3.0.2"; a
+    # three-part number of the same first two numbers ("2.4.58.1 ... and 2.4.57"; a three-part
+    # number is a version); or a number of five parts or more of the same first number (an
+    # OID's, of first number 0, 1 or 2, makes any of those an OID's sibling: 2.5.4.3).
     # (Addresses of one network share their first number too, but a text rarely names a version
     # and an address of the same first number.)
     versions: set[str] = set()
@@ -455,18 +510,18 @@ def _ips(text: str, where: "Candidates") -> Iterable[Span]:
                 if _product_version(text, m.start()):
                     continue
                 version = RULES.version_like(text, m.start(), m.end())
-                head = value[:value.index(".")]
+                first, second, _ = value.split(".", 2)
                 if version:
-                    versions.add(head)
+                    versions.add(first)
                 if version is None:
-                    unread.append((head, span))
+                    unread.append((first, first + "." + second, span))
                 if version is not False:
                     continue
             yield span
     if unread:
         versions |= _dotted_heads(text, where)
-        for head, span in unread:
-            if head not in versions:
+        for first, minor, span in unread:
+            if first not in versions and minor not in versions:
                 yield span
     if " > " in text:
         for m in matches(_TRACE, text, where.digits):

@@ -132,9 +132,9 @@ class PiiRules:
             forms = {word} if word.isascii() or not _RUN_TOGETHER.search(word) else {word, *(word[-k:] for k in range(1, min(len(word), 5)))}
             if forms & self.phone_neutral:
                 continue
-            if not seen and (forms & self.phone_not_after or self._id_compound(word)):
+            if not seen and (forms & self.phone_not_after or self._compound(word, self.phone_not_after)):
                 return 0
-            if forms & self.phone_words:
+            if forms & self.phone_words or self._compound(word, self.phone_words):
                 return 2 if seen < 3 else 1
             seen += 1
         return None
@@ -155,25 +155,29 @@ class PiiRules:
                     if not (word[0].isalpha() and head and head[-1].isalpha()):
                         return True
         words = _WORDS.findall(before)[-4:]
-        for word in words[-1:]:               # the nearest word: only an address word decides
+        for word in words[-1:]:               # the nearest word: an address word, or a compound just before
             if word in self.ip_address_words or word.endswith("s") and word[:-1] in self.ip_address_words:
                 return False
+            if before.endswith(word) and self._compound(word, self._not_after_words):
+                return True                   # Versionsnummer 8.0.1.2
         for word in reversed(words[:-1]):
             for form in (word, word[:-1]) if word.endswith("s") else (word,):
                 if form in self.ip_address_words:
                     return False
-                if form in self._not_after_words:
+                if form in self._not_after_words or self._compound(form, self._not_after_words):
                     return True
         return None
 
-    def _id_compound(self, word: str) -> bool:
-        """An id's word joined to a neutral one: Rechnungsnummer, Auftragsnummer."""
+    def _compound(self, word: str, heads: frozenset[str]) -> bool:
+        """A word of `heads` joined to a neutral one, as German, Dutch and the Nordic languages
+        write them, with a linking s or a dash: Rechnungsnummer, Telefonnummer, Versionsnummer,
+        Build-Nummer."""
         if not word.endswith(self._compound_tails):
             return False                     # one C call for most words
         for neutral in self._compound_tails:
             if len(word) > len(neutral) + 2 and word.endswith(neutral):
                 head = word[:-len(neutral)].rstrip("-")
-                if head in self.phone_not_after or head.endswith("s") and head[:-1] in self.phone_not_after:
+                if head in heads or head.endswith("s") and head[:-1] in heads:
                     return True
         return False
 

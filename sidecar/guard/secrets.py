@@ -14,6 +14,7 @@ from sidecar.guard.spans import Span, matches
 
 # Any long run of token characters that names no provider; kept only when its characters look random.
 _TOKEN = re.compile(r"[A-Za-z0-9+/_-](?<![A-Za-z0-9+/=_-].)[A-Za-z0-9+/_-]{31,99}={0,2}(?![A-Za-z0-9+/=_-])")
+_LONGEST_TOKEN = 102         # _TOKEN's 100 characters and two of padding
 _TOKEN_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
 DEFAULT_MIN_ENTROPY = 4.3   # bits per character; chosen on the dev split (reports/guard.json)
 
@@ -79,12 +80,18 @@ def find(text: str, runs: list[tuple[int, int]], min_entropy: float) -> Iterable
         if (any(a <= offset < b for a, b in public) or text[max(0, offset - 28):offset].lower().endswith(rules.public_after)
                 or value[:8].lower().startswith(rules.public_prefix)):
             continue                         # a certificate's lines, an image, an SSH public key
+        if len(value) > _LONGEST_TOKEN and not known and _holds_secret(_encoded_words(value), min_entropy):
+            yield Span("secret", offset, offset + len(value))     # longer base64 of text: read as the shorter
+            continue
         for m in _TOKEN.finditer(value):
             token = m.group()
             if any(s < offset + m.end() and offset + m.start() < e for s, e in known) or not _mixed(token):
                 continue
             score = entropy(token)
-            if score >= min_entropy and not _encoded_words(token) and not _words_or_path(token):
+            if score < min_entropy or _words_or_path(token):
+                continue
+            words = _encoded_words(token)
+            if words is None or _holds_secret(words, min_entropy):
                 yield Span("secret", offset + m.start(), offset + m.end(), round(score, 2))
     yield from _assigned(text, rules)
     yield from _stated(text, rules)
@@ -135,16 +142,22 @@ def _words_or_path(token: str) -> bool:
     return words * 4 >= len(token) * 3 or (token.count("/") >= 2 and _PATH_WORD.search(token) is not None)
 
 
-def _encoded_words(token: str) -> bool:
-    """Whether a token is base64 of text with spaces or of a JSON object: an encoded sentence,
-    a JWT's payload alone (a prompt asking to decode one), not a key, whose bytes are random.
-    (A JWT whole, with its signature, is found by its own rule.)"""
+def _holds_secret(words: str | None, min_entropy: float) -> bool:
+    """Whether base64 of a sentence or a JSON object (`_encoded_words`) is a secret: where what
+    it encodes holds one ('{"user":"svc","password":"..."}'), found by these same rules."""
+    return words is not None and next(iter(find(words, [(0, len(words))], min_entropy)), None) is not None
+
+
+def _encoded_words(token: str) -> str | None:
+    """The text a token encodes where it is base64 of text with spaces or of a JSON object: an
+    encoded sentence, a JWT's payload alone (a prompt asking to decode one), not a key, whose
+    bytes are random. (A JWT whole, with its signature, is found by its own rule.)"""
     try:
         words = base64.b64decode(token + "=" * (-len(token) % 4), altchars=b"-_" if "-" in token or "_" in token else None,
                                  validate=True).decode("utf-8")
     except (ValueError, UnicodeDecodeError):
-        return False
-    return (" " in words or words.startswith("{")) and words.isprintable()
+        return None
+    return words if (" " in words or words.startswith("{")) and words.isprintable() else None
 
 
 def _bounded(value: str, start: int, end: int) -> bool:
@@ -169,8 +182,11 @@ _NAME_REVERSED = re.compile(r"[ \t]{0,3}[\"']?([\w.-]{1,48})")
 # A value is judged by its first _VALUE_HEAD characters: read whole at each sign, a value of
 # many signs ("password=password=...") would be read again from each of them.
 _VALUE_HEAD = 256
-_VALUE = re.compile(r"[=>]?\s{0,3}[\"'`]?(?:(?:Bearer|Basic|Token|token|bearer) +)?([^\s\"'`<>,;&(){}\[\]]{1,%d})" % _VALUE_HEAD)
-_VALUE_REST = re.compile(r"[^\s\"'`<>,;&(){}\[\]]*")
+# An ampersand ends a value only before a query's next parameter (?password=...&user=) or as
+# an entity (&amp;): in a password it is a sign like any other (password=Tr0ub4dor&3xK).
+_VALUE_CHAR = r"(?:[^\s\"'`<>,;&(){}\[\]]|&(?![\w.-]*=|amp;))"
+_VALUE = re.compile(r"[=>]?\s{0,3}[\"'`]?(?:(?:Bearer|Basic|Token|token|bearer) +)?(%s{1,%d})" % (_VALUE_CHAR, _VALUE_HEAD))
+_VALUE_REST = re.compile(_VALUE_CHAR + "*")
 # What is assigned but is not the credential itself: a URL, a variable, a path.
 _NOT_VALUES = ("http", "$", "%", "process.", "os.", "/", "~/", "./", "../")
 # A digit or sign in the value (one search in C, not a comparison per character).

@@ -194,6 +194,17 @@ def test_provider_token_is_found_whole(provider):
     ("$settings = ['smtp_pass' => 'Qw3rty!2024'];", "Qw3rty!2024"),
     ("token := \"a8F3kL0pZ2xQ\"", "a8F3kL0pZ2xQ"),
     ("curl -H 'Authorization: Bearer eyAbC12dEf34gHi56jKl78'", "eyAbC12dEf34gHi56jKl78"),
+    # An ampersand inside a value (libpq's key=value string): no query parameter follows it.
+    ("host=db1 port=5432 user=reporting password=Tr0ub4dor&3xK", "Tr0ub4dor&3xK"),
+    ("https://example.com/login?password=Xy7#pQ2z&user=bob", "Xy7#pQ2z"),
+    ('  app_key = "eb70b10da535d8b1fa7c879769efeff90da98ee2"', "eb70b10da535d8b1fa7c879769efeff90da98ee2"),
+    # Base64 of a JSON object that holds a credential, short or long.
+    ("decode this: eyJ1c2VyIjoic3ZjIiwicGFzc3dvcmQiOiJIazIjdk45cUw3eFIifQ==",
+     "eyJ1c2VyIjoic3ZjIiwicGFzc3dvcmQiOiJIazIjdk45cUw3eFIifQ=="),
+    ("decode: eyJ0eXBlIjoic2VydmljZV9hY2NvdW50IiwicHJvamVjdCI6ImFjbWUtcHJvZCIsInJlZ2lvbiI6ImV1LXdlc3QtMSIsInVzZXIi"
+     "OiJzdmMiLCJwYXNzd29yZCI6IkhrMiN2TjlxTDd4UiJ9",
+     "eyJ0eXBlIjoic2VydmljZV9hY2NvdW50IiwicHJvamVjdCI6ImFjbWUtcHJvZCIsInJlZ2lvbiI6ImV1LXdlc3QtMSIsInVzZXIi"
+     "OiJzdmMiLCJwYXNzd29yZCI6IkhrMiN2TjlxTDd4UiJ9"),
 ])
 def test_credentials_by_their_context_are_found(text, value):
     assert _found(text) == [("secret", value)]
@@ -279,6 +290,12 @@ def test_an_md5_beside_a_lowercase_hash_is_not_a_twilio_token():
     # A version of the text does not make an address of other first numbers one.
     ("Version 1.2.3.4 of the agent talks to 10.0.0.5 now", "10.0.0.5"),
     ("firmware 4.2.1.0 runs on host 4.2.0.15", "4.2.0.15"),
+    # A three-part version makes siblings of its major and minor numbers only.
+    ("Our deploy uses node 18.17.1 and the API at 18.204.12.9 times out", "18.204.12.9"),
+    # A firewall's rule is no section.
+    ("Give me an iptables rule that allows only 81.2.69.160 to reach port 5432", "81.2.69.160"),
+    # A port after an IPv6 address without brackets (HAProxy): five digits are no group.
+    ("haproxy[991]: 2a02:c207:2034:1188::1:40022 [10/Mar/2025:13:44:02.004] fe_https", "2a02:c207:2034:1188::1"),
 ])
 def test_ip_forms_are_found(text, value):
     assert _found(text) == [("ip", value)]
@@ -295,6 +312,8 @@ def test_ip_forms_are_found(text, value):
     "The board reports firmware 4.2.1.0. Is that newer than 4.2.0.15?",
     "Is 2.1.0.7 older than release 2.1.3.0, or the same?",
     "Upgrade from 1.2.3.4 to 1.2.4.0 tonight",
+    # A version word's compound.
+    "Hvad er forskellen på versionsnummer 8.0.1.2 og en IP-adresse?", "Die Build-Nummer 4.12.0.3 steht im Log",
 ])
 def test_ip_look_alikes_pass(text):
     assert [s for s in pii.find(text, pii.DETECTORS) if s.detector == "ip"] == []
@@ -318,6 +337,16 @@ def test_the_run_pattern_takes_exactly_the_run_characters():
 ])
 def test_cards_of_more_networks_and_in_csv_fields_are_found(text, value):
     assert _found(text) == [("card", value)]
+
+
+def test_a_run_of_card_numbers_is_split_into_its_cards():
+    text = "Which networks are these? 6250 9470 0018 3943 3008 4417 2093 58 3614 892047 2284"
+    assert _found(text) == [("card", "6250 9470 0018 3943"), ("card", "3008 4417 2093 58"), ("card", "3614 892047 2284")]
+
+
+def test_a_longer_number_whose_leading_groups_pass_luhn_is_no_card():
+    # A parcel's 22 digits: its first 16 are a Luhn-valid number of a card prefix, the rest no card.
+    assert [s for s in pii.find("USPS 9400 1118 9922 3384 1067 05 is late", pii.DETECTORS) if s.detector == "card"] == []
 
 
 def test_an_iban_grouped_by_dashes_is_found():
@@ -378,6 +407,7 @@ def test_an_address_beside_an_oid_or_a_long_version_of_another_first_number_is_f
     assert _found(text) == [("ip", value)]
 
 
+
 @pytest.mark.parametrize("text,value", [
     ('client = Client(os.environ["TWILIO_ACCOUNT_SID"], "4e1a9c0d7b2f83e65a1c9d0e2f4b7a38")', "4e1a9c0d7b2f83e65a1c9d0e2f4b7a38"),
     ("Mercado Pago: APP_USR-1234567890123456-010203-0a1b2c3d4e5f60718293a4b5c6d7e8f9-987654321.",
@@ -427,6 +457,12 @@ def test_placeholders_digests_and_password_talk_pass(text):
     ("Numbers: 0412 558 903, 1300 655 506", "1300 655 506"),             # a list: Australia's 1300 number
     ("Telefon meiner Ärztin: 030 901820", "030 901820"),                 # Ärztin does not end in the id word "tin"
     ("Handy der Ärztin 0151 23456789", "0151 23456789"),
+    # A list after an international number: Austria's mobile in groups within its format's.
+    ("Compare these two Austrian numbers: +43 1 53114 0 and 0664 218 7730", "0664 218 7730"),
+    # Hebrew's prefix joined by a dash ("at"), not a code's.
+    ("אפשר לחזור אליי ב-052-719-4836 או במייל", "052-719-4836"),
+    # A region that dials the trunk prefix 0, grouped as it writes its numbers, without a word.
+    ("iar pentru întrebări sunați la 0722 418 396.", "0722 418 396"),
 ])
 def test_national_numbers_named_by_their_context_are_found(text, value):
     assert ("phone", value) in _found(text)
@@ -440,6 +476,7 @@ def test_national_numbers_named_by_their_context_are_found(text, value):
     "our phone bill total was 2345 6789 won",                             # a phone word too far back
     "Rechnungsnummer: 030 4492 1837",                                     # an id's compound word
     "the SSN 078-05-1120 is a textbook example",
+    "serial SN-0722-418-396 on the label",                                # a code's part, after a dash
 ])
 def test_ids_numbers_are_not_phone_numbers(text):
     assert [s for s in pii.find(text, pii.DETECTORS) if s.detector == "phone"] == []
