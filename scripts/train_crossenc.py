@@ -308,6 +308,15 @@ def fold_of(pairs: list[dict]) -> np.ndarray:
     return np.array(out)
 
 
+def load(path: Path) -> dict:
+    """The parameters as main() saves them."""
+    data = np.load(path)
+    count = 1 + max(int(k.split(".")[0][5:]) for k in data.files if k.startswith("layer"))
+    return {"layers": [{k.split(".", 1)[1]: data[k] for k in data.files if k.startswith(f"layer{i}.")}
+                       for i in range(count)],
+            **{k: data[k] for k in data.files if not k.startswith("layer")}}
+
+
 def logit(p: np.ndarray) -> np.ndarray:
     p = np.clip(p, 1e-6, 1 - 1e-6)
     return np.log(p / (1 - p))
@@ -322,6 +331,7 @@ def main(argv=None) -> int:
     parser.add_argument("--budget-s", type=float, default=3000, help="training time the schedule is fitted to")
     parser.add_argument("--handwritten", type=Path, nargs="+", default=list(OWNED))
     parser.add_argument("--held-fold", type=int, default=0, help="the fold measured, not trained on (-1: none)")
+    parser.add_argument("--weights", type=Path, help="measure these weights (a run's .npz) instead of training")
     parser.add_argument("--out", type=Path, default=REPORT)
     args = parser.parse_args(argv)
     import train_verifier as tv
@@ -342,8 +352,14 @@ def main(argv=None) -> int:
     fit = (cos[:n] >= tv.TRAIN_COSINE) & ~held
     weights = np.array([tv.HANDWRITTEN_WEIGHT if "frame" not in p else 1.0 for p in train_pairs], np.float32)
     fit_pairs = [p for p, f in zip(train_pairs, fit) if f]
-    params, logits_fn, seconds, schedule = train(args.split, args.epochs, args.lr, args.layer_scale, fit_pairs,
-                                                 weights[fit], states, cos[:n][fit], args.budget_s)
+    if args.weights:
+        import jax
+        import jax.numpy as jnp
+        params = jax.tree_util.tree_map(jnp.asarray, load(args.weights))
+        logits_fn, seconds, schedule = make_fns(jax, jnp)[0], 0.0, {"weights": str(args.weights)}
+    else:
+        params, logits_fn, seconds, schedule = train(args.split, args.epochs, args.lr, args.layer_scale, fit_pairs,
+                                                     weights[fit], states, cos[:n][fit], args.budget_s)
 
     # The shipped trees, and on the held fold the same trees retrained without it.
     shipped = json.loads(MODEL_PATH.read_text())
@@ -358,7 +374,7 @@ def main(argv=None) -> int:
         offset += len(ps)
     held_rows = np.flatnonzero(held)
     source = np.array([p.get("file", "generated") for p in train_pairs])
-    for name in dict.fromkeys(source.tolist()):
+    for name in dict.fromkeys(source[held_rows].tolist()):     # a fold may hold no generated frame
         sets[f"held fold: {name}"] = held_rows[source[held_rows] == name]
     in_shipped = np.array(["frame" in p or p["file"] in {f.name for f in shipped_files} for p in train_pairs])
     refit = (cos[:n] >= tv.TRAIN_COSINE) & ~held & in_shipped
@@ -398,7 +414,8 @@ def main(argv=None) -> int:
         flat.update({f"layer{i}.{k}": np.asarray(v) for k, v in layer.items()})
     flat.update({k: np.asarray(params[k]) for k in ("cross", "w_prod", "w_diff", "w_align", "a_cos", "a_emb", "b")})
     out = ROOT / "build" / "semantic" / f"crossenc-L{args.split}.npz"
-    np.savez(out, **flat)
+    if not args.weights:
+        np.savez(out, **flat)
     report = {"split": args.split, "lr": args.lr, "layer_scale": args.layer_scale, "budget_s": args.budget_s,
               "handwritten": [str(p.relative_to(ROOT)) for p in args.handwritten], "held_fold": args.held_fold,
               "train_pairs": int(fit.sum()), "train_seconds": round(seconds, 1), "schedule": schedule,
