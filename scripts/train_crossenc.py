@@ -337,20 +337,17 @@ def main(argv=None) -> int:
     import train_verifier as tv
     from eval_semantic import score
 
-    from sidecar.cache.equivalence import forget_profiles
     from sidecar.cache.verifier import MODEL_PATH, Verifier
-    shipped_files = tv.HANDWRITTEN
-    tv.HANDWRITTEN = tuple(args.handwritten)
-    forget_profiles(max_bytes=None)
-    train_pairs, calibration = tv.datasets()
+    data = tv.rows(handwritten=tuple(args.handwritten))
+    train_pairs, calibration, cos, x = data.train, data.calibration, data.cos, data.x
+    labels = data.labels.astype(int)
     everything = train_pairs + [p for ps in calibration.values() for p in ps]
-    cos = tv.cosines(everything)
     states = token_states(sorted({t for p in everything for t in (p["a"], p["b"])}), args.split)
     n = len(train_pairs)
     fold = fold_of(train_pairs)
     held = fold == args.held_fold
     fit = (cos[:n] >= tv.TRAIN_COSINE) & ~held
-    weights = np.array([tv.HANDWRITTEN_WEIGHT if "frame" not in p else 1.0 for p in train_pairs], np.float32)
+    weights = tv.training_weights(train_pairs).astype(np.float32)
     fit_pairs = [p for p, f in zip(train_pairs, fit) if f]
     if args.weights:
         import jax
@@ -364,8 +361,6 @@ def main(argv=None) -> int:
     # The shipped trees, and on the held fold the same trees retrained without it.
     shipped = json.loads(MODEL_PATH.read_text())
     floor = shipped["floor"]
-    x = np.hstack([tv.feature_rows(everything, cos), tv.align_rows(everything)])
-    labels = np.array([p["label"] for p in everything])
     sets = {}
     offset = n
     for name, ps in calibration.items():
@@ -376,7 +371,7 @@ def main(argv=None) -> int:
     source = np.array([p.get("file", "generated") for p in train_pairs])
     for name in dict.fromkeys(source[held_rows].tolist()):     # a fold may hold no generated frame
         sets[f"held fold: {name}"] = held_rows[source[held_rows] == name]
-    in_shipped = np.array(["frame" in p or p["file"] in {f.name for f in shipped_files} for p in train_pairs])
+    in_shipped = np.array(["frame" in p or p["file"] in {f.name for f in tv.HANDWRITTEN} for p in train_pairs])
     refit = (cos[:n] >= tv.TRAIN_COSINE) & ~held & in_shipped
     trees = tv.train_trees(x[:n][refit], labels[:n][refit].astype(float), weights[refit].astype(float))
     trees.update({k: shipped[k] for k in ("features", "floor", "calibration", "states_layers")})
