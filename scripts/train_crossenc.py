@@ -418,7 +418,7 @@ def main(argv=None) -> int:
               "cost": timing, "results": results}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1) + "\n")
-    print(f"wrote {args.out}, {out.relative_to(ROOT)}")
+    print(f"wrote {args.out}" + ("" if args.weights else f", {out.relative_to(ROOT)}"))
     return 0
 
 
