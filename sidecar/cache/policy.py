@@ -49,6 +49,7 @@ from typing import NamedTuple
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from sidecar.cache.equivalence import DEFAULT_MAX_FALSE_HIT_RATE
 from sidecar.cache.scope import prompt_text
 from sidecar.openai.chat import ChatRequest
 from sidecar.embedding.normalize import normalize_text
@@ -93,7 +94,7 @@ class CachePolicy:
     semantic_threshold: float = 0.93       # τ: minimum cosine; tuned in docs/semantic-checks.md
     # Target false-hit rate of the learned verifier (0: off, τ and the checks decide);
     # the default is measured in docs/semantic-quality.md.
-    max_false_hit_rate: float = 0.0
+    max_false_hit_rate: float = DEFAULT_MAX_FALSE_HIT_RATE
     ttl_s: float = 86400.0
     allow_tools: bool = False
     max_temperature: float = 1.0

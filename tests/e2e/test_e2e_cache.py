@@ -40,7 +40,9 @@ ROUTES = [
     cached_route("flaky", "/flaky/", "upstream_c"),         # failure tests tune upstream c
     # The learned verifier decides semantic hits, with token alignment (docs/semantic-verifier-experiments.md).
     cached_route("verified", "/verified/", "upstream_a", {"max_false_hit_rate": 0.02}),
-    cached_route("chat", "/", "upstream_a"),
+    # The lexical decision: τ and the checks, without the verifier.
+    cached_route("lexical", "/lexical/", "upstream_a", {"max_false_hit_rate": 0}),
+    cached_route("chat", "/", "upstream_a"),                # the default settings
 ]
 
 
@@ -198,7 +200,7 @@ def test_streamed_answer_is_stored_by_the_time_the_client_has_it(stack):
 # --- semantic tier ------------------------------------------------------------------------
 
 def test_semantic_hit_for_a_paraphrase(stack):
-    c = sdk(stack, "key-semantic")
+    c = sdk(stack, "key-semantic", "/lexical/v1")
     before = requests_of(stack, "a")
     original, _, headers = ask(c, "How do I reset my password?")
     assert status(headers) == "miss"
@@ -214,21 +216,42 @@ def test_semantic_hit_for_a_paraphrase(stack):
 def test_a_client_reports_a_false_hit_and_that_answer_stops_serving_its_prompt(stack):
     """The repeat with x-cache-false-hit goes upstream; the pair never serves again; another
     rewording of the stored prompt, and another tenant, are unaffected."""
-    c = sdk(stack, "key-false-hit")
+    c = sdk(stack, "key-false-hit", "/lexical/v1")
     ask(c, "How do I reset my password?")
     assert status(ask(c, "how can I reset my password?")[2]) == "semantic"
-    before, stored = requests_of(stack, "a"), metric(stack, "sluice_cache_stored_total", route="chat")
+    before, stored = requests_of(stack, "a"), metric(stack, "sluice_cache_stored_total", route="lexical")
     _, _, headers = ask(c, "how can I reset my password?", extra_headers={"x-cache-false-hit": "1"})
     assert status(headers) == "miss" and requests_of(stack, "a") - before == 1
-    assert metric(stack, "sluice_cache_false_hit_reports_total", route="chat", tier="semantic",
+    assert metric(stack, "sluice_cache_false_hit_reports_total", route="lexical", tier="semantic",
                   source="client") == 1
-    wait_stored(stack, "chat", stored + 1)
+    wait_stored(stack, "lexical", stored + 1)
     # The fresh answer now serves the reported prompt as its own (exact), never the old one.
     assert status(ask(c, "how can I reset my password?")[2]) == "exact"
     assert status(ask(c, "How can I reset my password")[2]) == "semantic"
-    other = sdk(stack, "key-false-hit-2")
+    other = sdk(stack, "key-false-hit-2", "/lexical/v1")
     ask(other, "How do I reset my password?")
     assert status(ask(other, "how can I reset my password?")[2]) == "semantic"
+
+
+def test_the_default_route_serves_what_the_verifier_passes(stack):
+    """No cache settings: the verifier at the default false-hit rate decides, with both prompts'
+    token states (the stored one's kept with its entry)."""
+    c = sdk(stack, "key-default")
+    checks = "sluice_cache_semantic_checks_total"
+    served, missing = metric(stack, checks, reason="ok"), metric(stack, checks, reason="verifier_no_states")
+    stored = metric(stack, "sluice_cache_stored_total", route="chat")
+    original, _, headers = ask(c, "How do I reset my password?")
+    assert status(headers) == "miss"
+    wait_stored(stack, "chat", stored + 1)
+    content, _, headers = ask(c, "Please explain how I can reset my password.")
+    assert status(headers) == "semantic", dict(headers)
+    # Under τ, where the lexical decision says below_threshold: the verifier served it.
+    assert float(headers["x-sluice-similarity"]) < CachePolicy().semantic_threshold
+    assert content == original
+    assert metric(stack, checks, reason="ok") == served + 1
+    assert metric(stack, checks, reason="verifier_no_states") == missing
+    _, _, headers = ask(c, "How do I reset my email address?")
+    assert status(headers) == "miss"
 
 
 def test_near_question_with_other_numbers_is_not_a_hit(stack):

@@ -22,7 +22,10 @@ SECRET = "a-secret-of-at-least-16-bytes"
 REPLICAS = ("sidecar", "sidecar2")
 VERIFIED = chat_route("verified", "/verified/", [{"cluster": "upstream_a"}], rewrite="/")
 VERIFIED["metadata"]["filter_metadata"]["sluice"]["cache"] = {"max_false_hit_rate": 0.02}
-ROUTES = [VERIFIED, chat_route("chat", "/", [{"cluster": "upstream_a"}])]
+# The lexical decision (τ and the checks): vectors mirrored by every replica, no token states.
+LEXICAL = chat_route("lexical", "/lexical/", [{"cluster": "upstream_a"}], rewrite="/")
+LEXICAL["metadata"]["filter_metadata"]["sluice"]["cache"] = {"max_false_hit_rate": 0}
+ROUTES = [VERIFIED, LEXICAL, chat_route("chat", "/", [{"cluster": "upstream_a"}])]
 FAST = {"ttft_ms": 20, "tokens": 8, "tokens_per_s": 1000, "error_rate": 0.0}
 
 
@@ -159,7 +162,7 @@ def test_answer_stored_via_one_replica_is_an_exact_hit_via_the_other(stack):
 
 
 def test_semantic_hit_across_replicas(stack):
-    c = sdk(stack, "key-shared-semantic")
+    c = sdk(stack, "key-shared-semantic", "/lexical/v1")
     original, first = store_via_one_replica(stack, c, "How do I reset my router?")
     content, status = semantic_on_other_replica(stack, c, "how can I reset my router?", first)
     assert status == "semantic" and content == original

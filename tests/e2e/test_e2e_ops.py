@@ -290,7 +290,8 @@ def test_the_sidecar_runs_on_uvloop_and_on_asyncio_when_asked(stack, make_stack)
     assert "event loop: uvloop" in (stack.workdir / "sidecar.log").read_text()
     plain = make_stack(sidecar_env={"SLUICE_EVENT_LOOP": "asyncio", "SLUICE_CACHE_SECRET": SECRET})
     tiers = []
-    for prompt in ("How do I reset my password?", "How do I reset my password?", "How can I reset my password?"):
+    for prompt in ("How do I reset my password?", "How do I reset my password?",
+                   "What are the steps to reset my password?"):
         status, headers, _ = post(plain, "/v1/chat/completions", body_for(prompt), {"authorization": API_KEY})
         assert status == 200
         tiers.append(headers["x-sluice-cache"])

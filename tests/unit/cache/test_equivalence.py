@@ -14,7 +14,8 @@ import pytest
 from sidecar.cache.equivalence import EquivalenceSettings, Requirement, Verdict, profile, requirement
 from sidecar.cache.same_question import same_question
 
-DEFAULT = EquivalenceSettings()
+# The lexical decision (τ and the checks) these tests are about: the verifier, on by default, is off.
+DEFAULT = EquivalenceSettings(max_false_hit_rate=0.0)
 HIGH = 0.99  # above the default threshold plus any default margin
 
 LONG_CONTEXT = ("We run a small online shop selling handmade candles. Orders ship from our workshop "
@@ -255,10 +256,10 @@ NARROWER = ("how do i center a div", "how do i center a div vertically in a flex
 
 
 @pytest.mark.parametrize("settings, cosine, hit", [
-    (EquivalenceSettings(threshold=0.90, substitution_margin=0.0), 0.95, True),
-    (EquivalenceSettings(threshold=0.90, substitution_margin=0.04), 0.93, False),
-    (EquivalenceSettings(threshold=0.90, substitution_margin=0.04), 0.95, True),
-    (EquivalenceSettings(threshold=0.90, substitution_margin=1.0), 0.9999, False),
+    (dataclasses.replace(DEFAULT, threshold=0.90, substitution_margin=0.0), 0.95, True),
+    (dataclasses.replace(DEFAULT, threshold=0.90, substitution_margin=0.04), 0.93, False),
+    (dataclasses.replace(DEFAULT, threshold=0.90, substitution_margin=0.04), 0.95, True),
+    (dataclasses.replace(DEFAULT, threshold=0.90, substitution_margin=1.0), 0.9999, False),
 ])
 def test_a_swapped_word_needs_the_substitution_margin(settings, cosine, hit):
     verdict = same_question(*SWAP, cosine, settings)
@@ -266,11 +267,11 @@ def test_a_swapped_word_needs_the_substitution_margin(settings, cosine, hit):
 
 
 @pytest.mark.parametrize("settings, cosine, hit", [
-    (EquivalenceSettings(threshold=0.90, extra_word_cost=0.0), 0.91, True),
+    (dataclasses.replace(DEFAULT, threshold=0.90, extra_word_cost=0.0), 0.91, True),
     # "vertically", "flex", "container": three extra words, 0.02 each.
-    (EquivalenceSettings(threshold=0.90, extra_word_cost=0.02), 0.95, False),
-    (EquivalenceSettings(threshold=0.90, extra_word_cost=0.02), 0.97, True),
-    (EquivalenceSettings(threshold=0.90, max_extra_words=2), HIGH, False),
+    (dataclasses.replace(DEFAULT, threshold=0.90, extra_word_cost=0.02), 0.95, False),
+    (dataclasses.replace(DEFAULT, threshold=0.90, extra_word_cost=0.02), 0.97, True),
+    (dataclasses.replace(DEFAULT, threshold=0.90, max_extra_words=2), HIGH, False),
 ])
 def test_extra_words_raise_the_bar(settings, cosine, hit):
     verdict = same_question(*NARROWER, cosine, settings)
@@ -278,7 +279,7 @@ def test_extra_words_raise_the_bar(settings, cosine, hit):
 
 
 def test_requirement_is_what_same_question_compares_with():
-    strict = EquivalenceSettings(threshold=0.90, extra_word_cost=0.02)
+    strict = dataclasses.replace(DEFAULT, threshold=0.90, extra_word_cost=0.02)
     need = requirement(*NARROWER, strict)
     assert need.reason == "content_differs" and need.min_cosine == pytest.approx(0.96)
     assert not same_question(*NARROWER, need.min_cosine - 1e-9, strict).hit

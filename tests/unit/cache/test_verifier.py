@@ -12,6 +12,7 @@ from sidecar.cache.policy import CachePolicy
 from sidecar.cache.verifier import FEATURES, MODEL_PATH, Calibration, NoStates, Verifier, features, load_verifier
 
 ON = EquivalenceSettings(max_false_hit_rate=0.01)
+OFF = EquivalenceSettings(max_false_hit_rate=0.0)      # the lexical decision
 
 
 @pytest.fixture(scope="module")
@@ -113,7 +114,7 @@ def test_same_question_with_the_verifier(encoder):
     near_miss = ("How do I make a cup of green tea?", "How do I make a cup of black tea?")
     other = verdict(encoder, *near_miss, ON)
     assert not other.hit and other.score < found.score
-    assert same_question(*rewording, 0.99, EquivalenceSettings()).score is None     # off: no score
+    assert same_question(*rewording, 0.99, OFF).score is None     # off: no score
     floor = load_verifier().floor
     below = same_question(*rewording, floor - 0.01, ON)
     assert not below.hit and below.reason == "below_threshold" and below.score is None
@@ -126,18 +127,18 @@ def test_same_question_with_the_verifier(encoder):
         strict = verdict(encoder, a, b, dataclasses.replace(ON, max_false_hit_rate=0.002))
         loose = verdict(encoder, a, b, dataclasses.replace(ON, max_false_hit_rate=0.1))
         assert loose.hit or not strict.hit
-    assert candidate_floor(ON) == floor and candidate_floor(EquivalenceSettings()) == 0.93
+    assert candidate_floor(ON) == floor and candidate_floor(OFF) == 0.93
 
 
 def test_case_matters_only_where_the_prompt_uses_case():
     assert disagreements("Is Polish hard to learn?", "Is polish hard to learn?").case
     assert not disagreements("is polish hard to learn", "Is Polish hard to learn?").case     # typed in lower case
     assert not disagreements("Best Laptop For Students", "Best laptop for students").case      # Title Case
-    case = EquivalenceSettings(check_case=True)
+    case = EquivalenceSettings(check_case=True, max_false_hit_rate=0.0)
     verdict = same_question("Is Polish hard to learn?", "Is polish hard to learn?", 1.0, case)
     assert not verdict.hit and verdict.reason == "case_differs"
     # Off by default (measured: on the paraphrase pairs it loses correct hits only).
-    assert same_question("Is Polish hard to learn?", "Is polish hard to learn?", 1.0, EquivalenceSettings()).hit
+    assert same_question("Is Polish hard to learn?", "Is polish hard to learn?", 1.0, OFF).hit
 
 
 def test_settings_refuse_bad_rates_and_vetoes():
@@ -148,3 +149,12 @@ def test_settings_refuse_bad_rates_and_vetoes():
             CachePolicy(max_false_hit_rate=bad)
     with pytest.raises(ValueError, match="verifier_vetoes"):
         EquivalenceSettings(verifier_vetoes=("spelling",))
+
+
+def test_the_default_is_the_verifier_at_a_five_percent_false_hit_rate(encoder):
+    default = EquivalenceSettings()
+    assert CachePolicy().max_false_hit_rate == default.max_false_hit_rate == 0.05
+    assert candidate_floor(default) == load_verifier().floor
+    found = verdict(encoder, "How do I reset my password?", "What are the steps to reset my password?", default)
+    assert found.hit and found.score >= load_verifier().threshold(0.05)
+    assert not verdict(encoder, "How do I make a cup of green tea?", "How do I make a cup of black tea?", default).hit

@@ -13,6 +13,9 @@ from sidecar.cache.capture import capture_json
 from sidecar.cache.false_hits import FEEDBACK_HEADER, PAIR_BYTES, MemoryFalseHits, RedisFalseHits, pair_id
 from sidecar.cache.inflight import InFlight
 from sidecar.cache.memory_store import MemoryStore
+from sidecar.cache.token_states import TokenStates
+from sidecar.embedding import EmbeddingSettings
+from sidecar.embedding.service import EmbeddingService
 from sidecar.pipeline.cache_stage import CacheRuntime, CacheStage
 from sidecar.openai.chat import parse_chat_request
 from sidecar.request.context import RequestContext
@@ -25,10 +28,14 @@ from tests.unit.admission.test_admission_metrics import value
 from tests.unit.service.test_admin import Aborted, Context, service
 from tests.unit.pipeline.test_caching_director import ANSWER
 
-ROUTE = parse_route_settings({"name": "chat", "candidates": [{"cluster": "a"}]})
+# The lexical decision: the fake embedder below gives vectors, no token states for the verifier.
+ROUTE = parse_route_settings({"name": "chat", "candidates": [{"cluster": "a"}], "cache": {"max_false_hit_rate": 0}})
+# The default settings (the verifier), which an admin report decides with: the real model.
+DEFAULT_ROUTE = parse_route_settings({"name": "chat", "candidates": [{"cluster": "a"}]})
 STORED = "How do I reset my password?"
 REWORDED = "how can I reset my password?"
 OTHER_REWORDING = "How can I reset my password"
+VERIFIED = "What are the steps to reset my password?"    # served from STORED at the default rate
 
 
 class Embedder:
@@ -41,27 +48,35 @@ class Embedder:
         return base / np.linalg.norm(base)
 
 
-def director(false_hits=None, store=None):
-    rt = CacheRuntime(store=store or MemoryStore(), inflight=InFlight(), embedder=Embedder(),
-                      secret=b"a test secret of 32 bytes, fixed")
+@pytest.fixture(scope="module")
+def model():
+    service = EmbeddingService(EmbeddingSettings(provider="cpu"))
+    asyncio.run(service.warm_up())
+    return service
+
+
+def director(false_hits=None, store=None, embedder=None, token_states=None):
+    rt = CacheRuntime(store=store or MemoryStore(), inflight=InFlight(), embedder=embedder or Embedder(),
+                      secret=b"a test secret of 32 bytes, fixed", token_states=token_states)
     if false_hits is not None:
         rt.false_hits = false_hits
     return Stages(RouteStage(Scheduler(rng=random.Random(0)), scrape_interval_s=None), CacheStage(rt))
 
 
-def request(prompt, key="k1", **headers):
+def request(prompt, key="k1", route=ROUTE, **headers):
     body = json.dumps({"model": "m", "messages": [{"role": "user", "content": prompt}]}).encode()
-    ctx = RequestContext(headers={"authorization": f"Bearer {key}", **headers}, route=ROUTE, route_name="chat")
+    ctx = RequestContext(headers={"authorization": f"Bearer {key}", **headers}, route=route, route_name="chat")
     ctx.body, ctx.chat = body, parse_chat_request(body)
     return ctx
 
 
-async def store_answer(d, prompt, key="k1"):
-    ctx = request(prompt, key)
-    worked_out = d.cache._cache_request(ctx, d.exchange(ctx).cache, d.cache._route_cache(ctx))
+async def store_answer(d, prompt, key="k1", route=ROUTE):
+    ctx = request(prompt, key, route)
+    settings = d.cache._route_cache(ctx)
+    worked_out = d.cache._cache_request(ctx, d.exchange(ctx).cache, settings)
     answer = capture_json(ANSWER, time.time(), prompt_text=worked_out.prompt).to_bytes()
-    vector = await d.cache._rt.embedder.embed(worked_out.prompt)
-    await d.cache._rt.store.put(worked_out.scope.key, worked_out.key, worked_out.prompt, vector, answer, 60)
+    vector, states = await d.cache.embed_prompt(worked_out.prompt, settings.policy)
+    await d.cache.store(worked_out.scope.key, worked_out.key, worked_out.prompt, vector, states, answer, 60)
     return worked_out
 
 
@@ -157,18 +172,21 @@ async def test_redis_away_keeps_this_replicas_reports_and_never_raises(tmp_path)
     assert await log.known("s", "pair") and not await log.known("s", "another")
 
 
-async def test_admin_report_false_hit():
-    d = director()
-    stored = await store_answer(d, STORED)
+async def test_admin_report_false_hit(model):
+    d = director(embedder=model, token_states=TokenStates(1 << 20))
+    stored = await store_answer(d, STORED, route=DEFAULT_ROUTE)
     admin, _ = service(report_false_hit=d.pipeline.report_false_hit)
+    served = request(VERIFIED, route=DEFAULT_ROUTE)
+    await d.decide(served)
+    assert served.cache_status == "semantic"
     before = reports("semantic", source="admin", route="admin")
     from sidecar.protos import admin_pb2
-    response = await admin.ReportFalseHit(admin_pb2.ReportFalseHitRequest(scope=stored.scope.key, prompt=REWORDED),
+    response = await admin.ReportFalseHit(admin_pb2.ReportFalseHitRequest(scope=stored.scope.key, prompt=VERIFIED),
                                           Context())
     assert response.reported and response.tier == "semantic" and response.stored_prompt == STORED
     assert 0.9 < response.similarity < 1.0
     assert reports("semantic", source="admin", route="admin") - before == 1
-    ctx = request(REWORDED)
+    ctx = request(VERIFIED, route=DEFAULT_ROUTE)
     await d.decide(ctx)
     assert ctx.cache_status == "miss"
     nothing = await admin.ReportFalseHit(admin_pb2.ReportFalseHitRequest(scope=stored.scope.key,

@@ -26,8 +26,11 @@ def run(pairs, *args, **env):
     return [json.loads(line) for line in result.stdout.splitlines()]
 
 
+LEXICAL = json.dumps({"cache": {"max_false_hit_rate": 0}})     # τ and the checks decide
+
+
 def test_decisions_with_the_reason_that_decided():
-    exact, semantic, swapped, time_sensitive, unrelated, bad = run(PAIRS)
+    exact, semantic, swapped, time_sensitive, unrelated, bad = run(PAIRS, "--route", LEXICAL)
     assert exact == {"hit": True, "tier": "exact", "similarity": 1.0, "reason": "exact", "score": None}
     assert semantic["hit"] and semantic["tier"] == "semantic" and semantic["similarity"] >= 0.94
     assert not swapped["hit"] and swapped["reason"] in ("order_differs", "below_threshold")
@@ -36,6 +39,13 @@ def test_decisions_with_the_reason_that_decided():
     assert not unrelated["hit"] and unrelated["reason"] == "below_threshold" and unrelated["similarity"] < 0.5
     assert "error" in bad
     assert semantic["score"] is None                 # the verifier is not asked with max_false_hit_rate 0
+
+
+def test_the_default_route_asks_the_verifier():
+    from sidecar.cache.verifier import load_verifier
+    _, semantic, _, _, _, _ = run(PAIRS)
+    assert 0.0 <= semantic["score"] <= 1.0
+    assert semantic["hit"] == (semantic["score"] >= round(load_verifier().threshold(0.05), 4))
 
 
 def test_the_verifier_scores_the_candidate_when_a_route_sets_a_false_hit_rate():
