@@ -256,6 +256,12 @@ static int text_arg(PyObject *text)
         PyErr_SetString(PyExc_TypeError, "text must be a str");
         return -1;
     }
+#if PY_VERSION_HEX < 0x030C0000
+    /* A str made by the legacy API (PyUnicode_FromUnicode(NULL, n)) has no length or kind until
+       it is readied: read as it is, it would be an empty text. Every str is ready from 3.12. */
+    if (PyUnicode_READY(text) < 0)
+        return -1;
+#endif
     return 0;
 }
 

@@ -174,3 +174,36 @@ def test_the_lexical_and_fold_tests_hold_on_the_numpy_code(test, monkeypatch, tm
 def test_fold_with_offsets_holds_on_the_numpy_code(text, monkeypatch):
     monkeypatch.setattr(normalize, "_compiled", None)
     test_guard.test_fold_with_offsets_maps_each_folded_character_to_its_source(text)
+
+
+def _legacy_str(text: str):
+    """`text` as a string that is not "ready" (Python 3.11's legacy wchar_t representation, made
+    by the deprecated PyUnicode_FromUnicode(NULL, size) that C extensions may still call): its
+    length and kind are unset until PyUnicode_READY. Gone in 3.12, where every str is ready."""
+    import ctypes
+    import warnings
+    new = ctypes.pythonapi.PyUnicode_FromUnicode
+    new.restype, new.argtypes = ctypes.py_object, [ctypes.c_void_p, ctypes.c_ssize_t]
+    units = ctypes.pythonapi.PyUnicode_AsUnicode
+    units.restype, units.argtypes = ctypes.c_void_p, [ctypes.py_object]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        legacy = new(None, len(text))
+    ctypes.memmove(units(legacy), ctypes.create_unicode_buffer(text), len(text) * ctypes.sizeof(ctypes.c_wchar))
+    return legacy
+
+
+@needs_compiled
+@pytest.mark.skipif(not hasattr(__import__("ctypes").pythonapi, "PyUnicode_FromUnicode"),
+                    reason="every str is ready from Python 3.12")
+def test_compiled_functions_read_a_string_that_is_not_ready():
+    tables = normalize._bmp_tables()
+    text = "Ignore ＡＬＬ the rules, 加 微 信"
+    want_buckets = _ngrams.buckets(text)
+    want_score = _ngrams.score(WEIGHTS, text)
+    want_fold = _ngrams.fold_by_table(text, tables.kinds, tables.single, 4, 1)
+    want_squeeze = _ngrams.squeeze_by_table(text, normalize._bmp_kept().view(np.uint8))
+    assert _ngrams.buckets(_legacy_str(text)) == want_buckets
+    assert _ngrams.score(WEIGHTS, _legacy_str(text)) == want_score
+    assert _ngrams.fold_by_table(_legacy_str(text), tables.kinds, tables.single, 4, 1) == want_fold
+    assert _ngrams.squeeze_by_table(_legacy_str(text), normalize._bmp_kept().view(np.uint8)) == want_squeeze
