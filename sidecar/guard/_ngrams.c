@@ -7,8 +7,10 @@
    points (the folded text, runs of whitespace as one space, a long text cut to its two ends, a
    space at each end), the same buckets (polynomial hash wrapping at 2**64, tagged with the
    order, mixed, top bits), the same sums in the same order (numpy's pairwise sum for the whole
-   text, a running sum for the stretches), so the score is equal bit for bit. One pass over the
-   points where numpy makes a dozen, each with its own temporary array.
+   text, a running sum for the stretches), so the score is equal bit for bit: numpy's pairwise
+   sum is scalar C in every CPU dispatch target, so the same on any CPU, but numpy promises no
+   order, and tests/unit/guard/test_guard_compiled.py checks it on the installed version. One
+   pass over the points where numpy makes a dozen, each with its own temporary array.
 
    score(weights, text) and buckets(text) take the raw text when it is ASCII, else
    normalize.fold(text): the ASCII part of the fold (control characters other than tab, line
@@ -256,6 +258,12 @@ static int text_arg(PyObject *text)
         PyErr_SetString(PyExc_TypeError, "text must be a str");
         return -1;
     }
+#if PY_VERSION_HEX < 0x030C0000
+    /* A str made by the legacy API (PyUnicode_FromUnicode(NULL, n)) has no length or kind until
+       it is readied: read as it is, it would be an empty text. Every str is ready from 3.12. */
+    if (PyUnicode_READY(text) < 0)
+        return -1;
+#endif
     return 0;
 }
 

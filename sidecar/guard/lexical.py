@@ -12,7 +12,9 @@ document.
 The numpy code below is the definition; sidecar/guard/_ngrams.c computes the same buckets and
 the same score bit for bit in one pass (a 2 KB prompt: ~20 µs with the weights in cache,
 against ~130 for the numpy code), and is used where it was built (`pip install -e .` builds it
-when a C compiler is there) and states the same constants. `COMPILED` says which runs.
+when a C compiler is there) and states the same constants. `COMPILED` says which runs. Bit for
+bit where numpy sums a float64 array in the pairwise order the C code follows, as numpy 2.x
+does on any CPU (tests/unit/guard/test_guard_compiled.py checks the installed one).
 """
 from __future__ import annotations
 

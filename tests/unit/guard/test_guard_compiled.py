@@ -48,12 +48,82 @@ def random_texts(count: int, seed: int):
         yield "".join(rng.choice(alphabet) for _ in range(length))
 
 
+def pairwise_sum(values: list[float]) -> float:
+    """numpy's sum of a contiguous float64 array (numpy/_core/src/umath/loops_utils.h.src,
+    DOUBLE_pairwise_sum), the order _ngrams.c reproduces: eight accumulators in blocks of up to
+    128, halves split at a multiple of 8."""
+    n = len(values)
+    if n < 8:
+        total = -0.0
+        for value in values:
+            total += value
+        return total
+    if n <= 128:
+        r = values[:8]
+        end = n - n % 8
+        for i in range(8, end, 8):
+            r = [a + b for a, b in zip(r, values[i:i + 8])]
+        total = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]))
+        for value in values[end:]:
+            total += value
+        return total
+    half = n // 2 - n // 2 % 8
+    return pairwise_sum(values[:half]) + pairwise_sum(values[half:])
+
+
+def numpy_sums_pairwise() -> tuple[bool, bool]:
+    """Whether the installed numpy sums a float64 array as 0.0 + pairwise_sum (its C loop is the
+    same scalar code in every CPU dispatch target, AVX2 or AVX-512: reassociating would change
+    results, so compilers keep its order; but numpy promises no order: np.sum's notes), on
+    arrays of the sizes a text gives, up to the longest; and whether these arrays would show
+    another order (a sum from left to right, or in blocks of the iterator's buffer size)."""
+    rng = np.random.default_rng(11)
+    pairwise = shows = True
+    for n in (7, 8, 9, 127, 129, 1000, lexical.MAX_CHARS + 1, lexical.MAX_CHARS + 3):
+        other_order_seen = n < 8            # below 8 the pairwise sum is from left to right
+        for _ in range(5):
+            values = (rng.standard_normal(n) * 10.0 ** rng.uniform(-3, 3, n)).tolist()   # no one term swamps the rest
+            want = 0.0 + pairwise_sum(values)
+            pairwise &= float(np.add.reduce(np.array(values))) == want
+            left_to_right = 0.0
+            for value in values:
+                left_to_right += value
+            blocks = 0.0 + pairwise_sum(values[:8192]) + pairwise_sum(values[8192:])
+            other_order_seen |= left_to_right != want and (n <= 8192 or blocks != want)
+        shows &= other_order_seen
+    return pairwise, shows
+
+
+NUMPY_SUMS_PAIRWISE = numpy_sums_pairwise()[0]
+
+
+def test_the_check_of_numpys_sum_would_see_another_order():
+    assert numpy_sums_pairwise()[1]
+
+
+def test_numpy_sums_in_the_order_the_compiled_scorer_reproduces():
+    # Where it does not (another numpy), the compiled score is as good, its sum taken in another
+    # order: `same` then allows that sum's rounding, and this says so.
+    if not NUMPY_SUMS_PAIRWISE:
+        pytest.skip(f"numpy {np.__version__} sums in another order than _ngrams.c: scores compared "
+                    "within the rounding of the whole text's sum, not bit for bit")
+
+
 def same(text: str):
     got, want = lexical.buckets(text), lexical.numpy_buckets(text)
     assert got.dtype == want.dtype == np.int64
     assert got.tolist() == want.tolist(), text[:80]
     score, reference = lexical.score(WEIGHTS, text), lexical.numpy_score(WEIGHTS, text)
-    assert score == reference, (text[:80], score, reference)
+    if NUMPY_SUMS_PAIRWISE:
+        assert score == reference, (text[:80], score, reference)
+    else:
+        # Only the whole text's sum is numpy's pairwise one (the stretches' are running sums):
+        # two orders of a sum of n terms differ by at most 2 (n - 1) 2**-53 times their sizes'
+        # sum, here over the root of the n-gram count; max() moves a score no more.
+        sizes = np.abs(WEIGHTS.take(want).astype(np.float64)).sum()
+        points = len(want) // len(lexical.ORDERS) + max(lexical.ORDERS)
+        bound = 2 * points * 2.0 ** -53 * sizes / max(len(want), 1) ** 0.5 * 1.01
+        assert abs(score - reference) <= bound, (text[:80], score, reference, bound)
 
 
 @needs_compiled
@@ -174,3 +244,36 @@ def test_the_lexical_and_fold_tests_hold_on_the_numpy_code(test, monkeypatch, tm
 def test_fold_with_offsets_holds_on_the_numpy_code(text, monkeypatch):
     monkeypatch.setattr(normalize, "_compiled", None)
     test_guard.test_fold_with_offsets_maps_each_folded_character_to_its_source(text)
+
+
+def _legacy_str(text: str):
+    """`text` as a string that is not "ready" (Python 3.11's legacy wchar_t representation, made
+    by the deprecated PyUnicode_FromUnicode(NULL, size) that C extensions may still call): its
+    length and kind are unset until PyUnicode_READY. Gone in 3.12, where every str is ready."""
+    import ctypes
+    import warnings
+    new = ctypes.pythonapi.PyUnicode_FromUnicode
+    new.restype, new.argtypes = ctypes.py_object, [ctypes.c_void_p, ctypes.c_ssize_t]
+    units = ctypes.pythonapi.PyUnicode_AsUnicode
+    units.restype, units.argtypes = ctypes.c_void_p, [ctypes.py_object]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        legacy = new(None, len(text))
+    ctypes.memmove(units(legacy), ctypes.create_unicode_buffer(text), len(text) * ctypes.sizeof(ctypes.c_wchar))
+    return legacy
+
+
+@needs_compiled
+@pytest.mark.skipif(not hasattr(__import__("ctypes").pythonapi, "PyUnicode_FromUnicode"),
+                    reason="every str is ready from Python 3.12")
+def test_compiled_functions_read_a_string_that_is_not_ready():
+    tables = normalize._bmp_tables()
+    text = "Ignore ＡＬＬ the rules, 加 微 信"
+    want_buckets = _ngrams.buckets(text)
+    want_score = _ngrams.score(WEIGHTS, text)
+    want_fold = _ngrams.fold_by_table(text, tables.kinds, tables.single, 4, 1)
+    want_squeeze = _ngrams.squeeze_by_table(text, normalize._bmp_kept().view(np.uint8))
+    assert _ngrams.buckets(_legacy_str(text)) == want_buckets
+    assert _ngrams.score(WEIGHTS, _legacy_str(text)) == want_score
+    assert _ngrams.fold_by_table(_legacy_str(text), tables.kinds, tables.single, 4, 1) == want_fold
+    assert _ngrams.squeeze_by_table(_legacy_str(text), normalize._bmp_kept().view(np.uint8)) == want_squeeze
