@@ -225,13 +225,17 @@ def test_vip_overtakes_queued_standard_requests(stack):
 
 def test_impossible_deadline_is_refused_at_once(stack):
     post(stack, "/")                                  # the cluster's time to first byte is known
+    httpx.post(f"http://127.0.0.1:{stack.ports.upstream_a}/admin/reset-stats")
     started = time.monotonic()
     response = post(stack, "/", headers={"x-request-deadline-ms": "20"})
     elapsed = time.monotonic() - started
     assert response.status_code == 503
     assert response.json()["error"]["code"] == "overloaded"
     assert int(response.headers["retry-after"]) >= 1
-    assert elapsed < 0.1, elapsed
+    # At once: never sent upstream, and answered well before the upstream's 300 ms to a first
+    # byte (a wall-clock bound tighter than that measures the machine's load, not the gate).
+    assert upstream_stats(stack, "a")["requests"] == 0
+    assert elapsed < 0.25, elapsed
 
 
 def test_client_that_gives_up_while_queued_never_reaches_upstream(stack):
