@@ -27,6 +27,10 @@ from sidecar.guard import lexical  # noqa: E402
 from sidecar.guard.injection import WEIGHTS, InjectionHead, TextHead  # noqa: E402
 
 EPOCHS, LR, L2_LEXICAL, L2_EMBEDDING = 600, 0.02, 1e-5, 1e-4
+# The share of the benign training weight the ordinary non-English prompts carry (by count they
+# are ~2%, and the models flagged them far more often than English ones): chosen on validation
+# among shares fixed beforehand (scripts/exp_guard_calibration.py, docs/guard-quality.md).
+NON_ENGLISH_SHARE = 0.25
 
 
 class Ngrams:
@@ -67,6 +71,21 @@ def class_weights(y, train_rows) -> np.ndarray:
     """Attacks and benign prompts weigh half each (attacks are few); val rows weigh 0."""
     yt = y[train_rows]
     return np.where(y == 1, 0.5 / yt.mean(), 0.5 / (1 - yt.mean())) * train_rows / train_rows.sum()
+
+
+def sample_weights(examples, y, train_rows, non_english_share: float | None = None) -> np.ndarray:
+    """class_weights, with the ordinary non-English train prompts (data/guard/ordinary.jsonl,
+    source "ordinary") carrying `non_english_share` of the benign weight and the other benign
+    prompts the rest, each group by count within (None: every benign prompt by count)."""
+    weight = class_weights(y, train_rows)
+    if non_english_share is None:
+        return weight
+    own = np.array([e.source == "ordinary" for e in examples]) & train_rows
+    rest = (y == 0) & train_rows & ~own
+    benign = weight[own | rest].sum()
+    weight[own] = benign * non_english_share / own.sum()
+    weight[rest] *= benign * (1 - non_english_share) / weight[rest].sum()
+    return weight
 
 
 def _init(vectors, ngrams: Ngrams, hidden: int) -> dict:
@@ -115,19 +134,27 @@ def train(vectors, ngrams, y, train_rows, val_rows, weight=None, l2_embedding=L2
     return best_params, best_epoch, best
 
 
-def train_text_head(examples) -> TextHead:
+def calibration_groups(examples) -> np.ndarray:
+    """Each ordinary prompt's calibration group: its source's place in ORDINARY_SOURCES (the
+    English paraphrase prompts; the ordinary prompts in other languages)."""
+    return np.array([ORDINARY_SOURCES.index(e.source) for e in examples], np.int8)
+
+
+def train_text_head(examples, non_english_share: float | None = NON_ENGLISH_SHARE) -> TextHead:
     """The n-gram model for prompts without an embedding, on every train prompt."""
     ngrams = Ngrams([e.text for e in examples])
     y = np.array([e.label for e in examples], np.float64)
     is_train = np.array([e.split == "train" for e in examples])
-    params, epoch, quality = train(np.zeros((len(examples), 0)), ngrams, y, is_train, ~is_train)
+    params, epoch, quality = train(np.zeros((len(examples), 0)), ngrams, y, is_train, ~is_train,
+                                   sample_weights(examples, y, is_train, non_english_share))
     head = TextHead(params["lexical"].astype(np.float16).astype(np.float32), float(params["bias"]), np.zeros(0, np.float32))
     val = [e for e, t in zip(examples, is_train) if not t]
     sv = np.array([head.score(e.text) for e in val])
     ordinary = np.array([e.source in ORDINARY_SOURCES for e in val])
     print(f"n-gram model: best epoch {epoch}; val recall at 0.1/0.5/1/2% false alarms (mean) {quality:.3f}; "
           f"at 1%: {recall_at(sv, y[~is_train], 0.01):.3f}")
-    return TextHead(head.lexical, head.bias, np.sort(sv[ordinary]).astype(np.float32))
+    calibrating = [e for e, o in zip(val, ordinary) if o]
+    return TextHead(head.lexical, head.bias, sv[ordinary].astype(np.float32), calibration_groups(calibrating))
 
 
 def main() -> int:
@@ -145,7 +172,8 @@ def main() -> int:
     is_train = np.array([e.split == "train" for e in examples])
     print(f"train: {int(y[is_train].sum())} attacks, {int((1 - y[is_train]).sum())} benign; "
           f"val: {int(y[~is_train].sum())} attacks, {int((1 - y[~is_train]).sum())} benign")
-    params, epoch, quality = train(vectors, ngrams, y, is_train, ~is_train)
+    params, epoch, quality = train(vectors, ngrams, y, is_train, ~is_train,
+                                   sample_weights(examples, y, is_train, NON_ENGLISH_SHARE))
     head = InjectionHead(params["embedding"].astype(np.float32), params["lexical"].astype(np.float32),
                          float(params["bias"]), np.zeros(0, np.float32))
     # Scores as the sidecar computes them (float16 weights, one prompt at a time).
@@ -155,9 +183,11 @@ def main() -> int:
     sv = np.array([head.score(v.astype(np.float32), e.text) for v, e in val])
     yv = y[~is_train]
     # A route's false_alarm_rate is a share of ordinary prompts: the threshold comes from the
-    # ordinary validation prompts only, not the look-alikes written to be hard.
+    # ordinary validation prompts only, not the look-alikes written to be hard, and holds in
+    # each group of them.
     ordinary = np.array([e.source in ORDINARY_SOURCES for _, e in val])
-    head = InjectionHead(head.embedding, head.lexical, head.bias, np.sort(sv[ordinary]).astype(np.float32), text_head)
+    groups = calibration_groups([e for (_, e), o in zip(val, ordinary) if o])
+    head = InjectionHead(head.embedding, head.lexical, head.bias, sv[ordinary].astype(np.float32), text_head, groups)
     head.save(WEIGHTS)
     print(f"best epoch {epoch}; val recall at 0.1/0.5/1/2% false alarms (mean) {quality:.3f}; "
           f"at 1%: {recall_at(sv, yv, 0.01):.3f}")

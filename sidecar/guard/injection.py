@@ -6,8 +6,11 @@ The sidecar already embeds the last user turn for the semantic cache; the classi
 vector (no second model run) and the text itself (sidecar/guard/lexical.py: the words that make
 an order out of a question, which the embedding blurs). Trained by scripts/train_guard.py on
 data/guard/ and ../shared/data (its README). The weights file also holds the scores the
-classifier gave benign validation prompts, so a route's threshold is set as the share of
-ordinary prompts it may flag (`false_alarm_rate`), the unit an operator reasons in.
+classifier gave ordinary validation prompts, so a route's threshold is set as the share of
+ordinary prompts it may flag (`false_alarm_rate`), the unit an operator reasons in. Those
+prompts come in groups (English paraphrase prompts; ordinary prompts in other languages) and
+the rate must hold in each: the threshold is the highest of the groups' own, so prompts in a
+language the models read poorly are not flagged more often because English ones are many.
 
 The model refuses text whose tokens its English vocabulary mostly lacks (much Chinese, Japanese,
 Korean, Arabic) and gives no vector when the embedding queue is full or no model is loaded; such
@@ -28,11 +31,29 @@ WEIGHTS = Path(__file__).with_name("injection_head.npz")
 DEFAULT_FALSE_ALARM_RATE = 0.001
 
 
-def _quantile(benign_scores: np.ndarray, false_alarm_rate: float) -> float:
-    """The score above which a share `false_alarm_rate` of these benign prompts lie."""
+def _quantile(benign_scores: np.ndarray, false_alarm_rate: float, groups: np.ndarray | None = None) -> float:
+    """The score above which a share `false_alarm_rate` of these benign prompts lie, in each of
+    their `groups` (one label per score; None: one group)."""
     if not 0.0 < false_alarm_rate < 1.0:
         raise ValueError(f"false_alarm_rate must be in (0, 1), got {false_alarm_rate}")
-    return float(np.quantile(benign_scores, 1.0 - false_alarm_rate, method="higher"))
+    parts = [benign_scores] if groups is None else [benign_scores[groups == g] for g in np.unique(groups)]
+    return max(float(np.quantile(part, 1.0 - false_alarm_rate, method="higher")) for part in parts)
+
+
+def _calibration(data, prefix: str) -> tuple[np.ndarray, np.ndarray | None]:
+    """Stored scores sorted, with their groups (None for a file without them)."""
+    scores = data[f"{prefix}benign_scores"].astype(np.float32)
+    order = np.argsort(scores, kind="stable")
+    groups = data[f"{prefix}benign_groups"][order].astype(np.int8) if f"{prefix}benign_groups" in data else None
+    return scores[order], groups
+
+
+def _stored(prefix: str, scores: np.ndarray, groups: np.ndarray | None) -> dict:
+    order = np.argsort(scores, kind="stable")
+    out = {f"{prefix}benign_scores": scores[order].astype(np.float32)}
+    if groups is not None:
+        out[f"{prefix}benign_groups"] = groups[order].astype(np.int8)
+    return out
 
 
 def _logistic(logit: float) -> float:
@@ -44,13 +65,14 @@ class TextHead:
     """The n-gram part alone: the judge of a prompt that has no embedding."""
     lexical: np.ndarray         # [lexical.DIM] weights of the n-gram buckets
     bias: float
-    benign_scores: np.ndarray   # sorted scores of benign validation prompts (calibration)
+    benign_scores: np.ndarray   # scores of ordinary validation prompts (calibration)
+    benign_groups: np.ndarray | None = None     # each score's group (None: one group)
 
     def score(self, text: str) -> float:
         return _logistic(lexical.score(self.lexical, text) + self.bias)
 
     def threshold(self, false_alarm_rate: float) -> float:
-        return _quantile(self.benign_scores, false_alarm_rate)
+        return _quantile(self.benign_scores, false_alarm_rate, self.benign_groups)
 
 
 def _sparse(prefix: str, weights: np.ndarray) -> dict:
@@ -69,8 +91,9 @@ class InjectionHead:
     embedding: np.ndarray       # [dim] weights of the unit embedding
     lexical: np.ndarray         # [lexical.DIM] weights of the n-gram buckets
     bias: float
-    benign_scores: np.ndarray   # sorted scores of benign validation prompts (calibration)
+    benign_scores: np.ndarray   # scores of ordinary validation prompts (calibration)
     text: TextHead | None = None
+    benign_groups: np.ndarray | None = None     # each score's group (None: one group)
 
     @classmethod
     def load(cls, path: Path = WEIGHTS) -> "InjectionHead":
@@ -79,20 +102,19 @@ class InjectionHead:
                 raise ValueError(f"{path} was trained with other lexical features: run `make guard-model`")
             text = None
             if "text_bias" in data:
-                text = TextHead(_dense(data, "text_"), float(data["text_bias"]),
-                                np.sort(data["text_benign_scores"].astype(np.float32)))
-            return cls(data["embedding"].astype(np.float32), _dense(data, ""), float(data["bias"]),
-                       np.sort(data["benign_scores"].astype(np.float32)), text)
+                text = TextHead(_dense(data, "text_"), float(data["text_bias"]), *_calibration(data, "text_"))
+            scores, groups = _calibration(data, "")
+            return cls(data["embedding"].astype(np.float32), _dense(data, ""), float(data["bias"]), scores, text, groups)
 
     def save(self, path: Path) -> None:
         text = {}
         if self.text is not None:
             text = {**_sparse("text_", self.text.lexical), "text_bias": np.float32(self.text.bias),
-                    "text_benign_scores": self.text.benign_scores.astype(np.float32)}
+                    **_stored("text_", self.text.benign_scores, self.text.benign_groups)}
         np.savez_compressed(path, embedding=self.embedding.astype(np.float16), bias=np.float32(self.bias),
                             **_sparse("", self.lexical), **text,
                             lexical_dim_bits=lexical.DIM_BITS, lexical_orders=np.array(lexical.ORDERS),
-                            benign_scores=self.benign_scores.astype(np.float32))
+                            **_stored("", self.benign_scores, self.benign_groups))
 
     def score(self, vector: np.ndarray | None, text: str) -> float | None:
         """A probability-like score in [0, 1] for a prompt's unit embedding and its text; for a
@@ -102,10 +124,11 @@ class InjectionHead:
         return _logistic(float(vector @ self.embedding) + lexical.score(self.lexical, text) + self.bias)
 
     def threshold(self, false_alarm_rate: float, embedded: bool = True) -> float | None:
-        """The score above which a share `false_alarm_rate` of benign validation prompts lie,
-        for the full model or (embedded=False) the n-gram model (None without one)."""
+        """The score above which a share `false_alarm_rate` of ordinary validation prompts lie
+        (in each group), for the full model or (embedded=False) the n-gram model (None without
+        one)."""
         if embedded:
-            return _quantile(self.benign_scores, false_alarm_rate)
+            return _quantile(self.benign_scores, false_alarm_rate, self.benign_groups)
         return None if self.text is None else self.text.threshold(false_alarm_rate)
 
 

@@ -519,6 +519,24 @@ def test_threshold_is_a_quantile_of_benign_scores():
         head.threshold(0.0)
 
 
+def test_threshold_holds_the_rate_in_each_calibration_group(tmp_path):
+    # 1,000 English prompts scoring low, 50 in other languages scoring high: pooled, the 1%
+    # threshold would flag all the high ones' top; by group it flags at most 1% of each group.
+    scores = np.concatenate([np.linspace(0, 0.5, 1000), np.linspace(0.2, 0.9, 50)]).astype(np.float32)
+    groups = np.repeat(np.array([0, 1], np.int8), [1000, 50])
+    head = InjectionHead(np.ones(2, np.float32), np.zeros(lexical.DIM, np.float32), 0.0, scores,
+                         TextHead(np.zeros(lexical.DIM, np.float32), 0.0, scores, groups), groups)
+    pooled = InjectionHead(head.embedding, head.lexical, head.bias, scores)
+    assert pooled.threshold(0.01) < 0.9
+    assert head.threshold(0.01) == pytest.approx(0.9) == head.threshold(0.01, embedded=False)
+    assert head.threshold(0.5) == pytest.approx(max(np.quantile(scores[:1000], 0.5, method="higher"),
+                                                    np.quantile(scores[1000:], 0.5, method="higher")))
+    head.save(tmp_path / "head.npz")
+    again = InjectionHead.load(tmp_path / "head.npz")
+    assert again.threshold(0.01) == pytest.approx(0.9) == again.threshold(0.01, embedded=False)
+    assert again.threshold(0.2) == pytest.approx(head.threshold(0.2))
+
+
 def test_packaged_head_loads_and_scores_unit_vectors():
     from sidecar.guard.injection import default_head
     head = default_head()
