@@ -121,6 +121,9 @@ def _rates(flagged: np.ndarray, test: list, by_language: bool = True) -> dict:
             d, f = group(lambda e, lang=lang: e.source == "holdout" and e.lang == lang)
             result["holdout_by_language"][lang] = {"detection": d, "false_alarms": f}
     if by_language:
+        result["ordinary_by_language"] = {
+            lang: group(lambda e, lang=lang: e.source == "ordinary" and e.lang == lang)[1]
+            for lang in sorted({e.lang for e in test if e.source == "ordinary"})}
         result["by_language"] = {}
         for lang in sorted({e.lang for e in test if e.source == "sluice"}):
             d, f = group(lambda e, lang=lang: e.source == "sluice" and e.lang == lang)
@@ -150,17 +153,14 @@ def injection() -> dict:
     # What a route gets: the threshold for a share of the ordinary validation prompts.
     for rate in (0.01, 0.005, 0.001):
         out[f"false_alarm_rate_{rate}"] = section(head.threshold(rate), head.threshold(rate, embedded=False))
-    # The goal's operating points, each threshold set on one kind of benign validation prompt:
-    # the hard look-alikes (written to resemble attacks) and the ordinary prompts.
+    # The goal's operating points: a threshold set on the hard look-alikes (written to resemble
+    # attacks) of validation, and the route thresholds (the ordinary validation prompts, as the
+    # head's file calibrates them).
     hard = np.array([e.label == 0 and e.source not in ORDINARY_SOURCES for e in val])
-    ordinary = np.array([e.source in ORDINARY_SOURCES for e in val])
-
-    def point(benign: np.ndarray, rate: float) -> dict:
-        return section(_threshold_for(val_full[benign & val_embedded], rate), _threshold_for(val_text[benign], rate))
-
     out["appended"] = _appended(head)
-    out["operating_points"] = {"hard_lookalikes_0.01": point(hard, 0.01), "ordinary_0.01": point(ordinary, 0.01),
-                               "ordinary_0.001": point(ordinary, 0.001)}
+    out["operating_points"] = {
+        "hard_lookalikes_0.01": section(_threshold_for(val_full[hard & val_embedded], 0.01), _threshold_for(val_text[hard], 0.01)),
+        "ordinary_0.01": out["false_alarm_rate_0.01"], "ordinary_0.001": out["false_alarm_rate_0.001"]}
     # The n-gram model alone, on every test prompt (as if none had an embedding), and on those
     # the model does not embed (the prompts it judges in the sidecar).
     out["text_only"] = {}
@@ -327,6 +327,10 @@ def main() -> int:
     print(report.table([{"language": k, "detection": _cell(v["detection"]), "false alarms": _cell(v["false_alarms"]),
                          "fa ordinary": _cell(v["false_alarms_ordinary"]) if "false_alarms_ordinary" in v else ""}
                         for k, v in inj["by_language"].items()], ["language", "detection", "false alarms", "fa ordinary"]))
+    routes = {rate: data["injection"][f"false_alarm_rate_{rate}"] for rate in ("0.001", "0.01")}
+    print("\nordinary non-English test prompts flagged by language (data/guard/ordinary.jsonl), route rate 0.001 / 0.01:")
+    print(report.table([{"language": lang, "0.001": _cell(w), "0.01": _cell(routes["0.01"]["ordinary_by_language"][lang])}
+                        for lang, w in routes["0.001"]["ordinary_by_language"].items()], ["language", "0.001", "0.01"]))
     text_only = data["injection"]["text_only"]
     print(f"\nn-gram model alone (prompts without an embedding: {data['injection']['not_embedded_by_language']}), "
           "Sluice prompts by language, every test prompt scored by it:")

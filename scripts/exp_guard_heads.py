@@ -12,7 +12,8 @@ ordinary prompts, so each is counted once by thresholds it did not set; attacks 
 are judged at both halves' thresholds and averaged. Then val attacks caught, look-alikes and
 ordinary prompts flagged, and the differences (NEW minus OLD) with 95% intervals from a paired
 bootstrap of attacks, look-alikes and each half's ordinary prompts. `--rows before`: only the
-rows of data/guard/ whose ids are below BEFORE (with deepset and the paraphrase prompts). For
+rows of data/guard/ whose ids are below bench/guard_data.py's LATER_BATCH (with deepset and the
+paraphrase prompts). For
 a retrained head: the val rows chose its epoch as they chose the old one's; the test split is
 not read. Writes reports/guard_heads.json (or guard_heads_before.json).
 """
@@ -29,26 +30,11 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from bench.guard import _scores  # noqa: E402
-from bench.guard_data import ORDINARY, OURS, _read, injection_examples  # noqa: E402
+from bench.guard_data import injection_examples  # noqa: E402
 from exp_guard_calibration import Judge, paired, row, val_rows  # noqa: E402
 from sidecar.guard.injection import InjectionHead  # noqa: E402
 
 RATES = (0.001, 0.01)
-# The first id of each series of data/guard/ not in the data the shipped head was compared
-# on before the third batch (`--rows before`).
-BEFORE = {"atk": 967, "ben": 956, "ord": 305}
-
-
-def _before_texts() -> set[str]:
-    out = set()
-    for path in (OURS, ORDINARY):
-        for line in _read(path):
-            series, _, number = line["id"].rpartition("-")
-            if int(number) < BEFORE[series]:
-                out.add(line["text"])
-    return out
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("old", type=Path)
@@ -58,8 +44,7 @@ def main() -> int:
     args = parser.parse_args()
     examples = [e for e in injection_examples() if e.split == "val"]
     if args.rows == "before":
-        kept = _before_texts()
-        examples = [e for e in examples if e.source not in ("sluice", "ordinary") or e.text in kept]
+        examples = [e for e in examples if e.earlier]
     d = val_rows(examples, args.rounds)
     judges = {}
     for name, path in (("old", args.old), ("new", args.new)):

@@ -135,10 +135,10 @@ def test_kfold_groups_keep_a_document_with_its_planted_order_and_near_copies():
 def test_earlier_rows_are_the_rows_below_the_later_batch_ids(tmp_path, monkeypatch):
     ours = tmp_path / "injections.jsonl"
     ours.write_text("".join(json.dumps({"id": i, "text": i, "label": 1, "lang": "en", "split": "test"}) + "\n"
-                            for i in ("atk-000", "atk-580", "atk-581", "atk-900")))
+                            for i in ("atk-000", "atk-966", "atk-967", "atk-1200")))
     ordinary = tmp_path / "ordinary.jsonl"
     ordinary.write_text("".join(json.dumps({"id": i, "text": i, "lang": "ja", "split": "test"}) + "\n"
-                                for i in ("ord-172", "ord-173")))
+                                for i in ("ord-304", "ord-305")))
     monkeypatch.setattr(guard_data, "OURS", ours)
     monkeypatch.setattr(guard_data, "ORDINARY", ordinary)
     test = [e for e in guard_data.injection_examples(paraphrase_limit=0) if e.source in ("sluice", "ordinary")]
