@@ -131,7 +131,7 @@ def val_rows(val, rounds: int) -> dict:
             "draws": [{"attack": rng.choice(attack, len(attack)), "hard": rng.choice(hard, len(hard)),
                        "ordinary": [rng.choice(rows, len(rows)) for rows in split]} for _ in range(rounds)],
             "counts": {"attacks": len(attack), "lookalikes": len(hard), "paraphrase": int(english.sum()),
-                       "non_english": {lang: int((langs[ordinary & ~english] == lang).sum())
+                       "non_english": {str(lang): int((langs[ordinary & ~english] == lang).sum())
                                        for lang in sorted(set(langs[ordinary & ~english]))}}}
 
 
@@ -182,7 +182,7 @@ class Judge:
             out["paraphrase"] += int(flags[other][english].sum())
             out["non_english"] += int(flags[other][~english].sum())
             for lang, hit in zip(self.d["langs"][other][~english], flags[other][~english]):
-                out["by_language"][lang] = out["by_language"].get(lang, 0) + int(hit)
+                out["by_language"][str(lang)] = out["by_language"].get(str(lang), 0) + int(hit)
         return out
 
 

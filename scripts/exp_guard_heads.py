@@ -6,7 +6,7 @@ Each val prompt is scored as the sidecar scores it: by the full model where the 
 model embeds it, else by the n-gram model. Each head's thresholds are set on ordinary val
 prompts as its file says (pooled, or the rate holding in each calibration group: English
 paraphrase prompts, ordinary prompts in other languages; each model's own scores, as
-scripts/train_guard.py calibrates), at 0.1% and 1%. The ordinary prompts are cut in two halves
+scripts/train_guard.py calibrates) or as `--calibration` says for both, at 0.1% and 1%. The ordinary prompts are cut in two halves
 (scripts/exp_guard_calibration.py `halves`): thresholds set on one half judge the other half's
 ordinary prompts, so each is counted once by thresholds it did not set; attacks and look-alikes
 are judged at both halves' thresholds and averaged. Then val attacks caught, look-alikes and
@@ -15,7 +15,7 @@ bootstrap of attacks, look-alikes and each half's ordinary prompts. `--rows befo
 rows of data/guard/ whose ids are below bench/guard_data.py's LATER_BATCH (with deepset and the
 paraphrase prompts). For
 a retrained head: the val rows chose its epoch as they chose the old one's; the test split is
-not read. Writes reports/guard_heads.json (or guard_heads_before.json).
+not read. Writes reports/guard_heads.json (guard_heads_before.json, ..._pooled.json, ...).
 """
 from __future__ import annotations
 
@@ -41,6 +41,8 @@ def main() -> int:
     parser.add_argument("new", type=Path)
     parser.add_argument("--rows", choices=("all", "before"), default="all")
     parser.add_argument("--rounds", type=int, default=1000)
+    parser.add_argument("--calibration", choices=("file", "pooled", "each"), default="file",
+                        help="both heads' calibration: as each file says, or this one for both")
     args = parser.parse_args()
     examples = [e for e in injection_examples() if e.split == "val"]
     if args.rows == "before":
@@ -49,7 +51,8 @@ def main() -> int:
     judges = {}
     for name, path in (("old", args.old), ("new", args.new)):
         head = InjectionHead.load(path)
-        judges[name] = Judge(_scores(head, examples), d, "pooled" if head.benign_groups is None else "each")
+        kind = args.calibration if args.calibration != "file" else "pooled" if head.benign_groups is None else "each"
+        judges[name] = Judge(_scores(head, examples), d, kind)
     report = {"rows": args.rows, "calibration": {n: j.kind for n, j in judges.items()}, "val": d["counts"]}
     print(json.dumps(report), flush=True)
     attack, first_half = d["everything"]["attack"], d["everything"]["ordinary"][0]
@@ -64,7 +67,7 @@ def main() -> int:
             out["attacks_by_language"][lang] = [int(flags["old"][mine].sum()), int(flags["new"][mine].sum()), len(mine)]
         report[f"{rate:g}"] = out
         print(rate, json.dumps(out), flush=True)
-    name = "guard_heads.json" if args.rows == "all" else "guard_heads_before.json"
+    name = f"guard_heads{'' if args.rows == 'all' else '_before'}{'' if args.calibration == 'file' else '_' + args.calibration}.json"
     out_path = ROOT / "reports" / name
     out_path.parent.mkdir(exist_ok=True)
     out_path.write_text(json.dumps(report, indent=2) + "\n")
