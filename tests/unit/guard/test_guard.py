@@ -227,9 +227,9 @@ def test_a_log_of_numbers_is_judged_in_milliseconds():
                     f"ORD-{rng.randint(2019, 2024)}-{rng.randint(100000, 999999)} total {rng.randint(1, 9999)}.{rng.randint(0, 99):02d} "
                     f"build {rng.randint(1, 12)}.{rng.randint(0, 9)}.{rng.randint(0, 99)}" for _ in range(20))
     pii.find(log, pii.DETECTORS)                 # the regions' rules loaded
-    started = time.process_time()
+    started = time.thread_time()
     assert [s.detector for s in pii.find(log, pii.DETECTORS)] == []
-    assert time.process_time() - started < 0.01          # ~1 ms; a matcher per check: ~30 ms
+    assert time.thread_time() - started < 0.01          # ~1 ms; a matcher per check: ~30 ms
 
 
 def test_private_key_block_is_one_span():
@@ -264,9 +264,9 @@ _HOSTILE = {
 def test_hostile_texts_are_judged_in_milliseconds(name):
     import time
     pii.find("warm +49 30 901820 1.2.3.4 password=x", pii.DETECTORS)       # the regions' rules loaded
-    started = time.process_time()
+    started = time.thread_time()
     pii.find(_HOSTILE[name], pii.DETECTORS)
-    assert time.process_time() - started < 0.25
+    assert time.thread_time() - started < 0.25
 
 
 def _contact_list(rows: int) -> tuple[str, list[str]]:
@@ -357,10 +357,10 @@ def test_many_token_runs_in_non_ascii_text_cost_linear_time():
     # Each run's character offset is counted from the previous run's, not from the start.
     import time
     text = ("加" * 30 + " " + "a1B2c3D4e5F6g7H8i9J0kLm" + " ") * 20000          # ~1 MB, 20,000 runs
-    started = time.process_time()
+    started = time.thread_time()
     runs = pii.Candidates.of(text).runs
     assert len(runs) == 20000 and text[runs[-1][0]:runs[-1][1]] == "a1B2c3D4e5F6g7H8i9J0kLm"
-    assert time.process_time() - started < 2
+    assert time.thread_time() - started < 2
 
 
 
@@ -475,9 +475,9 @@ def test_many_distinct_values_are_numbered_in_linear_time():
     import time
     text = " ".join(f"u{i}@x.io" for i in range(20000))
     p = policy(personal_data={"detectors": {"email": "redact"}})
-    started = time.process_time()
+    started = time.thread_time()
     result = scan(p, [{"role": "user", "content": text}])
-    assert time.process_time() - started < 3.0           # ~0.5 s; reading every placeholder: ~15 s
+    assert time.thread_time() - started < 3.0           # ~0.5 s; reading every placeholder: ~15 s
     assert result.rewrites[(0, None)].endswith("<EMAIL_19999> <EMAIL_20000>")
 
 
