@@ -26,7 +26,12 @@ the first leads, the rest follow it if they are near enough to *it* (so an answe
 shared between prompts that were compared with each other).
 
 Bounds: at most `max_keys` flights and `max_followers` per flight. Beyond them `join` returns a
-Lead with `registered` False: the request goes upstream as if there were no dedup.
+Lead with `registered` False: the request goes upstream as if there were no dedup. A leader's
+token states (Near.states, for a `same` that reads them) are kept with its flight within
+`max_states_bytes` together (default 16 MiB: ~1,400 prompts of a typical ~11 KB, 85 of the
+longest the embedder reads by default, 256 tokens at 192 KiB); past it a flight keeps none, and
+near prompts then follow it only where `same` decides without them. They are the array the
+leader's request holds for its own cache entry anyway, not a copy.
 
 The payload is opaque bytes. Nothing here does I/O; waiting is an asyncio future per follower.
 """
@@ -48,14 +53,18 @@ __all__ = ["InFlight", "Near", "Lead", "Follow", "Answered", "Promoted", "Releas
 class Near:
     """Ask to share the flight of a near-identical prompt (cosine >= threshold, same scope).
 
-    `text` is kept with this request's flight if it leads; `same(leader_text, cosine)` may veto
-    a match the cosine allows (e.g. `same_question(text, leader_text, cosine, settings).hit`).
+    `text` and `states` (the prompt's token states, or None) are kept with this request's
+    flight if it leads; `same(leader_text, cosine, leader_states)` may veto a match the cosine
+    allows (e.g. `same_question(leader_text, text, cosine, settings, (leader_states,
+    states)).hit`); `leader_states` is None where the leader had none or they were past
+    `max_states_bytes`.
     """
 
     vector: np.ndarray
     threshold: float
     text: str = ""
-    same: Callable[[str, float], bool] | None = None
+    same: Callable[[str, float, np.ndarray | None], bool] | None = None
+    states: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         if not 0.0 < self.threshold <= 1.0:
@@ -141,7 +150,8 @@ class _Probe:
     unit: np.ndarray
     threshold: float
     text: str
-    same: Callable[[str, float], bool] | None
+    same: Callable[[str, float, np.ndarray | None], bool] | None
+    states: np.ndarray | None
 
 
 def _probe(near: Near | None) -> _Probe | None:
@@ -151,17 +161,19 @@ def _probe(near: Near | None) -> _Probe | None:
     norm = float(np.linalg.norm(v))
     if not np.isfinite(norm) or norm == 0.0:
         return None
-    return _Probe(v / norm, near.threshold, near.text, near.same)
+    return _Probe(v / norm, near.threshold, near.text, near.same, near.states)
 
 
 class _Flight:
-    __slots__ = ("scope", "key", "probe", "lead", "waiters", "slot")
+    __slots__ = ("scope", "key", "probe", "lead", "waiters", "slot", "states", "states_bytes")
 
     def __init__(self, scope: str, key: str, probe: _Probe | None):
         self.scope, self.key, self.probe = scope, key, probe
         self.lead: _LocalLead | None = None
         self.waiters: dict[int, _Waiter] = {}  # arrival order
         self.slot = -1
+        self.states: np.ndarray | None = None  # the leader's, within max_states_bytes
+        self.states_bytes = 0
 
 
 class _Waiter:
@@ -270,18 +282,23 @@ def unregistered_lead(scope: str, key: str) -> Lead:
 class InFlight:
     """Flights of one sidecar process; see the module doc."""
 
-    def __init__(self, *, max_keys: int = 10_000, max_followers: int = 1_000):
+    def __init__(self, *, max_keys: int = 10_000, max_followers: int = 1_000,
+                 max_states_bytes: int = 16 * 2**20):
         if max_keys < 1:
             raise ValueError(f"max_keys: must be >= 1, got {max_keys!r}")
         if max_followers < 0:
             raise ValueError(f"max_followers: must be >= 0, got {max_followers!r}")
+        if max_states_bytes < 0:
+            raise ValueError(f"max_states_bytes: must be >= 0, got {max_states_bytes!r}")
         self._max_keys, self._max_followers = max_keys, max_followers
+        self._max_states_bytes, self._states_bytes = max_states_bytes, 0
         self._flights: dict[tuple[str, str], _Flight] = {}
         self._indexes: dict[tuple[str, int], _VectorIndex] = {}
         self._ids = itertools.count()
         self._followers = 0
         self._counts = dict.fromkeys(
-            ("led", "followed_exact", "followed_near", "promoted", "released", "timed_out", "overflow"), 0)
+            ("led", "followed_exact", "followed_near", "promoted", "released", "timed_out", "overflow",
+             "states_not_kept"), 0)
 
     async def join(self, scope: str, key: str, near: Near | None = None) -> Lead | Follow:
         """Lead or follow the flight of `key` (or of a near prompt) in `scope`.
@@ -296,8 +313,10 @@ class InFlight:
         return lead
 
     def stats(self) -> dict[str, int]:
-        """Gauges `leaders` and `followers` now, and counters since start."""
-        return {"leaders": len(self._flights), "followers": self._followers, **self._counts}
+        """Gauges `leaders`, `followers` and `states_bytes` (leaders' token states kept) now,
+        and counters since start."""
+        return {"leaders": len(self._flights), "followers": self._followers,
+                "states_bytes": self._states_bytes, **self._counts}
 
     # ------------------------------------------------------------ internals
 
@@ -324,7 +343,7 @@ class InFlight:
         for cosine, candidate in index.nearest(probe) if index else ():
             if len(candidate.waiters) >= self._max_followers:
                 continue
-            if probe.same is None or probe.same(candidate.probe.text, cosine):
+            if probe.same is None or probe.same(candidate.probe.text, cosine, candidate.states):
                 return candidate, cosine
         return None, 0.0
 
@@ -337,8 +356,20 @@ class InFlight:
         if probe is not None:
             dim = probe.unit.shape[0]
             self._indexes.setdefault((scope, dim), _VectorIndex(dim)).add(flight)
+            self._keep_states(flight, probe.states)
         flight.lead = _LocalLead(self, scope, key, flight)
         return flight.lead
+
+    def _keep_states(self, flight: _Flight, states: np.ndarray | None) -> None:
+        """The leader's token states with its flight, if they fit within max_states_bytes."""
+        if states is None:
+            return
+        nbytes = int(getattr(states, "nbytes", 0))
+        if self._states_bytes + nbytes > self._max_states_bytes:
+            self._counts["states_not_kept"] += 1
+            return
+        flight.states, flight.states_bytes = states, nbytes
+        self._states_bytes += nbytes
 
     def _attach(self, waiter: _Waiter, flight: _Flight) -> None:
         waiter.flight = flight
@@ -360,6 +391,8 @@ class InFlight:
             if index.size == 0:
                 del self._indexes[index_key]
         flight.lead = None
+        self._states_bytes -= flight.states_bytes
+        flight.states, flight.states_bytes = None, 0
         waiters = list(flight.waiters.values())
         for waiter in waiters:
             self._detach(waiter)

@@ -1,4 +1,5 @@
-"""In-flight dedup across sidecar replicas for exact keys, over Redis; near prompts stay local.
+"""In-flight dedup across sidecar replicas for exact keys, over Redis; near prompts (and the
+leaders' token states their verifier reads) stay local.
 
 `RedisInFlight` wraps an `InFlight` and has the same `join`. Per replica, the local flight of
 a key decides; only its leader talks to Redis:

@@ -319,7 +319,7 @@ class CacheStage:
                                        found.entry.stored_at)
                 vector, states = found.vector, found.states
                 if policy.dedup:
-                    lead, answered = await self._coalesce(ctx, scope.key, key, prompt, vector, policy)
+                    lead, answered = await self._coalesce(ctx, scope.key, key, prompt, vector, states, policy)
                     if answered is not None:
                         ctx.why.cache = dataclasses.replace(ctx.why.cache, reason="coalesced")
                         return self._serve(ctx, answered, "coalesced", None, self._clock())
@@ -556,13 +556,18 @@ class CacheStage:
         await self._report("admin", "admin", scope, key, found, CachePolicy().ttl_s)
         return found
 
-    async def _coalesce(self, ctx, scope, key, prompt, vector, policy):
-        """(lead, None) to go upstream leading (or alone); (None, answer) when a twin answered."""
+    async def _coalesce(self, ctx, scope, key, prompt, vector, states, policy):
+        """(lead, None) to go upstream leading (or alone); (None, answer) when a twin answered.
+        A near twin is followed only where the same-question decision of the cache would serve
+        one for the other: the verifier reads the leader's token states, kept with its flight,
+        and this prompt's (`states`, from the lookup's embedding run)."""
         near = None
         if vector is not None:
             settings = self._checks(policy)
-            near = Near(vector, candidate_floor(settings), prompt,
-                        same=lambda leader, cosine: checked_same_question(leader, prompt, cosine, settings).hit)
+
+            def same(leader: str, cosine: float, leader_states) -> bool:
+                return checked_same_question(leader, prompt, cosine, settings, (leader_states, states)).hit
+            near = Near(vector, candidate_floor(settings), prompt, same=same, states=states)
         ticket = await self._rt.inflight.join(scope, key, near)
         if not isinstance(ticket, Follow):
             return ticket, None

@@ -399,17 +399,22 @@ def test_failed_answer_is_not_stored(stack, error_mode, stream):
 
 async def _burst(stack, key, path, prompt, n):
     """n concurrent identical non-streamed requests: [(content, x-sluice-cache) | exception]."""
+    return await _together(stack, key, path, [prompt] * n)
+
+
+async def _together(stack, key, path, prompts):
+    """The prompts as concurrent non-streamed requests: [(content, x-sluice-cache) | exception]."""
     c = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{stack.ports.http}{path}", api_key=key,
                            max_retries=0, timeout=60)
 
-    async def one():
+    async def one(prompt):
         raw = await c.chat.completions.with_raw_response.create(
             model="demo-model", messages=[{"role": "user", "content": prompt}])
         completion = raw.parse()
         return completion.choices[0].message.content, raw.headers.get("x-sluice-cache")
 
     try:
-        return await asyncio.gather(*(one() for _ in range(n)), return_exceptions=True)
+        return await asyncio.gather(*(one(prompt) for prompt in prompts), return_exceptions=True)
     finally:
         await c.close()
 
@@ -428,6 +433,18 @@ def test_100_concurrent_identical_requests_go_upstream_once(stack):
     # stored between their exact lookup and their semantic one (a busy CPU embeds slowly).
     assert set(statuses) <= {"miss", "coalesced", "exact", "semantic"}, statuses
     assert statuses["coalesced"] >= 10, statuses       # they overlapped the 500 ms leader
+    assert requests_of(stack, "a", "b") - before == 1
+
+
+def test_near_twins_in_flight_on_the_default_route_go_upstream_once(stack):
+    """The default route's verifier decides near twins in flight as it decides stored ones: the
+    rewording waits for the leader's answer, with both prompts' token states."""
+    configure(stack, "b", ttft_ms=1500, tokens=8, tokens_per_s=1000)
+    before = requests_of(stack, "a", "b")
+    results = asyncio.run(_together(stack, "key-near-twins", "/slow/v1", [VERIFIED_STORED, VERIFIED_REWORDING]))
+    assert not [r for r in results if isinstance(r, BaseException)], results
+    assert sorted(s for _, s in results) == ["coalesced", "miss"], results
+    assert len({content for content, _ in results}) == 1
     assert requests_of(stack, "a", "b") - before == 1
 
 

@@ -217,14 +217,55 @@ async def test_same_predicate_vetoes_a_near_match():
     inflight = InFlight()
     seen = []
 
-    def same(leader_text: str, cosine: float) -> bool:
-        seen.append((leader_text, round(cosine, 3)))
+    def same(leader_text: str, cosine: float, leader_states) -> bool:
+        seen.append((leader_text, round(cosine, 3), leader_states))
         return "not" not in leader_text
 
     await inflight.join("r", "k1", near(1.0, text="is it not safe"))
     ticket = await inflight.join("r", "k2", near(0.99, text="is it safe", same=same))
     assert isinstance(ticket, Lead)
-    assert seen == [("is it not safe", 0.99)]
+    assert seen == [("is it not safe", 0.99, None)]
+
+
+def states(tokens: int) -> np.ndarray:
+    return np.full((tokens, 4), 0.5, dtype=np.float16)      # 8 bytes a token
+
+
+async def test_same_predicate_reads_the_leaders_token_states():
+    inflight = InFlight()
+    leader_states = states(3)
+    seen = []
+
+    def same(leader_text: str, cosine: float, leader_states) -> bool:
+        seen.append(leader_states)
+        return leader_states is not None
+
+    lead = await inflight.join("r", "k1", near(1.0, text="a", states=leader_states))
+    assert inflight.stats()["states_bytes"] == 24
+    ticket = await inflight.join("r", "k2", near(0.99, text="b", same=same, states=states(2)))
+    assert isinstance(ticket, Follow) and seen[0] is leader_states       # the array itself, no copy
+    lead.complete(PAYLOAD)
+    assert await ticket.wait(1) == Answered(PAYLOAD)
+    assert inflight.stats()["states_bytes"] == 0                         # given back with the flight
+
+
+async def test_leaders_states_are_kept_within_max_states_bytes():
+    inflight = InFlight(max_states_bytes=40)
+    same = lambda text, cosine, leader_states: leader_states is not None  # noqa: E731
+    first = await inflight.join("r", "k1", near(1.0, 0.99, text="a", states=states(3)))     # 24 bytes
+    second = await inflight.join("r", "k2", Near(unit(0.0, 1.0), 0.99, "b", states=states(3)))  # 48 > 40
+    stats = inflight.stats()
+    assert stats["states_bytes"] == 24 and stats["states_not_kept"] == 1
+    # A near follower of the flight that kept none is refused by a `same` that needs them.
+    assert isinstance(await inflight.join("r", "k3", Near(unit(0.01, 1.0), 0.99, "c", same)), Lead)
+    follower = await inflight.join("r", "k4", near(0.999, 0.99, text="d", same=same))
+    assert isinstance(follower, Follow)
+    first.abandon()
+    second.abandon()
+    assert isinstance(await follower.wait(1), Promoted)
+    assert inflight.stats()["states_bytes"] == 0
+    with pytest.raises(ValueError):
+        InFlight(max_states_bytes=-1)
 
 
 async def test_near_followers_rejoin_when_their_leader_abandons():

@@ -1,6 +1,8 @@
 """The cache stage feeds a verifier that aligns token states: the new prompt's from its own
 embedding run, the stored prompt's kept with its entry; without them, a counted miss."""
 import asyncio
+import json
+import random
 
 import numpy as np
 import pytest
@@ -14,8 +16,13 @@ from sidecar.cache.token_states import TokenStates
 from sidecar.cache.verifier import load_verifier
 from sidecar.embedding import EmbeddingSettings
 from sidecar.embedding.service import EmbeddingService
+from sidecar.openai.chat import parse_chat_request
 from sidecar.pipeline.cache_stage import CacheRuntime, CacheStage
+from sidecar.pipeline.route_stage import RouteStage
+from sidecar.request.context import RequestContext
 from sidecar.route_settings import parse_route_settings
+from sidecar.scheduling import Scheduler
+from tests.support.pipeline_driver import Stages
 
 STORED, REWORDED = "How do I reset my password?", "How can I reset my password?"
 # A rewording the verifier serves by a wide margin (P ~0.99 against a threshold of ~0.93).
@@ -273,3 +280,61 @@ def test_the_sidecar_tells_its_cache_whether_the_model_has_states_only_once_it_h
             await app.embedder.close()
     assert asyncio.run(run()) is True
     assert has_states() is None                          # closed: no model to ask
+
+
+# -- near twins in flight: a follower is coalesced as the verifier would serve it -----------
+
+ANSWER = json.dumps({"id": "x", "object": "chat.completion", "created": 1, "model": "m", "choices": [
+    {"index": 0, "message": {"role": "assistant", "content": "Paris."}, "finish_reason": "stop"}],
+    "usage": {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}}).encode()
+DEFAULT_ROUTE = parse_route_settings({"name": "chat", "candidates": [{"cluster": "a"}]})   # the verifier at 0.05
+# Cosine 0.99 both; the verifier scores the first 0.99 and the second 0.10 (an exchange).
+REWORDING = SERVED
+EXCHANGE = ("Is every square a rectangle?", "Is every rectangle a square?")
+
+
+def chat(prompt):
+    body = json.dumps({"model": "m", "messages": [{"role": "user", "content": prompt}]}).encode()
+    ctx = RequestContext(headers={"authorization": "Bearer k1"}, route=DEFAULT_ROUTE, route_name="chat")
+    ctx.body, ctx.chat = body, parse_chat_request(body)
+    return ctx
+
+
+async def twins(embedder, pair, token_states, inflight=None):
+    """The first prompt goes upstream; the second comes while it is in flight. The second's
+    x-sluice-cache, once the first's answer came."""
+    cache = CacheStage(CacheRuntime(store=MemoryStore(), inflight=inflight or InFlight(), embedder=embedder,
+                                    secret=b"a test secret of 32 bytes, fixed", token_states=token_states))
+    d = Stages(RouteStage(Scheduler(rng=random.Random(0)), scrape_interval_s=None), cache)
+    leader, follower = chat(pair[0]), chat(pair[1])
+    assert (await d.decide(leader)).reply is None and leader.cache_status == "miss"
+    waiting = asyncio.ensure_future(d.decide(follower))
+    for _ in range(500):                   # until it follows the leader, or went its own way
+        if waiting.done() or cache._rt.inflight.stats()["followers"]:
+            break
+        await asyncio.sleep(0.01)
+    leader.response_headers = {":status": "200", "content-type": "application/json"}
+    d.on_response_headers(leader)
+    d.on_response_body(leader, ANSWER, True)
+    d.on_finish(leader)
+    plan = await waiting
+    if plan.reply is None:
+        d.exchange(follower).cache.upstream.abandon()
+        return follower.cache_status
+    assert json.loads(plan.reply.body)["choices"][0]["message"]["content"] == "Paris."
+    return dict(plan.reply.headers)["x-sluice-cache"]
+
+
+def test_a_near_twin_in_flight_is_coalesced_when_the_verifier_says_same(embedder):
+    assert asyncio.run(twins(embedder, REWORDING, TokenStates(1 << 20))) == "coalesced"
+
+
+def test_a_near_twin_the_verifier_tells_apart_goes_upstream(embedder):
+    assert asyncio.run(twins(embedder, EXCHANGE, TokenStates(1 << 20))) == "miss"
+
+
+def test_without_token_states_a_near_twin_is_not_coalesced(embedder):
+    # A sidecar without a place for states (so its embeddings bring none) ...
+    assert asyncio.run(twins(embedder, REWORDING, None)) == "miss"
+    # ... or a leader whose states were past the flights' byte bound.
+    assert asyncio.run(twins(embedder, REWORDING, TokenStates(1 << 20), InFlight(max_states_bytes=0))) == "miss"
