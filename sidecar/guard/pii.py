@@ -116,22 +116,27 @@ def _card_list(run: str) -> list[tuple[int, int]]:
     """The cards a run of digit groups splits into, each whole groups, as offsets in the run;
     none unless every group belongs to a card."""
     bounds = [g.span() for g in _GROUP.finditer(run)]
-    # split[i]: a split of the groups before i into cards, as the index each card starts at.
-    split: dict[int, list[int]] = {0: []}
+    # last[i]: where the last card of a split of the groups before i into cards starts (one
+    # index per group, not a list per split: a pasted list of thousands of cards stays linear).
+    last: dict[int, int] = {0: 0}
     for i in range(len(bounds)):
-        if i not in split:
+        if i not in last:
             continue
         digits = ""
         for j in range(i, len(bounds)):
             digits += run[bounds[j][0]:bounds[j][1]]
             if len(digits) >= _CARD_DIGITS.stop:
                 break
-            if j + 1 not in split and _card(digits):
-                split[j + 1] = split[i] + [i]
-    if len(bounds) not in split:
+            if j + 1 not in last and _card(digits):
+                last[j + 1] = i
+    if len(bounds) not in last:
         return []
-    starts = split[len(bounds)]
-    return [(bounds[a][0], bounds[b - 1][1]) for a, b in zip(starts, starts[1:] + [len(bounds)])]
+    cards, end = [], len(bounds)
+    while end:
+        start = last[end]
+        cards.append((bounds[start][0], bounds[end - 1][1]))
+        end = start
+    return cards[::-1]
 
 
 # In any case: an IBAN typed or pasted in lowercase is still one, and the mod-97 checksum and

@@ -3,6 +3,7 @@ token of its shape, and the look-alikes a production scanner must let pass do pa
 from __future__ import annotations
 
 import tomllib
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -342,6 +343,27 @@ def test_cards_of_more_networks_and_in_csv_fields_are_found(text, value):
 def test_a_run_of_card_numbers_is_split_into_its_cards():
     text = "Which networks are these? 6250 9470 0018 3943 3008 4417 2093 58 3614 892047 2284"
     assert _found(text) == [("card", "6250 9470 0018 3943"), ("card", "3008 4417 2093 58"), ("card", "3614 892047 2284")]
+
+
+def _peak_bytes(call) -> int:
+    tracemalloc.start()
+    try:
+        call()
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_a_long_run_of_cards_is_split_in_memory_linear_in_its_length():
+    # A pasted list of thousands of cards (a body may hold 1 MiB): a list of its own for each
+    # split of the groups so far grows with the square of the count (~45 MB for 3,000 cards,
+    # ~180 MB for 6,000, gigabytes for a full body).
+    def cards(count: int):
+        text = "4111 1111 1111 1111 " * count
+        spans = pii.find(text, ["card"])
+        assert len(spans) == count and spans[-1] == pii.Span("card", len(text) - 20, len(text) - 1)
+
+    assert _peak_bytes(lambda: cards(6000)) < 2.5 * _peak_bytes(lambda: cards(3000))
 
 
 def test_a_longer_number_whose_leading_groups_pass_luhn_is_no_card():
