@@ -86,6 +86,17 @@ def checked_same_question(a: str, b: str, cosine: float, settings: EquivalenceSe
         return Verdict(False, "check_failed")
 
 
+def _warn_if_threshold_unread(route_name: str, route: RouteSettings, built: "RouteCache") -> None:
+    """A route that sets semantic_threshold but no max_false_hit_rate gets the verifier, which
+    does not read the threshold: the operator's setting would do nothing, and nothing else says so."""
+    policy = built.policy
+    if built.semantic and route.cache.HasField("semantic_threshold") and policy.max_false_hit_rate > 0:
+        log.warning("route %s sets cache.semantic_threshold, which only the lexical decision reads; "
+                    "its semantic hits are decided by the verifier at max_false_hit_rate %g (set "
+                    "max_false_hit_rate: 0 to keep the threshold, or remove it)", route_name,
+                    policy.max_false_hit_rate)
+
+
 def _reports_false_hit(ctx: RequestContext) -> bool:
     return ctx.headers.get(FEEDBACK_HEADER, "").strip() == "1"
 
@@ -382,6 +393,7 @@ class CacheStage:
             return None
         warn_unless_internal(route_name, built.policy.tenant_header, "tenant")
         self._warn_if_no_states(route_name, built.policy)
+        _warn_if_threshold_unread(route_name, route, built)
         return built
 
     def _warn_if_no_states(self, route_name: str, policy: CachePolicy) -> None:
