@@ -319,7 +319,8 @@ class CacheStage:
                 with tracing.span("sluice.cache"):
                     found = await self.lookup(scope.key, key, prompt, settings)
                 ctx.why.cache = CacheWhy(found.reason, found.similarity, found.score)
-                if _reports_false_hit(ctx):
+                reported = _reports_false_hit(ctx)
+                if reported:
                     await self._report(ctx.route_name, "client", scope.key, key, found, policy.ttl_s)
                     found = dataclasses.replace(found, tier=None)     # the repeat goes upstream
                     ctx.why.cache = dataclasses.replace(ctx.why.cache, reason="false_hit_reported")
@@ -329,7 +330,9 @@ class CacheStage:
                                        found.similarity if found.tier == "semantic" else None,
                                        found.entry.stored_at)
                 vector, states = found.vector, found.states
-                if policy.dedup:
+                # A report goes upstream (docs/false-hit-reports.md): a flight's answer, a near
+                # twin's by the very decision reported wrong, would not be the fresh one it asks.
+                if policy.dedup and not reported:
                     lead, answered = await self._coalesce(ctx, scope.key, key, prompt, vector, states, policy)
                     if answered is not None:
                         ctx.why.cache = dataclasses.replace(ctx.why.cache, reason="coalesced")
