@@ -333,7 +333,10 @@ class InFlight:
         return self._lead(scope, waiter.key, waiter.probe)
 
     def _find(self, scope: str, key: str, probe: _Probe | None) -> tuple[_Flight | None, float]:
-        """The flight to follow: the same key first, else the nearest one that has room."""
+        """The flight to follow: the same key first, else the nearest one that has room, if
+        `same` agrees. Only that one is asked, as the cache's lookup asks of its nearest stored
+        prompt only: `same` may be the verifier (~0.5 ms), and asking it of every flight above
+        its cosine floor would hold the event loop for each flight of the scope at every join."""
         flight = self._flights.get((scope, key))
         if flight is not None:
             return (flight, 1.0) if len(flight.waiters) < self._max_followers else (None, 0.0)
@@ -345,6 +348,7 @@ class InFlight:
                 continue
             if probe.same is None or probe.same(candidate.probe.text, cosine, candidate.states):
                 return candidate, cosine
+            break
         return None, 0.0
 
     def _lead(self, scope: str, key: str, probe: _Probe | None) -> Lead:

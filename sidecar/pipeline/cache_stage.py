@@ -86,6 +86,17 @@ def checked_same_question(a: str, b: str, cosine: float, settings: EquivalenceSe
         return Verdict(False, "check_failed")
 
 
+def _warn_if_threshold_unread(route_name: str, route: RouteSettings, built: "RouteCache") -> None:
+    """A route that sets semantic_threshold but no max_false_hit_rate gets the verifier, which
+    does not read the threshold: the operator's setting would do nothing, and nothing else says so."""
+    policy = built.policy
+    if built.semantic and route.cache.HasField("semantic_threshold") and policy.max_false_hit_rate > 0:
+        log.warning("route %s sets cache.semantic_threshold, which only the lexical decision reads; "
+                    "its semantic hits are decided by the verifier at max_false_hit_rate %g (set "
+                    "max_false_hit_rate: 0 to keep the threshold, or remove it)", route_name,
+                    policy.max_false_hit_rate)
+
+
 def _reports_false_hit(ctx: RequestContext) -> bool:
     return ctx.headers.get(FEEDBACK_HEADER, "").strip() == "1"
 
@@ -308,7 +319,8 @@ class CacheStage:
                 with tracing.span("sluice.cache"):
                     found = await self.lookup(scope.key, key, prompt, settings)
                 ctx.why.cache = CacheWhy(found.reason, found.similarity, found.score)
-                if _reports_false_hit(ctx):
+                reported = _reports_false_hit(ctx)
+                if reported:
                     await self._report(ctx.route_name, "client", scope.key, key, found, policy.ttl_s)
                     found = dataclasses.replace(found, tier=None)     # the repeat goes upstream
                     ctx.why.cache = dataclasses.replace(ctx.why.cache, reason="false_hit_reported")
@@ -318,7 +330,9 @@ class CacheStage:
                                        found.similarity if found.tier == "semantic" else None,
                                        found.entry.stored_at)
                 vector, states = found.vector, found.states
-                if policy.dedup:
+                # A report goes upstream (docs/false-hit-reports.md): a flight's answer, a near
+                # twin's by the very decision reported wrong, would not be the fresh one it asks.
+                if policy.dedup and not reported:
                     lead, answered = await self._coalesce(ctx, scope.key, key, prompt, vector, states, policy)
                     if answered is not None:
                         ctx.why.cache = dataclasses.replace(ctx.why.cache, reason="coalesced")
@@ -382,6 +396,7 @@ class CacheStage:
             return None
         warn_unless_internal(route_name, built.policy.tenant_header, "tenant")
         self._warn_if_no_states(route_name, built.policy)
+        _warn_if_threshold_unread(route_name, route, built)
         return built
 
     def _warn_if_no_states(self, route_name: str, policy: CachePolicy) -> None:

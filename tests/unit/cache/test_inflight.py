@@ -227,6 +227,23 @@ async def test_same_predicate_vetoes_a_near_match():
     assert seen == [("is it not safe", 0.99, None)]
 
 
+async def test_same_is_asked_of_the_nearest_flight_with_room_only():
+    """`same` may be the verifier: one call a join, not one for every flight above the floor."""
+    inflight = InFlight(max_followers=1)
+    apart = lambda text, cosine, leader_states: False  # noqa: E731
+    for i, cosine in enumerate((0.999, 0.99, 0.98, 0.97)):
+        assert isinstance(await inflight.join("r", f"k{i}", near(cosine, text=f"leader {i}", same=apart)), Lead)
+    assert isinstance(await inflight.join("r", "full", near(0.9995)), Follow)    # k0 has no room left
+    asked = []
+
+    def same(leader_text: str, cosine: float, leader_states) -> bool:
+        asked.append(leader_text)
+        return leader_text != "leader 1"
+
+    assert isinstance(await inflight.join("r", "new", near(1.0, text="new", same=same)), Lead)
+    assert asked == ["leader 1"]
+
+
 def states(tokens: int) -> np.ndarray:
     return np.full((tokens, 4), 0.5, dtype=np.float16)      # 8 bytes a token
 

@@ -437,6 +437,22 @@ def test_a_tenant_header_envoy_does_not_strip_is_warned_about(caplog):
         assert any("can choose its tenant" in r.getMessage() for r in caplog.records) is warned, header
 
 
+@pytest.mark.parametrize("cache, warned", [
+    ({"semantic_threshold": 0.97}, True),                             # the verifier decides: unread
+    ({"semantic_threshold": 0.97, "max_false_hit_rate": 0.02}, True),
+    ({"semantic_threshold": 0.97, "max_false_hit_rate": 0}, False),   # the lexical decision reads it
+    ({"semantic_threshold": 0.97, "semantic": False}, False),          # no semantic tier at all
+    ({}, False),
+])
+def test_a_semantic_threshold_the_route_does_not_read_is_warned_about(caplog, cache, warned):
+    d = director()
+    ctx = request()
+    ctx.route = parse_route_settings({"name": "chat", "candidates": [{"cluster": "a"}], "cache": cache})
+    caplog.clear()
+    d.decide_now(ctx)
+    assert any("semantic_threshold" in r.getMessage() for r in caplog.records) is warned, cache
+
+
 def test_no_deadline_holds_a_request_past_envoys_one_message_timeout_extension():
     assert HOLD_LIMIT_S < EXTEND_AFTER_S + EXTENDED_MESSAGE_TIMEOUT_S - 2       # room to spare
     ctx = request(**{"x-request-deadline-ms": "600000"})                      # ten minutes

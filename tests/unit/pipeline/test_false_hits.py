@@ -109,6 +109,20 @@ async def test_a_reported_semantic_hit_stops_serving_that_prompt_and_only_that_o
     assert elsewhere.cache_status == "semantic"
 
 
+async def test_a_reported_hit_goes_upstream_even_with_a_near_twin_in_flight():
+    """The repeat is never served another prompt's answer by the decision just reported wrong:
+    it does not follow a near twin's flight (nor any flight), it goes upstream."""
+    d = director()
+    twin = request(OTHER_REWORDING)
+    assert (await d.decide(twin)).reply is None and twin.cache_status == "miss"     # in flight, leading
+    await store_answer(d, STORED)
+    report = request(REWORDED, **{FEEDBACK_HEADER: "1"})
+    plan = await asyncio.wait_for(d.decide(report), 2)
+    assert plan.reply is None and report.cache_status == "miss" and plan.cluster == "a"
+    assert d.cache._rt.inflight.stats()["followers"] == 0
+    d.exchange(twin).cache.upstream.abandon()
+
+
 async def test_a_reported_exact_hit_is_replaced_by_the_fresh_answer():
     d = director()
     stored = await store_answer(d, STORED)
