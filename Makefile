@@ -146,4 +146,4 @@ lint: all
 	$(BIN)/pip install -q ruff && $(BIN)/ruff check sidecar devtools bench tests scripts
 
 clean:
-	rm -rf $(VENV) sidecar/gen build
+	rm -rf $(VENV) sidecar/gen build sidecar/guard/*.so

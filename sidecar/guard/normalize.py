@@ -154,6 +154,8 @@ try:
     from sidecar.guard import _ngrams as _compiled
 except ImportError:         # not built: numpy does the lookups
     _compiled = None
+if not (hasattr(_compiled, "fold_by_table") and hasattr(_compiled, "squeeze_by_table")):
+    _compiled = None        # built from an older _ngrams.c (a checkout not rebuilt): numpy too
 
 
 def _fold_char(ch: str) -> str:
