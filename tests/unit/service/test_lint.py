@@ -120,6 +120,8 @@ CASES = [
     ("priority header not stripped", lambda c: _sluice(c).update(
         admission={"enabled": True, "default_deadline_s": 30, "priority_header": "x-priority"}),
      "internal-headers-not-stripped", SETTINGS + ".admission.priority_header"),
+    ("semantic threshold the verifier does not read", lambda c: _sluice(c).update(cache={"semantic_threshold": 0.95}),
+     "semantic-threshold-unread", SETTINGS + ".cache.semantic_threshold"),
     ("retry cluster missing", lambda c: c["static_resources"]["clusters"].pop(),
      "missing-retry-cluster", SETTINGS + ".scheduling.retry_other_cluster"),
     ("no default cluster", lambda c: _hcm(c)["early_header_mutation_extensions"][0]["typed_config"]["mutations"].pop(2),
