@@ -86,11 +86,17 @@ def checked_same_question(a: str, b: str, cosine: float, settings: EquivalenceSe
         return Verdict(False, "check_failed")
 
 
+def semantic_threshold_unread(route: RouteSettings, policy: CachePolicy) -> bool:
+    """Whether the route sets semantic_threshold where the verifier decides (its
+    max_false_hit_rate, or the default, above 0), which does not read the threshold: the
+    operator's setting would do nothing. `policy` is the route's (cache_policy)."""
+    return route.cache.HasField("semantic_threshold") and policy.max_false_hit_rate > 0
+
+
 def _warn_if_threshold_unread(route_name: str, route: RouteSettings, built: "RouteCache") -> None:
-    """A route that sets semantic_threshold but no max_false_hit_rate gets the verifier, which
-    does not read the threshold: the operator's setting would do nothing, and nothing else says so."""
+    """Said at load, as nothing else would say it (`sluice lint` says it before)."""
     policy = built.policy
-    if built.semantic and route.cache.HasField("semantic_threshold") and policy.max_false_hit_rate > 0:
+    if built.semantic and semantic_threshold_unread(route, policy):
         log.warning("route %s sets cache.semantic_threshold, which only the lexical decision reads; "
                     "its semantic hits are decided by the verifier at max_false_hit_rate %g (set "
                     "max_false_hit_rate: 0 to keep the threshold, or remove it)", route_name,

@@ -277,11 +277,7 @@ class _Linter:
             self.add(_join(where, "admission"), "warning", "admission-deadline",
                      "admission is on with no deadline source: requests without x-request-deadline-ms wait "
                      "up to the built-in 60 s; set admission.default_deadline_s")
-        if settings.cache.HasField("semantic_threshold") and _verifier_rate(settings.cache) > 0:
-            self.add(_join(where, "cache.semantic_threshold"), "warning", "semantic-threshold-unread",
-                     "semantic_threshold is read only by the lexical decision (max_false_hit_rate: 0); "
-                     f"this route's semantic hits are decided by the verifier at max_false_hit_rate "
-                     f"{_verifier_rate(settings.cache):g}: set max_false_hit_rate, or 0 to keep the threshold")
+        self._semantic_threshold(settings, where)
         for field, what in (("priority_header", "priority"), ("tenant_header", "tenant")):
             section = settings.admission if field == "priority_header" else settings.cache
             header = getattr(section, field).lower()
@@ -290,6 +286,18 @@ class _Linter:
                          "error", "internal-headers-not-stripped",
                          f"{header!r} is not removed from clients before routing: a client can choose its own {what}")
         return settings
+
+    def _semantic_threshold(self, settings, where: str) -> None:
+        from sidecar.pipeline.cache_stage import cache_policy, semantic_threshold_unread
+        try:
+            policy = cache_policy(settings)
+        except ValueError:
+            return      # reported by route_checks
+        if semantic_threshold_unread(settings, policy):
+            self.add(_join(where, "cache.semantic_threshold"), "warning", "semantic-threshold-unread",
+                     "semantic_threshold is read only by the lexical decision (max_false_hit_rate: 0); "
+                     f"this route's semantic hits are decided by the verifier at max_false_hit_rate "
+                     f"{policy.max_false_hit_rate:g}: set max_false_hit_rate, or 0 to keep the threshold")
 
     # --- Istio and Envoy Gateway ----------------------------------------------------------
 
@@ -361,12 +369,6 @@ def route_checks():
     from sidecar.pipeline.cache_stage import cache_policy
     from sidecar.pipeline.route_config import build_route_config
     return (lambda s: build_route_config(s, "lint"), route_admission, cache_policy)
-
-
-def _verifier_rate(cache) -> float:
-    """The route's max_false_hit_rate as the sidecar reads it (unset: the default)."""
-    from sidecar.cache.equivalence import DEFAULT_MAX_FALSE_HIT_RATE
-    return cache.max_false_hit_rate if cache.HasField("max_false_hit_rate") else DEFAULT_MAX_FALSE_HIT_RATE
 
 
 def _unknown_fields(raw: dict, descriptor, where: str):
