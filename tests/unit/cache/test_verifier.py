@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from sidecar.cache.alignment import ALIGN_FEATURES, STATES_LAYERS
-from sidecar.cache.equivalence import EquivalenceSettings, disagreements
+from sidecar.cache.equivalence import EquivalenceSettings, Verdict, disagreements
 from sidecar.cache.same_question import candidate_floor, same_question
 from sidecar.cache.policy import CachePolicy
 from sidecar.cache.verifier import FEATURES, MODEL_PATH, Calibration, NoStates, Verifier, features, load_verifier
@@ -158,3 +158,29 @@ def test_the_default_is_the_verifier_at_a_five_percent_false_hit_rate(encoder):
     found = verdict(encoder, "How do I reset my password?", "What are the steps to reset my password?", default)
     assert found.hit and found.score >= load_verifier().threshold(0.05)
     assert not verdict(encoder, "How do I make a cup of green tea?", "How do I make a cup of black tea?", default).hit
+
+
+def test_prompts_naming_different_identifiers_never_share_an_answer(encoder):
+    # The verifier alone serves this pair at the default (score 0.90): its training pairs have
+    # no identifiers.
+    a, b = "no trace 079eeded81ce4c19841f51197d0b7bea", "trace me 607016e4b05c4a6ea709e98e1af2cb0e"
+    verifier = load_verifier()
+    (va, vb), states = encoder.run_with_states([encoder.tokenize(a), encoder.tokenize(b)])
+    score = float(verifier.probabilities(verifier.row(a, b, float(va @ vb), states=states))[0])
+    assert score >= verifier.threshold(0.05)
+    default = EquivalenceSettings()
+    for settings in (default, OFF):
+        assert verdict(encoder, a, b, settings) == Verdict(False, "identifiers_differ")
+        assert same_question("status of order INV-2024-0042", "status of order INV-2024-0043", 0.99,
+                             settings).reason == "identifiers_differ"
+        assert same_question("status of order 48213377", "what is the status of my order", 0.99,
+                             settings).reason == "identifiers_differ"
+    # The same identifier, written with or without separators and case, is no difference ...
+    for x, y in (("what is SHA-256", "what is sha256"), ("RTX 4090 price", "rtx4090 price"),
+                 ("order INV-2024-0042 is late", "why is inv 2024 0042 late")):
+        assert same_question(x, y, 0.99, default).reason != "identifiers_differ"
+    # ... and numbers written into words are not identifiers.
+    for x, y in (("I work 12-hour night shifts", "I work twelve-hour night shifts"),
+                 ("Is a 10-year-old fridge worth fixing?", "Is a fridge that is ten years old worth fixing?"),
+                 ("COVID-19 symptoms", "symptoms of covid")):
+        assert same_question(x, y, 0.99, default).reason != "identifiers_differ"
