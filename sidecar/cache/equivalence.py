@@ -155,6 +155,7 @@ class Profile:
     lowered: frozenset[str]          # words written all in lower case
     uses_case: bool                  # some letter is upper case
     tail: str                        # the last sentence
+    identifiers: frozenset[str]      # hashes, UUIDs, order numbers: "inv20240042" (see _identifiers)
 
 
 # ---------------------------------------------------------------- word tables
@@ -439,6 +440,32 @@ PROFILE_BYTES = 4_000
 PROFILE_BYTES_PER_CHAR = 44
 
 
+# An opaque identifier: a hash, UUID, order, ticket or tracking number, SKU.  Word pieces of
+# such a token carry no meaning to the embedding, and the verifier never saw one in training:
+# "no trace 079eeded81ce…" / "trace me 607016e4b05c…" scored 0.90, a hit.
+_DIGIT_TOKEN = re.compile(r"(?<![\w-])[\w-]*?\d[\w-]*")     # a token with a digit in it
+_NOT_ALNUM = re.compile(r"[\W_]+")
+_QUANTITY = re.compile(r"\d+[^\W\d_]+")      # a number and its unit, glued: 26years, 2000inr, 512mb
+
+
+def _identifiers(text: str) -> list[str]:
+    """The prompt's identifiers, case-folded and without separators: tokens of six or more
+    letters and digits with a run that mixes letters and two digits ("4c19841f", "A12345X",
+    "rtx4090", but not a number glued to its unit, "2000inr"), a run of six digits, or two
+    runs of digits ("INV-2024-0042").  "12-hour", "COVID-19" and "10-year-old" are words."""
+    found = []
+    for token in _DIGIT_TOKEN.findall(text):
+        key = _NOT_ALNUM.sub("", token).casefold()
+        if len(key) < 6:
+            continue
+        runs = [run for run in _NOT_ALNUM.split(token) if run]
+        digits = [sum(c.isdigit() for c in run) for run in runs]
+        mixed = [d >= 2 and d < len(run) and not _QUANTITY.fullmatch(run) for d, run in zip(digits, runs)]
+        if any(mixed) or max(digits) >= 6 or sum(d > 0 for d in digits) >= 2:
+            found.append(key)
+    return found
+
+
 def profile(text: str) -> Profile:
     """Everything the checks need from one prompt (cached when it is short)."""
     return _profiles.get(text) if len(text) <= CACHED_PROFILE_CHARS else _profile(text)
@@ -539,6 +566,7 @@ def _profile(text: str) -> Profile:
         lowered=frozenset(t.lower for t in tokens if t.kind == "word" and t.text.islower()),
         uses_case=normalized != normalized.lower(),
         tail=sentences[-1] if sentences else normalized,
+        identifiers=frozenset(_identifiers(text)),
     )
 
 
@@ -677,6 +705,16 @@ def _flipped(a: Profile, b: Profile) -> bool:
     return False
 
 
+def _identifiers_differ(a_text: str, a: Profile, b_text: str, b: Profile) -> bool:
+    """One prompt names an identifier the other does not: an answer about one order, commit or
+    ticket is wrong for another.  Compared without case and separators, so "SHA-256" / "sha256"
+    and "RTX 4090" / "RTX4090" agree."""
+    if not a.identifiers and not b.identifiers:
+        return False
+    flat_a, flat_b = _NOT_ALNUM.sub("", a_text).casefold(), _NOT_ALNUM.sub("", b_text).casefold()
+    return any(key not in flat_b for key in a.identifiers) or any(key not in flat_a for key in b.identifiers)
+
+
 def _tail_differs(a: Profile, b: Profile) -> bool:
     """The last sentences (the instruction after a long context) differ in a content word."""
     last_a, last_b = profile(a.tail), profile(b.tail)
@@ -701,6 +739,9 @@ class Disagreements:
     extra_a: int
     extra_b: int
     length: int          # words of the longer prompt
+    # Never a hit, whatever the decision (not a switch: the embedding and the verifier cannot
+    # read identifiers; see _identifiers).
+    identifiers: bool
 
 
 # (check switch, Disagreements field, reason), in the order `requirement` asks them.
@@ -748,6 +789,7 @@ def disagreements(a_text: str, b_text: str, tail_words: int = 40) -> Disagreemen
         extra_a=len(only_a) + len(a.comparisons - b.comparisons),
         extra_b=len(only_b) + len(b.comparisons - a.comparisons),
         length=length,
+        identifiers=_identifiers_differ(a_text, a, b_text, b),
     )
 
 
@@ -761,6 +803,8 @@ def requirement(a_text: str, b_text: str, settings: EquivalenceSettings) -> Requ
     if max(len(a_text), len(b_text)) > settings.max_prompt_chars:
         return Requirement(never, "too_long")
     found = disagreements(a_text, b_text, settings.tail_prompt_words)
+    if found.identifiers:
+        return Requirement(never, "identifiers_differ")
     for switch, field_name, reason in CHECK_ORDER:
         if getattr(settings, switch) and getattr(found, field_name):
             return Requirement(never, reason)

@@ -30,8 +30,6 @@ def same_question(a_text: str, b_text: str, cosine: float,
     """
     if _unseen_difference(a_text, b_text, cosine):
         return Verdict(False, "unseen_words")
-    if _identifiers_differ(a_text, b_text):
-        return Verdict(False, "identifiers_differ")
     if settings.max_false_hit_rate > 0:
         return _verified(a_text, b_text, cosine, settings, layer_states)
     if cosine < settings.threshold:
@@ -60,42 +58,6 @@ def _folded_words(text: str) -> list[str]:
     return _WORD.findall("".join(c for c in decomposed if not unicodedata.combining(c)))
 
 
-# An opaque identifier: a hash, UUID, order, ticket or tracking number, SKU.  Word pieces of
-# such a token carry no meaning to the embedding, and the verifier never saw one in training:
-# "no trace 079eeded81ce…" / "trace me 607016e4b05c…" scored 0.90, a hit.
-_ID_TOKEN = re.compile(r"[^\W_]+(?:[-_][^\W_]+)*")
-_NOT_ALNUM = re.compile(r"[\W_]+")
-
-
-def _identifiers(text: str) -> list[str]:
-    """The prompt's identifiers, case-folded and without separators: tokens of six or more
-    letters and digits with a run that mixes letters and two digits ("4c19841f", "A12345X"),
-    a run of six digits, or two runs of digits ("INV-2024-0042").  "12-hour", "COVID-19" and
-    "10-year-old" are words."""
-    found = []
-    for token in _ID_TOKEN.findall(text):
-        key = _NOT_ALNUM.sub("", token).casefold()
-        if len(key) < 6:
-            continue
-        runs = _NOT_ALNUM.split(token)
-        digits = [sum(c.isdigit() for c in run) for run in runs]
-        if (any(d >= 2 and d < len(run) for d, run in zip(digits, runs)) or max(digits) >= 6
-                or sum(d > 0 for d in digits) >= 2):
-            found.append(key)
-    return found
-
-
-def _identifiers_differ(a_text: str, b_text: str) -> bool:
-    """One prompt names an identifier the other does not: an answer about one order, commit or
-    ticket is wrong for another.  Compared without case and separators, so "SHA-256" / "sha256"
-    and "RTX 4090" / "RTX4090" agree."""
-    ids_a, ids_b = _identifiers(a_text), _identifiers(b_text)
-    if not ids_a and not ids_b:
-        return False
-    flat_a, flat_b = _NOT_ALNUM.sub("", a_text).casefold(), _NOT_ALNUM.sub("", b_text).casefold()
-    return any(key not in flat_b for key in ids_a) or any(key not in flat_a for key in ids_b)
-
-
 def candidate_floor(settings: EquivalenceSettings) -> float:
     """The least cosine of a stored prompt worth deciding on: the verifier's measured floor
     when it decides, else the threshold."""
@@ -114,6 +76,8 @@ def _verified(a_text: str, b_text: str, cosine: float, settings: EquivalenceSett
     if max(len(a_text), len(b_text)) > settings.max_prompt_chars:
         return Verdict(False, "too_long")
     found = disagreements(a_text, b_text, settings.tail_prompt_words)
+    if found.identifiers:
+        return Verdict(False, "identifiers_differ")
     for switch, field_name, reason in CHECK_ORDER:
         if field_name in settings.verifier_vetoes and getattr(settings, switch) and getattr(found, field_name):
             return Verdict(False, reason)

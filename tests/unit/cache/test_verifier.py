@@ -169,8 +169,9 @@ def test_prompts_naming_different_identifiers_never_share_an_answer(encoder):
     score = float(verifier.probabilities(verifier.row(a, b, float(va @ vb), states=states))[0])
     assert score >= verifier.threshold(0.05)
     default = EquivalenceSettings()
+    assert verdict(encoder, a, b, default) == Verdict(False, "identifiers_differ")
     for settings in (default, OFF):
-        assert verdict(encoder, a, b, settings) == Verdict(False, "identifiers_differ")
+        assert same_question(a, b, 0.99, settings).reason == "identifiers_differ"
         assert same_question("status of order INV-2024-0042", "status of order INV-2024-0043", 0.99,
                              settings).reason == "identifiers_differ"
         assert same_question("status of order 48213377", "what is the status of my order", 0.99,
@@ -182,5 +183,7 @@ def test_prompts_naming_different_identifiers_never_share_an_answer(encoder):
     # ... and numbers written into words are not identifiers.
     for x, y in (("I work 12-hour night shifts", "I work twelve-hour night shifts"),
                  ("Is a 10-year-old fridge worth fixing?", "Is a fridge that is ten years old worth fixing?"),
-                 ("COVID-19 symptoms", "symptoms of covid")):
+                 ("COVID-19 symptoms", "symptoms of covid"),
+                 ("best earphones under 2000INR", "best earphones under Rs. 2000"),
+                 ("I have lived 26years with my mother", "I have lived with my mother for 26 years")):
         assert same_question(x, y, 0.99, default).reason != "identifiers_differ"
