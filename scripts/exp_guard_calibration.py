@@ -43,6 +43,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from bench.guard import _threshold_for  # noqa: E402
 from bench.guard_data import _paraphrase_texts, embed_all, injection_examples  # noqa: E402
+from bench.stats import interval, resamples  # noqa: E402
 from sidecar.guard.injection import InjectionHead  # noqa: E402
 from train_guard import Ngrams, sample_weights, train, train_text_head  # noqa: E402
 
@@ -124,12 +125,10 @@ def val_rows(val, rounds: int) -> dict:
     half = halves(val)
     attack, hard = np.flatnonzero(y == 1), np.flatnonzero((y == 0) & ~ordinary)
     split = [np.flatnonzero(ordinary & (half == h)) for h in (0, 1)]
-    rng = np.random.default_rng(22)
     english = np.array([e.source == "paraphrase" for e in val])
     langs = np.array([e.lang for e in val])
-    return {"english": english, "langs": langs, "everything": {"attack": attack, "hard": hard, "ordinary": split},
-            "draws": [{"attack": rng.choice(attack, len(attack)), "hard": rng.choice(hard, len(hard)),
-                       "ordinary": [rng.choice(rows, len(rows)) for rows in split]} for _ in range(rounds)],
+    everything = {"attack": attack, "hard": hard, "ordinary": split}
+    return {"english": english, "langs": langs, "everything": everything, "draws": resamples(everything, rounds),
             "counts": {"attacks": len(attack), "lookalikes": len(hard), "paraphrase": int(english.sum()),
                        "non_english": {str(lang): int((langs[ordinary & ~english] == lang).sum())
                                        for lang in sorted(set(langs[ordinary & ~english]))}}}
@@ -142,7 +141,7 @@ def paired(judge: "Judge", base: "Judge", rate: float, d: dict) -> dict:
     for pick in d["draws"]:
         a, b = judge.figures(rate, pick), base.figures(rate, pick)
         diffs.append([a[k] - b[k] for k in KEYS])
-    low, high = np.quantile(np.array(diffs), [0.025, 0.975], axis=0)
+    low, high = interval(np.array(diffs))
     mine, theirs = judge.figures(rate, d["everything"]), base.figures(rate, d["everything"])
     return {k: [round(float(mine[k] - theirs[k]), 4), round(float(low[i]), 4), round(float(high[i]), 4)]
             for i, k in enumerate(KEYS)}

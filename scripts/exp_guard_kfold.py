@@ -47,6 +47,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from bench.guard import _threshold_for  # noqa: E402
 from bench.guard_data import ORDINARY_SOURCES, _paraphrase_texts, token_states  # noqa: E402
+from bench.stats import interval, resamples  # noqa: E402
 from drop_chat_overlap import grams  # noqa: E402
 from exp_guard_models import data, train_token_max, with_states  # noqa: E402
 from train_guard import logits, train  # noqa: E402
@@ -153,10 +154,8 @@ def paired(z, base, d, rate, rounds: int = 1000) -> dict:
     ordinary prompts."""
     fold = d["fold"]
     per = {name: [np.flatnonzero(d[name] & (fold == k)) for k in d["folds"]] for name in ("attack", "hard", "ordinary")}
-    rng = np.random.default_rng(22)
     det, hard = [], []
-    for _ in range(rounds):
-        pick = {name: [rng.choice(rows, len(rows)) for rows in per[name]] for name in per}
+    for pick in resamples(per, rounds):
         a, h = np.concatenate(pick["attack"]), np.concatenate(pick["hard"])
         ta, tb = (_thresholds(s, fold, d["ordinary"], rate, d["folds"], pick["ordinary"]) for s in (z, base))
         det.append((z[a] >= ta[a]).mean() - (base[a] >= tb[a]).mean())
@@ -165,9 +164,9 @@ def paired(z, base, d, rate, rounds: int = 1000) -> dict:
     at = d["attack"]
     return {"attacks_only_this": int((mine & ~theirs & at).sum()), "attacks_only_shipped": int((theirs & ~mine & at).sum()),
             "detection_difference": round(float(mine[at].mean() - theirs[at].mean()), 4),
-            "detection_interval": [round(float(q), 4) for q in np.quantile(det, [0.025, 0.975])],
+            "detection_interval": [round(float(q), 4) for q in interval(det)],
             "lookalikes_difference": int(mine[d["hard"]].sum() - theirs[d["hard"]].sum()),
-            "lookalikes_interval": [int(q) for q in np.quantile(hard, [0.025, 0.975])]}
+            "lookalikes_interval": [int(q) for q in interval(hard)]}
 
 
 def kept_scores(paths: list[Path], scored: np.ndarray) -> tuple[np.ndarray, list[int]]:

@@ -37,6 +37,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from bench.guard import _threshold_for  # noqa: E402
 from bench.guard_data import (ORDINARY_SOURCES, embed_all, generated_examples, injection_examples,  # noqa: E402
                               pooled_states, token_states)
+from bench.stats import interval, resamples  # noqa: E402
 from sidecar.guard import lexical  # noqa: E402
 from sidecar.guard.normalize import fold  # noqa: E402
 import train_guard  # noqa: E402
@@ -242,12 +243,9 @@ def paired_difference(z, base, attacks, ordinary, rate, rounds: int = 1000) -> d
         return scores[ai] >= _threshold_for(scores[oi], rate)
 
     mine, theirs = caught(z, o, a), caught(base, o, a)
-    rng = np.random.default_rng(22)
-    diffs = []
-    for _ in range(rounds):
-        ai, oi = rng.choice(a, len(a)), rng.choice(o, len(o))
-        diffs.append(caught(z, oi, ai).mean() - caught(base, oi, ai).mean())
-    low, high = np.quantile(diffs, [0.025, 0.975])
+    diffs = [caught(z, pick["ordinary"], pick["attack"]).mean() - caught(base, pick["ordinary"], pick["attack"]).mean()
+             for pick in resamples({"attack": a, "ordinary": o}, rounds)]
+    low, high = interval(diffs)
     return {"only_this": int((mine & ~theirs).sum()), "only_baseline": int((theirs & ~mine).sum()),
             "difference": round(float(mine.mean() - theirs.mean()), 3),
             "interval": [round(float(low), 3), round(float(high), 3)]}
