@@ -134,7 +134,7 @@ def with_states(*poolings: str, scale: float = 1.0):
 def train_token_max(d: dict, units: int, token=None) -> tuple[np.ndarray, int]:
     """The baseline's logistic plus `units` learned directions of layer 4's token states, each
     read at the token where it is highest: z += out . max_t(states_t @ proj + proj_bias). Trained
-    as train_guard.train trains (full-batch Adam, its L2 and class weights, epoch chosen on val);
+    by train_guard.fit (full-batch Adam, train_guard's L2 and class weights, epoch chosen on val);
     the gradient of each maximum goes to its highest token. Returns every row's logit and the
     epoch. `token`: token_states of d's examples, when already read (they take minutes)."""
     states, offsets = token or token_states([e.text for e in d["examples"]])
@@ -142,39 +142,25 @@ def train_token_max(d: dict, units: int, token=None) -> tuple[np.ndarray, int]:
     row_of = np.repeat(np.arange(len(offsets) - 1), np.diff(offsets))
     starts = offsets[:-1]
     v, ngrams, y = d["vectors"], d["ngrams"], d["y"]
-    weight = class_weights(y, d["is_train"])
     rng = np.random.default_rng(22)
     params = {"embedding": np.zeros(v.shape[1]), "lexical": np.zeros(ngrams.dim), "bias": np.zeros(()),
               "proj": rng.normal(0, 1 / np.sqrt(states.shape[1]), (states.shape[1], units)).astype(np.float32),
               "proj_bias": np.zeros(units, np.float32), "out": np.zeros(units)}
     l2 = {"embedding": train_guard.L2_EMBEDDING, "lexical": train_guard.L2_LEXICAL, "bias": 0.0,
           "proj": train_guard.L2_EMBEDDING, "proj_bias": 0.0, "out": train_guard.L2_EMBEDDING}
-    moments = {k: (np.zeros_like(x), np.zeros_like(x)) for k, x in params.items()}
 
     def forward(p):
         a = states @ p["proj"] + p["proj_bias"]
         top = np.maximum.reduceat(a, starts, axis=0)
-        return v @ p["embedding"] + ngrams.dot(p["lexical"]) + p["bias"] + top @ p["out"], a, top
 
-    best, best_z, best_epoch = -1.0, None, 0
-    for epoch in range(1, train_guard.EPOCHS + 1):
-        z, a, top = forward(params)
-        g = (1 / (1 + np.exp(-z)) - y) * weight
-        dtop = np.outer(g, params["out"])
-        da = ((a == top[row_of]) * dtop[row_of]).astype(np.float32)
-        grads = {"embedding": v.T @ g, "lexical": ngrams.grad(g), "bias": g.sum(), "out": top.T @ g,
-                 "proj": states.T @ da, "proj_bias": da.sum(axis=0)}
-        for k in params:
-            grad = grads[k] + l2[k] * params[k]
-            m, s2 = moments[k]
-            m[...] = 0.9 * m + 0.1 * grad
-            s2[...] = 0.999 * s2 + 0.001 * grad ** 2
-            params[k] = params[k] - train_guard.LR * (m / (1 - 0.9 ** epoch)) / (np.sqrt(s2 / (1 - 0.999 ** epoch)) + 1e-8)
-        if epoch % 20 == 0:
-            val = d["val"]
-            quality = np.mean([train_guard.recall_at(z[val], y[val], r) for r in (0.001, 0.005, 0.01, 0.02)])
-            if quality > best:
-                best, best_z, best_epoch = quality, z.copy(), epoch
+        def gradients(g):
+            dtop = np.outer(g, p["out"])
+            da = ((a == top[row_of]) * dtop[row_of]).astype(np.float32)
+            return {"embedding": v.T @ g, "lexical": ngrams.grad(g), "bias": g.sum(), "out": top.T @ g,
+                    "proj": states.T @ da, "proj_bias": da.sum(axis=0)}
+        return v @ p["embedding"] + ngrams.dot(p["lexical"]) + p["bias"] + top @ p["out"], gradients
+
+    _, best_z, best_epoch, _ = train_guard.fit(params, l2, forward, y, class_weights(y, d["is_train"]), d["val"])
     return best_z, best_epoch
 
 

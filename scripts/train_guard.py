@@ -109,17 +109,29 @@ def _grads(params, vectors, ngrams, g) -> dict:
 
 def train(vectors, ngrams, y, train_rows, val_rows, weight=None, l2_embedding=L2_EMBEDDING, l2_lexical=L2_LEXICAL,
           hidden: int = 0):
-    params = _init(vectors, ngrams, hidden)
     l2 = {"embedding": l2_embedding, "lexical": l2_lexical, "bias": 0.0,
           "hidden": l2_embedding, "hidden_bias": 0.0, "out": l2_embedding}
-    moments = {k: (np.zeros_like(v), np.zeros_like(v)) for k, v in params.items()}
     if weight is None:
         weight = class_weights(y, train_rows)
-    best, best_params, best_epoch = -1.0, None, 0
+
+    def forward(params):
+        return logits(params, vectors, ngrams), lambda g: _grads(params, vectors, ngrams, g)
+
+    best_params, _, best_epoch, best = fit(_init(vectors, ngrams, hidden), l2, forward, y, weight, val_rows)
+    return best_params, best_epoch, best
+
+
+def fit(params: dict, l2: dict, forward, y, weight, val_rows) -> tuple[dict, np.ndarray, int, float]:
+    """Full-batch Adam on the weighted logistic loss, EPOCHS epochs from `params` (updated in
+    place), each weight with its `l2`; every 20th epoch is judged on `val_rows` by the mean recall
+    at low false-alarm rates. forward(params) -> (every row's logit, a function from d loss /
+    d logit to each weight's gradient). Returns the best judged epoch's weights (after its step),
+    logits (before it), the epoch and its quality."""
+    moments = {k: (np.zeros_like(v), np.zeros_like(v)) for k, v in params.items()}
+    best, best_params, best_z, best_epoch = -1.0, None, None, 0
     for epoch in range(1, EPOCHS + 1):
-        z = logits(params, vectors, ngrams)
-        g = (1 / (1 + np.exp(-z)) - y) * weight                # d loss / d logit
-        grads = _grads(params, vectors, ngrams, g)
+        z, gradients = forward(params)
+        grads = gradients((1 / (1 + np.exp(-z)) - y) * weight)     # d loss / d logit
         for k in params:
             grad = grads[k] + l2[k] * params[k]
             m, v = moments[k]
@@ -130,8 +142,8 @@ def train(vectors, ngrams, y, train_rows, val_rows, weight=None, l2_embedding=L2
             sv = z[val_rows]
             quality = np.mean([recall_at(sv, y[val_rows], r) for r in (0.001, 0.005, 0.01, 0.02)])
             if quality > best:
-                best, best_params, best_epoch = quality, {k: v.copy() for k, v in params.items()}, epoch
-    return best_params, best_epoch, best
+                best, best_params, best_z, best_epoch = quality, {k: v.copy() for k, v in params.items()}, z, epoch
+    return best_params, best_z, best_epoch, best
 
 
 def calibration_groups(examples) -> np.ndarray:
