@@ -11,10 +11,11 @@ document.
 
 The numpy code below is the definition; sidecar/guard/_ngrams.c computes the same buckets and
 the same score bit for bit in one pass (a 2 KB prompt: ~20 µs with the weights in cache,
-against ~130 for the numpy code), and is used where it was built (`pip install -e .` builds it
-when a C compiler is there) and states the same constants. `COMPILED` says which runs. Bit for
-bit where numpy sums a float64 array in the pairwise order the C code follows, as numpy 2.x
-does on any CPU (tests/unit/guard/test_guard_compiled.py checks the installed one).
+against ~130 for the numpy code), and is used where it was built from this checkout's
+_ngrams.c (sidecar/guard/compiled.py decides, and holds the constants both state). `COMPILED`
+says which runs. Bit for bit where numpy sums a float64 array in the pairwise order the C code
+follows, as numpy 2.x does on any CPU (tests/unit/guard/test_guard_compiled.py checks the
+installed one).
 """
 from __future__ import annotations
 
@@ -22,30 +23,13 @@ import math
 
 import numpy as np
 
+from sidecar.guard.compiled import DIM_BITS, MAX_CHARS, MIX, ORDERS, PRIME, WINDOW
+from sidecar.guard.compiled import NGRAMS as _ngrams
 from sidecar.guard.normalize import fold
 
-DIM_BITS = 18
 DIM = 1 << DIM_BITS
-ORDERS = (3, 4, 5)
-MAX_CHARS = 8192
-_PRIME = np.uint64(0x100000001B3)
-_MIX = np.uint64(0x9E3779B97F4A7C15)
-
-
-WINDOW = 200   # chosen on validation attacks appended to validation documents (eval: "appended")
-
-
-def _compiled():
-    try:
-        from sidecar.guard import _ngrams
-    except ImportError:
-        return None
-    same = (_ngrams.DIM_BITS, _ngrams.ORDERS, _ngrams.MAX_CHARS, _ngrams.WINDOW, _ngrams.PRIME, _ngrams.MIX) == (
-        DIM_BITS, ORDERS, MAX_CHARS, WINDOW, int(_PRIME), int(_MIX))
-    return _ngrams if same else None
-
-
-_ngrams = _compiled()
+_PRIME = np.uint64(PRIME)
+_MIX = np.uint64(MIX)
 COMPILED = _ngrams is not None
 
 

@@ -17,6 +17,8 @@ from typing import Sequence
 
 import numpy as np
 
+from sidecar.guard.compiled import NGRAMS as _compiled     # None: numpy does the lookups
+
 # Every format and control character, except the line breaks and tabs that separate words.
 _KEEP = {"\t", "\n", "\r"}
 # Only the planes Unicode assigns characters in (4-13 are unassigned, 15-16 private use): a
@@ -149,13 +151,6 @@ def _by_table(text: str, offsets: bool) -> tuple[str, Sequence[int] | None] | No
 
 _BMP = 0x10000
 _CHANGES, _NOT_ONE, _JOINS = 1, 2, 4
-
-try:
-    from sidecar.guard import _ngrams as _compiled
-except ImportError:         # not built: numpy does the lookups
-    _compiled = None
-if not (hasattr(_compiled, "fold_by_table") and hasattr(_compiled, "squeeze_by_table")):
-    _compiled = None        # built from an older _ngrams.c (a checkout not rebuilt): numpy too
 
 
 def _fold_char(ch: str) -> str:

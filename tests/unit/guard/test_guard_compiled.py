@@ -4,11 +4,12 @@ lookups, on every kind of text; and test_guard.py's lexical and fold tests once 
 numpy code alone."""
 import inspect
 import random
+import types
 
 import numpy as np
 import pytest
 
-from sidecar.guard import lexical, normalize
+from sidecar.guard import compiled, lexical, normalize
 from tests.unit.guard import test_guard
 
 try:
@@ -129,7 +130,20 @@ def same(text: str):
 @needs_compiled
 def test_the_compiled_scorer_is_built_and_used():
     # Built but not used would mean its constants and lexical.py's differ: a failure, not a skip.
-    assert lexical.COMPILED and lexical._ngrams is _ngrams and normalize._compiled is _ngrams
+    assert lexical.COMPILED and compiled.NGRAMS is lexical._ngrams is normalize._compiled is _ngrams
+
+
+def test_a_build_of_another_ngrams_c_is_used_by_neither_lexical_nor_normalize():
+    # A checkout that was not rebuilt keeps an older build: a name missing, another definition.
+    this = {"DIM_BITS": lexical.DIM_BITS, "ORDERS": lexical.ORDERS, "MAX_CHARS": lexical.MAX_CHARS,
+            "WINDOW": lexical.WINDOW, "PRIME": int(lexical._PRIME), "MIX": int(lexical._MIX),
+            **{name: object() for name in compiled.NAMES}}
+    assert compiled.current(types.SimpleNamespace(**this))
+    for name in this:
+        assert not compiled.current(types.SimpleNamespace(**{k: v for k, v in this.items() if k != name})), name
+    for name, other in (("DIM_BITS", 17), ("ORDERS", (3, 4)), ("MAX_CHARS", 4096), ("WINDOW", 100),
+                        ("PRIME", 0x01000193), ("MIX", 0x9E3779B1)):
+        assert not compiled.current(types.SimpleNamespace(**{**this, name: other})), name
 
 
 @needs_compiled
