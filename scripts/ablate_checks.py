@@ -34,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
+from docs_page import markdown_table  # noqa: E402
 from eval_semantic import TODAY, load_sets, score  # noqa: E402
 from sidecar.cache.equivalence import forget_profiles  # noqa: E402
 from sidecar.cache.same_question import same_question  # noqa: E402
@@ -132,11 +133,6 @@ def _ci(r: dict, name: str) -> str:
     return "–" if v is None else f"{v:.3f} [{lo:.3f}, {hi:.3f}]"
 
 
-def _table(header: list[str], rows: list[list[str]]) -> list[str]:
-    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header),
-            *("| " + " | ".join(r) + " |" for r in rows)]
-
-
 def markdown(report: dict) -> str:
     results = report["results"]
     lines = [
@@ -159,7 +155,7 @@ def markdown(report: dict) -> str:
         "",
         "## What each check earns on the held-out sets",
         "",
-        *_table(["check", "on the held-out sets (" + ", ".join(s for s in HELD_OUT if s in results) + ")"],
+        *markdown_table(["check", "on the held-out sets (" + ", ".join(s for s in HELD_OUT if s in results) + ")"],
                 [[f"`{c}`", v] for c, v in report["verdicts"].items()]),
         "",
         "A check may be retired when switching it off changes no verdict on any held-out set, or lowers "
@@ -171,7 +167,7 @@ def markdown(report: dict) -> str:
         + ("So every check stays." if not any(report["retirable"].values()) else
            "Those are the candidates to retire."),
         "",
-        *_table(["check", *(f"{s}: stops wrong / right, precision gain" for s in HELD_OUT if s in results)],
+        *markdown_table(["check", *(f"{s}: stops wrong / right, precision gain" for s in HELD_OUT if s in results)],
                 [[f"`{c}`", *(f"{results[s][c]['stops_wrong']} / {results[s][c]['stops_right']}, "
                               f"{results[s][c]['gain']:+.3f} [{results[s][c]['gain_ci'][0]:+.3f}, "
                               f"{results[s][c]['gain_ci'][1]:+.3f}]"
@@ -183,7 +179,7 @@ def markdown(report: dict) -> str:
         lines += [f"## {title}", "",
                   f"{report['sets'][name]} pairs: {rows['today']['label1']} label 1, {rows['today']['label0']} "
                   "label 0.", "",
-                  *_table(["switched off", "precision", "recall", "false-hit rate", "hits",
+                  *markdown_table(["switched off", "precision", "recall", "false-hit rate", "hits",
                            "stops wrong / right", "precision gain"],
                           [["(none: today)", _ci(rows["today"], "precision"), _ci(rows["today"], "recall"),
                             _ci(rows["today"], "false_hit_rate"), str(rows["today"]["hits"]), "", ""]]

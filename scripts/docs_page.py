@@ -1,8 +1,15 @@
-"""Writing a generated docs page, or (`--check`) failing when the committed one is stale."""
+"""Generated docs pages: their markdown tables, and writing a page or (`--check`) failing when
+the committed one is stale."""
 from __future__ import annotations
 
 import pathlib
 import sys
+
+
+def markdown_table(header: list[str], rows: list[list]) -> list[str]:
+    """The lines of a markdown table; each cell as str() writes it."""
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header),
+            *["| " + " | ".join(str(c) for c in row) + " |" for row in rows]]
 
 
 def write_or_check(out: pathlib.Path, text: str, root: pathlib.Path) -> int:

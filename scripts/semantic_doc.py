@@ -1,17 +1,14 @@
 """docs/semantic-quality.md from reports/semantic.json (scripts/eval_semantic.py --doc)."""
 from __future__ import annotations
 
+from docs_page import markdown_table  # scripts/docs_page.py
+
 
 def _cell(r: dict) -> str:
     def one(name):
         v, (lo, hi) = r[name], r[name + "_ci"]
         return "–" if v is None else f"{v:.3f} ({lo:.2f}–{hi:.2f})"
     return f"{one('precision')} / {one('recall')} / {one('false_hit_rate')}"
-
-
-def _table(header: list[str], rows: list[list]) -> list[str]:
-    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header),
-            *["| " + " | ".join(str(c) for c in row) + " |" for row in rows]]
 
 
 HELD_OUT = ("chat", "chat-holdout", "chat-holdout2", "qqp", "mrpc-train", "stsb-train", "generated")
@@ -42,7 +39,7 @@ def _gate(report: dict) -> list[str]:
             "Rule: until a verifier setting meets the chat goal (precision ≥ 0.95 and recall ≥ 0.50 on "
             "the hand-written chat suite), the shipped default may not have lower precision than today's "
             "decision on any held-out set. Each verifier setting measured:", "",
-            *_table(["setting", "meets the chat goal", "on chat-holdout", "on chat-holdout2", "held-out sets where its precision is below today's"],
+            *markdown_table(["setting", "meets the chat goal", "on chat-holdout", "on chat-holdout2", "held-out sets where its precision is below today's"],
                    rows),
             "", *_default_reason(report, rows), ""]
 
@@ -163,7 +160,7 @@ def markdown(report: dict) -> str:
         "tune halves). A route's `max_false_hit_rate` takes the threshold of the largest calibrated rate "
         "at or under it:",
         "",
-        *_table(["max_false_hit_rate", "score threshold"],
+        *markdown_table(["max_false_hit_rate", "score threshold"],
                 [[f"{float(r):g}", f"{t:.3f}"] for r, t in m["calibration"].items()]),
         "",
         "## Results (held-out sets)",
@@ -178,7 +175,7 @@ def markdown(report: dict) -> str:
     ]
     for name in results:
         lines += [f"**{name}** ({sets[name]} pairs, {results[name]['today']['label1']} label 1)", ""]
-        lines += _table(["decision", "hits", "precision / recall / false-hit rate"],
+        lines += markdown_table(["decision", "hits", "precision / recall / false-hit rate"],
                         [[d, results[name][d]["hits"], _cell(results[name][d])] for d in decisions])
         lines.append("")
     lines += _gate(report)
@@ -194,13 +191,13 @@ def markdown(report: dict) -> str:
             met = (r["precision"] or 0) >= goal["precision"] and (r["recall"] or 0) >= goal["recall"]
             rows.append([name, f"P ≥ {goal['precision']}, R ≥ {goal['recall']}", d,
                          f"{r['precision'] or 0:.3f} / {r['recall']:.3f}: {'met' if met else 'not met'}"])
-    lines += _table(["set", "goal", "decision", "P / R"], rows)
+    lines += markdown_table(["set", "goal", "decision", "P / R"], rows)
     lines += ["", "## By kind", "",
               "Hits by kind of pair (label 1: rewordings, served is right; label 0: different questions, "
               "served is wrong).", ""]
     for name, tally in report["by_kind"].items():
         lines += [f"**{name}**", ""]
-        lines += _table(["kind", "label", "pairs", "today", "verifier 0.01"],
+        lines += markdown_table(["kind", "label", "pairs", "today", "verifier 0.01"],
                         [[k, v["label"], v["pairs"], v.get("today", 0), v.get("verifier 0.01", 0)]
                          for k, v in sorted(tally.items())])
         lines.append("")
@@ -209,12 +206,12 @@ def markdown(report: dict) -> str:
               "above it can recover.", ""]
     floors = report["label1_recall_at_cosine_floor"]
     ts = list(next(iter(floors.values())).keys())
-    lines += _table(["set", *ts], [[n, *[f"{v[t]:.2f}" for t in ts]] for n, v in floors.items()])
+    lines += markdown_table(["set", *ts], [[n, *[f"{v[t]:.2f}" for t in ts]] for n, v in floors.items()])
     lines += ["", "## Checks as vetoes with the verifier in place", "",
               "Each check, added as a veto on top of the verifier at `max_false_hit_rate` 0.01, on the "
               "generator's held-out frames: wrong hits it stops / right hits it loses. A check is kept as a "
               "veto only when it stops more than it loses; the rest act as features only.", ""]
-    lines += _table(["check", "stops wrong / loses right"],
+    lines += markdown_table(["check", "stops wrong / loses right"],
                     [[f"`{k}`", " ; ".join(f"{s}: {v['stops_wrong']} / {v['loses_right']}" for s, v in by.items())]
                      for k, by in report["veto_effects_at_0.01"].items()])
     if "cost" in report:

@@ -42,7 +42,9 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
 
+from docs_page import markdown_table  # noqa: E402
 from sidecar.cache.equivalence import EquivalenceSettings, forget_profiles, requirement  # noqa: E402
 from sidecar.cache.same_question import same_question  # noqa: E402
 
@@ -417,11 +419,6 @@ def _short(text: str, limit: int = 70) -> str:
     return text if len(text) <= limit else f"{text[:30]} … {text[-30:]}"
 
 
-def _table(header: list[str], rows: list[list[str]]) -> list[str]:
-    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header),
-            *("| " + " | ".join(r) + " |" for r in rows)]
-
-
 def markdown(report: dict) -> str:
     d = report["default_settings"]
     held, full = report["held_out"], report["all_pairs"]
@@ -457,7 +454,7 @@ def markdown(report: dict) -> str:
         "quantifiers, stop words, …) are data, `sidecar/cache/lexicon.toml`, one table per list with why it "
         "is as it is; the sidecar refuses to start on a malformed file, naming the table.",
         "",
-        *_table(["reason", "check"], [
+        *markdown_table(["reason", "check"], [
             ["`below_threshold`", "cosine < τ"],
             ["`too_long`", "either prompt is longer than `max_prompt_chars` (4,000 characters): exact hits only. "
              "The embedding reads only the last 256 tokens, past `long_prompt_words` every content word "
@@ -538,7 +535,7 @@ def markdown(report: dict) -> str:
         f"{MAX_FALSE_HIT_RATE:.0%} rule on the tune half), at τ = {matched_t} (the sweep value whose "
         "overall recall is nearest the checks'), and with the checks at the defaults:",
         "",
-        *_table(["source", "label 1 / 0", f"alone, τ {alone_t}", f"alone, τ {matched_t}",
+        *markdown_table(["source", "label 1 / 0", f"alone, τ {alone_t}", f"alone, τ {matched_t}",
                  f"checks, τ {d['threshold']}"],
                 [[s, f"{held['checks'][s]['counts'].get('positives', 0)} / "
                      f"{held['checks'][s]['counts'].get('negatives', 0)}",
@@ -549,7 +546,7 @@ def markdown(report: dict) -> str:
         + ("met.**" if goal_met else "not met.**")
         + f" The best precision anywhere on the τ sweep with recall ≥ {TARGET['recall']} (held-out half):",
         "",
-        *_table(["source", "embedding alone", "with checks"],
+        *markdown_table(["source", "embedding alone", "with checks"],
                 [[s] + [("–" if x is None else f"{x['precision']:.3f} (τ {x['threshold']})")
                         for x in (held["best_at_target_recall"]["alone"][s],
                                   held["best_at_target_recall"]["checks"][s])] for s in sources]),
@@ -557,12 +554,12 @@ def markdown(report: dict) -> str:
         "A stricter content-word setting for routes that would rather miss more "
         f"({', '.join(f'`{k}={v}`' for k, v in report['strict_content'].items())}), same τ, held-out half:",
         "",
-        *_table(["source", "default", "strict content words"],
+        *markdown_table(["source", "default", "strict content words"],
                 [[s, _prf(held["checks"][s]), _prf(held["strict_content"][s])] for s in sources]),
         "",
         "## All pairs",
         "",
-        *_table(["source", f"alone, τ {alone_t}", f"alone, τ {d['threshold']}", f"checks, τ {d['threshold']}"],
+        *markdown_table(["source", f"alone, τ {alone_t}", f"alone, τ {d['threshold']}", f"checks, τ {d['threshold']}"],
                 [[s, _prf(full["alone_tuned"][s]), _prf(full["alone_same_threshold"][s]),
                   _prf(full["checks"][s])] for s in sources]),
         "",
@@ -570,7 +567,7 @@ def markdown(report: dict) -> str:
         "avoided) / label-1 pairs turned into misses (correct hits lost). A pair counts under the first "
         "check that said no.",
         "",
-        *_table(["reason", *sources],
+        *markdown_table(["reason", *sources],
                 [[f"`{reason}`", *(f"{full['checks'][s]['counts'].get('stopped:' + reason, 0)} / "
                                    f"{full['checks'][s]['counts'].get('lost:' + reason, 0)}" for s in sources)]
                  for reason in ("numbers_differ", "negation_differs", "question_word_differs",
@@ -580,7 +577,7 @@ def markdown(report: dict) -> str:
         "One check switched off at a time (overall, all pairs; per held-out set with intervals, and on the "
         "generated frames and the chat suite: [each check, measured](semantic-check-ablation.md)):",
         "",
-        *_table(["switched off", "overall"],
+        *markdown_table(["switched off", "overall"],
                 [["(none)", _prf(full["checks"][ALL])]]
                 + [[f"`{name}`", _prf(result[ALL])] for name, result in report["ablation"].items()]),
         "",
@@ -595,7 +592,7 @@ def markdown(report: dict) -> str:
         f"{count(suite['alone_tuned'], 'miss', False)}/{n_kind('miss')} missed, "
         f"{count(suite['alone_tuned'], 'hit', True)}/{n_kind('hit')} hit.",
         "",
-        *_table(["expect", "a", "b", "cosine", "default verdict"],
+        *markdown_table(["expect", "a", "b", "cosine", "default verdict"],
                 [[r["expect"], _short(r["a"]), _short(r["b"]), f"{r['cosine']:.3f}", r["reason"]]
                  for r in suite["default"]]),
         "",
@@ -603,7 +600,7 @@ def markdown(report: dict) -> str:
         "",
         "For a route that wants another trade-off; every check on, content knobs at their defaults.",
         "",
-        *_table(["τ", *(f"{s} {m}" for s in sources for m in ("alone", "checks"))],
+        *markdown_table(["τ", *(f"{s} {m}" for s in sources for m in ("alone", "checks"))],
                 [[f"{row['threshold']:.2f}", *(_prf(row[m][s]) for s in sources for m in ("alone", "checks"))]
                  for row in report["sweep"]]),
         "",
