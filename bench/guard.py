@@ -18,13 +18,12 @@
 """
 from __future__ import annotations
 
-import math
 import random
 import sys
 
 import numpy as np
 
-from bench import report
+from bench import report, stats
 from bench.guard_data import (LATER_BATCH, ORDINARY_SOURCES, PII_HOLDOUT, PII_HOLDOUT2, PII_HOLDOUT3, PII_HOLDOUT4, ROOT, embed_all, injection_examples,
                               pii_examples, pii_handwritten)
 
@@ -32,10 +31,8 @@ from bench.guard_data import (LATER_BATCH, ORDINARY_SOURCES, PII_HOLDOUT, PII_HO
 def wilson(hits: int, n: int) -> dict:
     if n == 0:
         return {"rate": None, "n": 0, "ci95": None}
-    p, z = hits / n, 1.96
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return {"rate": round(p, 4), "hits": hits, "n": n, "ci95": [round(max(0.0, centre - half), 4), round(min(1.0, centre + half), 4)]}
+    low, high = stats.wilson(hits, n)
+    return {"rate": round(hits / n, 4), "hits": hits, "n": n, "ci95": [round(low, 4), round(high, 4)]}
 
 
 # --- injection -------------------------------------------------------------------------------

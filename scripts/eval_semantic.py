@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import os
 import subprocess
 import sys
@@ -38,6 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
+from bench.stats import wilson  # noqa: E402
 from gen_semantic_pairs import generate  # noqa: E402
 from sidecar.cache.equivalence import CHECK_ORDER, EquivalenceSettings, disagreements, forget_profiles  # noqa: E402
 from sidecar.cache.same_question import same_question  # noqa: E402
@@ -52,16 +52,6 @@ RATES = (0.005, 0.01, 0.02, 0.05)
 GOALS = {"chat": (0.95, 0.50), "chat-holdout": (0.95, 0.50), "chat-holdout2": (0.95, 0.50), "mrpc-train": (0.95, 0.30), "stsb-train": (0.95, 0.30)}
 # Today's decision exactly: τ 0.93 and every lexical check (the case check is new).
 TODAY = EquivalenceSettings(check_case=False, max_false_hit_rate=0.0)
-
-
-def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    if n == 0:
-        return (0.0, 1.0)
-    p = k / n
-    d = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / d
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
-    return (max(0.0, centre - half), min(1.0, centre + half))
 
 
 def score(labels: np.ndarray, hits: np.ndarray) -> dict:
