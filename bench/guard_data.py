@@ -143,27 +143,43 @@ def generated_examples(examples: list[Example], seed: int = 22) -> list[Example]
     return out
 
 
+class Groups:
+    """Items joined into groups (union-find), each group named by its least item."""
+
+    def __init__(self, items=()) -> None:
+        self._parent = {item: item for item in items}
+
+    def add(self, item) -> None:
+        self._parent.setdefault(item, item)
+
+    def root(self, item):
+        parent = self._parent
+        while parent[item] != item:
+            parent[item] = parent[parent[item]]
+            item = parent[item]
+        return item
+
+    def join(self, a, b) -> None:
+        a, b = self.root(a), self.root(b)
+        if a != b:
+            self._parent[max(a, b)] = min(a, b)
+
+    def __iter__(self):
+        return iter(self._parent)
+
+
 def _paraphrase_texts() -> list[tuple[str, str]]:
     """Each distinct paraphrase prompt with its group: the prompts joined by pairs (a question
     and its rewordings) form one group, split together, so no test prompt has a near-copy in
     the training data."""
-    parent: dict[str, str] = {}
-
-    def root(text: str) -> str:
-        while parent[text] != text:
-            parent[text] = parent[parent[text]]
-            text = parent[text]
-        return text
-
+    groups = Groups()
     for row in _read(SHARED / "paraphrase" / "dev.jsonl"):
         pair = [t for t in (row["a"], row["b"]) if t]
         for text in pair:
-            parent.setdefault(text, text)
+            groups.add(text)
         if len(pair) == 2:
-            a, b = root(pair[0]), root(pair[1])
-            if a != b:
-                parent[max(a, b)] = min(a, b)
-    return [(text, root(text)) for text in parent]
+            groups.join(pair[0], pair[1])
+    return [(text, groups.root(text)) for text in groups]
 
 
 def pii_examples() -> list[dict]:

@@ -46,7 +46,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from bench.guard import _threshold_for  # noqa: E402
-from bench.guard_data import ORDINARY_SOURCES, _paraphrase_texts, token_states  # noqa: E402
+from bench.guard_data import ORDINARY_SOURCES, Groups, _paraphrase_texts, token_states  # noqa: E402
 from bench.stats import interval, resamples  # noqa: E402
 from drop_chat_overlap import grams  # noqa: E402
 from exp_guard_models import data, train_token_max, with_states  # noqa: E402
@@ -66,14 +66,7 @@ def near_copy_groups(texts: list[str]) -> list[int]:
     for i, g in enumerate(sets):
         for gram in g:
             posting[gram].append(i)
-    parent = list(range(len(texts)))
-
-    def root(i: int) -> int:
-        while parent[i] != i:
-            parent[i] = parent[parent[i]]
-            i = parent[i]
-        return i
-
+    groups = Groups(range(len(texts)))
     for i, g in enumerate(sets):
         shared: dict[int, int] = defaultdict(int)
         for gram in g:
@@ -83,9 +76,8 @@ def near_copy_groups(texts: list[str]) -> list[int]:
         for j, k in shared.items():
             small = min(len(g), len(sets[j]))
             if k / (len(g) + len(sets[j]) - k) > JACCARD or (small >= 20 and k / small >= CONTAINED):
-                a, b = root(i), root(j)
-                parent[max(a, b)] = min(a, b)
-    return [root(i) for i in range(len(texts))]
+                groups.join(i, j)
+    return [groups.root(i) for i in range(len(texts))]
 
 
 def fold_of(examples: list) -> np.ndarray:
