@@ -80,6 +80,15 @@ def chat_route(name: str, prefix: str, candidates: list[dict] | None, rewrite: s
             "metadata": {"filter_metadata": {"sluice": sluice}}}
 
 
+def fail_closed(route: dict) -> dict:
+    """The route fails closed whatever the ext_proc filter says: a guarded route's prompts never
+    reach the upstream unchecked when the sidecar is slow or down (docs/guard.md)."""
+    route.setdefault("typed_per_filter_config", {})["envoy.filters.http.ext_proc"] = {
+        "@type": "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExtProcPerRoute",
+        "overrides": {"failure_mode_allow": False}}
+    return route
+
+
 def set_routes(config: dict, routes: list[dict]) -> None:
     """Replace the routes of every listener (tests add per-route settings this way)."""
     for hcm in http_connection_managers(config):

@@ -144,10 +144,14 @@ class _Linter:
         if route_config is None:
             return                      # RDS: the routes are checked where they are written
         sets_default = _sets_header(hcm, CLUSTER_HEADER)
+        ext_proc_names = {filters[i].get("name") for i in found}
         for vi, host in enumerate(_get(route_config, "virtual_hosts") or []):
+            host_allows = _allows_failure(host, ext_proc_names)
             for ri, route in enumerate(_get(host, "routes") or []):
                 path = _join(where, f"route_config.virtual_hosts[{vi}].routes[{ri}]")
-                self.route(route, path, clusters, stripped, fail_open and not sets_default)
+                allows = _allows_failure(route, ext_proc_names)     # the route's own, else its host's
+                fails_open = next((a for a in (allows, host_allows) if a is not None), fail_open)
+                self.route(route, path, clusters, stripped, fail_open and not sets_default, fails_open)
 
     def stripping(self, stripped: tuple[set, set], where: str) -> None:
         if not _covers(stripped, INTERNAL_PREFIX + "cluster"):
@@ -217,13 +221,19 @@ class _Linter:
             self.add(_join(where, "grpc_service.envoy_grpc.cluster_name"), "error", "unknown-cluster",
                      f"no cluster named {cluster!r}{_suggest(cluster, clusters)}")
 
-    def route(self, route: dict, where: str, clusters: set | None, stripped, no_default: bool) -> None:
+    def route(self, route: dict, where: str, clusters: set | None, stripped, no_default: bool,
+              fails_open: bool) -> None:
         metadata = _get(_get(route, "metadata") or {}, "filter_metadata") or {}
         action = _get(route, "route") or {}
         if "sluice" not in metadata:
             return
         settings_path = _join(where, "metadata.filter_metadata.sluice")
         settings = self.route_settings(metadata["sluice"], settings_path, clusters, stripped)
+        if settings is not None and settings.HasField("guard") and fails_open:
+            self.add(_join(settings_path, "guard"), "error", "guard-fails-open",
+                     "the route has a guard but fails open: whenever the sidecar is slow or down its prompts "
+                     "reach the upstream unchecked (set typed_per_filter_config for ext_proc on the route: "
+                     "ExtProcPerRoute overrides.failure_mode_allow false; docs/guard.md)")
         if settings is None or not settings.candidates:
             return
         if _get(action, "cluster_header") != CLUSTER_HEADER:
@@ -304,7 +314,7 @@ class _Linter:
     def envoy_filter(self, doc: dict, where: str) -> None:
         patches = (doc.get("spec") or {}).get("configPatches") or []
         clusters: set = set()
-        ext_procs, managers = [], []
+        ext_procs, managers, route_patches = [], [], []
         for i, patch in enumerate(patches):
             value = ((patch or {}).get("patch") or {}).get("value") or {}
             path = _join(where, f"spec.configPatches[{i}].patch.value")
@@ -321,8 +331,12 @@ class _Linter:
                     routes += [(r, _join(path, f"virtual_hosts[{vi}].routes[{ri}]") if applies != "VIRTUAL_HOST"
                                 else _join(path, f"routes[{ri}]")) for ri, r in enumerate(host.get("routes") or [])]
                 stripped = _union(_stripped_headers(m) for m in managers)
-                for route, route_path in routes:
-                    self.route(route, route_path, None, stripped, False)
+                route_patches += [(route, route_path, stripped) for route, route_path in routes]
+        fail_open = any(_get(config, "failure_mode_allow") is True for config, _ in ext_procs)
+        ext_proc_names = {EXT_PROC}
+        for route, route_path, stripped in route_patches:
+            allows = _allows_failure(route, ext_proc_names)
+            self.route(route, route_path, None, stripped, False, fail_open if allows is None else allows)
         if not ext_procs:
             self.add(_join(where, "spec.configPatches"), "error", "ext-proc-missing",
                      f"no HTTP_FILTER patch adds {EXT_PROC}: requests never reach Sluice")
@@ -450,6 +464,20 @@ def _union(parts: Iterable[tuple[set, set]]) -> tuple[set, set]:
 def _is_ext_proc(http_filter) -> bool:
     return isinstance(http_filter, dict) and (
         http_filter.get("name") == EXT_PROC or _type(http_filter.get("typed_config")) == EXT_PROC_TYPE)
+
+
+def _allows_failure(scope: dict, ext_proc_names: set) -> bool | None:
+    """A route's or virtual host's own failure_mode_allow for the ext_proc filter
+    (typed_per_filter_config: ExtProcPerRoute, bare or inside a FilterConfig); None when unset."""
+    per_filter = _get(scope, "typed_per_filter_config") or {}
+    for name in ext_proc_names:
+        config = _get(per_filter, name)
+        if _type(config) == "envoy.config.route.v3.FilterConfig":
+            config = _get(config, "config")
+        allow = _get(_get(config, "overrides"), "failure_mode_allow")
+        if isinstance(allow, bool):
+            return allow
+    return None
 
 
 def _type(config) -> str:

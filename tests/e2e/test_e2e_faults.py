@@ -11,7 +11,7 @@ import httpx
 import openai
 import pytest
 
-from devtools.envoy_config import chat_route
+from devtools.envoy_config import chat_route, fail_closed
 from tests.support.e2e import ask, client, post, steered_within
 
 BODY = json.dumps({"model": "demo-model", "messages": [{"role": "user", "content": "hi"}]}).encode()
@@ -83,6 +83,36 @@ def test_a_frozen_sidecar_is_cut_off_within_about_two_seconds(make_stack, fail_o
     stack.wait_sidecar_health(True)
     status, headers, _, _ = timed_post(stack)
     assert status == 200 and headers.get("x-sluice-cluster")
+
+
+@pytest.mark.parametrize("fault", [signal.SIGKILL, signal.SIGSTOP], ids=["killed", "frozen"])
+def test_a_guarded_route_fails_closed_where_the_others_fail_open(make_stack, fault):
+    """A guard that a slow or dead sidecar skips guards nothing: its route overrides the
+    filter's failure_mode_allow (the reference fails open), the others still fail open."""
+    guarded = fail_closed(chat_route("guarded", "/guarded/", [{"cluster": "upstream_a"}], rewrite="/"))
+    guarded["metadata"]["filter_metadata"]["sluice"]["guard"] = {
+        "words": [{"name": "leaks", "words": ["bluebird merger"], "action": "block"}]}
+    routes = [guarded, chat_route("chat", "/", [{"cluster": "upstream_a"}, {"cluster": "upstream_b"}])]
+    stack = make_stack(routes=routes)
+    secret = json.dumps({"model": "demo-model", "messages": [{"role": "user", "content": "the bluebird merger"}]})
+    assert timed_post(stack, "/guarded" + CHAT, secret.encode())[0] == 400
+    assert timed_post(stack, "/guarded" + CHAT)[0] == timed_post(stack)[0] == 200
+    stack.procs["sidecar"].send_signal(fault)
+    try:
+        stopped = time.monotonic()
+        late = []
+        while time.monotonic() - stopped < 4.5:      # a frozen one is cut off after message_timeout
+            guarded_answer = timed_post(stack, "/guarded" + CHAT, secret.encode())
+            other = timed_post(stack)
+            if time.monotonic() - stopped > 2.5:
+                late.append((guarded_answer, other))
+        assert late
+        for (status, headers, payload, _), (other_status, other_headers, _, _) in late:
+            assert_processor_refusal(status, headers, payload)
+            assert other_status == 200 and "x-sluice-cluster" not in other_headers
+    finally:
+        if fault == signal.SIGSTOP:
+            stack.procs["sidecar"].send_signal(signal.SIGCONT)
 
 
 def test_a_killed_replica_is_passed_over_at_once_when_failing_closed(make_stack):

@@ -7,6 +7,7 @@ import uuid
 import openai
 import pytest
 
+from devtools.envoy_config import fail_closed
 from devtools.stack import http_get
 from tests.support.e2e import chat_route, wait_for_access_lines
 
@@ -21,7 +22,7 @@ CARD, OTHER_CARD = "4111 1111 1111 1111", "5555 5555 5555 4444"
 
 
 def guarded_route(name, prefix, guard):
-    route = chat_route(name, prefix, [{"cluster": "upstream_a"}], rewrite="/")
+    route = fail_closed(chat_route(name, prefix, [{"cluster": "upstream_a"}], rewrite="/"))
     route["metadata"]["filter_metadata"]["sluice"]["guard"] = guard
     return route
 

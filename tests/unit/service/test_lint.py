@@ -62,8 +62,12 @@ def _ext(c):
     return _hcm(c)["http_filters"][1]["typed_config"]
 
 
+def _route(c):
+    return _hcm(c)["route_config"]["virtual_hosts"][0]["routes"][0]
+
+
 def _sluice(c):
-    return _hcm(c)["route_config"]["virtual_hosts"][0]["routes"][0]["metadata"]["filter_metadata"]["sluice"]
+    return _route(c)["metadata"]["filter_metadata"]["sluice"]
 
 
 def _set(getter, key, value):
@@ -124,6 +128,8 @@ CASES = [
      "semantic-threshold-unread", SETTINGS + ".cache.semantic_threshold"),
     ("retry cluster missing", lambda c: c["static_resources"]["clusters"].pop(),
      "missing-retry-cluster", SETTINGS + ".scheduling.retry_other_cluster"),
+    ("guard failing open", lambda c: _sluice(c).update(guard={"words": [{"name": "w", "words": ["x"]}]}),
+     "guard-fails-open", SETTINGS + ".guard"),
     ("no default cluster", lambda c: _hcm(c)["early_header_mutation_extensions"][0]["typed_config"]["mutations"].pop(2),
      "no-default-cluster", ROUTE + ".route.cluster_header"),
 ]
@@ -212,10 +218,13 @@ def test_route_settings_examples_in_the_docs_are_clean(page):
     """The route settings shown to readers load into the proto and pass the sidecar's checks."""
     text = (ROOT / page).read_text()
     examples = [yaml.safe_load(b) for b in re.findall(r"```yaml\n(.*?)```", text, re.S)]
-    settings = next(_find_sluice(e) for e in examples if _find_sluice(e) is not None)
+    example = next(e for e in examples if _find_sluice(e) is not None)
+    settings = _find_sluice(example)
     assert settings["candidates"]
     config = reference()
-    _hcm(config)["route_config"]["virtual_hosts"][0]["routes"][0]["metadata"]["filter_metadata"]["sluice"] = settings
+    _route(config)["metadata"]["filter_metadata"]["sluice"] = settings
+    if isinstance(example, dict) and "typed_per_filter_config" in example:       # shown beside the metadata
+        _route(config)["typed_per_filter_config"] = example["typed_per_filter_config"]
     clusters = config["static_resources"]["clusters"]
     for candidate in settings["candidates"]:
         clusters.append({**copy.deepcopy(clusters[-1]), "name": candidate["cluster"]})
@@ -231,3 +240,29 @@ def _find_sluice(value):
     if isinstance(value, list):
         return next((found for v in value if (found := _find_sluice(v)) is not None), None)
     return None
+
+
+def _fail_closed_override(wrapped: bool) -> dict:
+    per_route = {"@type": "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExtProcPerRoute",
+                 "overrides": {"failure_mode_allow": False}}
+    return {"@type": "type.googleapis.com/envoy.config.route.v3.FilterConfig", "config": per_route} if wrapped else per_route
+
+
+@pytest.mark.parametrize("where", ["route", "route, in a FilterConfig", "virtual host"])
+def test_a_guarded_route_that_fails_closed_is_clean(where):
+    config = reference()
+    _sluice(config)["guard"] = {"words": [{"name": "w", "words": ["x"]}]}
+    scope = _hcm(config)["route_config"]["virtual_hosts"][0] if where == "virtual host" else _route(config)
+    scope.setdefault("typed_per_filter_config", {})["envoy.filters.http.ext_proc"] = _fail_closed_override(
+        wrapped=where != "route")
+    assert lint_text(yaml.safe_dump(config), "good.yaml") == []
+    # Open again on the route itself: the route's own setting wins over its host's.
+    override = _fail_closed_override(wrapped=False)
+    override["overrides"]["failure_mode_allow"] = True
+    _route(config).setdefault("typed_per_filter_config", {})["envoy.filters.http.ext_proc"] = override
+    assert [f.code for f in lint_text(yaml.safe_dump(config), "bad.yaml")] == ["guard-fails-open"]
+    # A filter that fails closed needs no override.
+    config = reference()
+    _sluice(config)["guard"] = {"words": [{"name": "w", "words": ["x"]}]}
+    _ext(config)["failure_mode_allow"] = False
+    assert lint_text(yaml.safe_dump(config), "good.yaml") == []
