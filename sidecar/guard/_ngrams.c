@@ -1,7 +1,8 @@
 /* The injection classifier's hashed character n-grams (sidecar/guard/lexical.py), compiled; and
    the table lookups of the words filter's fold and squeeze (normalize._by_table and squeezed:
    fold_by_table and squeeze_by_table below), which the filter and the n-grams of a non-ASCII
-   prompt go through.
+   prompt go through; and the ranges where the personal-data detectors' patterns run
+   (pii.Candidates: runs below).
 
    The same features and score as lexical.py's numpy code, which stays the reference: the same
    points (the folded text, runs of whitespace as one space, a long text cut to its two ends, a
@@ -459,6 +460,81 @@ done:
     return out;
 }
 
+/* pii.Candidates' ranges in one pass over a text's character classes (one byte each, bits as
+   pii.py sets them): the maximal runs of characters with a bit of `member`, of which at least
+   `least` have a bit of `counted` and at least `also_least` a bit of `also`; each run's end put
+   `after` characters further (the pattern's lookahead reads them; at most the text's end), and
+   runs that then touch merged. A list of (start, end). tests/unit/guard/test_guard.py checks it
+   against its definition in Python. */
+static PyObject *py_runs(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "runs(classes, member, counted, least, also, also_least, after)");
+        return NULL;
+    }
+    long numbers[6];
+    for (int k = 0; k < 6; k++) {
+        numbers[k] = PyLong_AsLong(args[k + 1]);
+        if (numbers[k] == -1 && PyErr_Occurred())
+            return NULL;
+        if (numbers[k] < 0 || ((k == 0 || k == 1 || k == 3) && numbers[k] > 255)) {
+            PyErr_SetString(PyExc_ValueError, "runs: masks are bytes and counts are not negative");
+            return NULL;
+        }
+    }
+    const uint8_t member = (uint8_t)numbers[0], counted = (uint8_t)numbers[1], also = (uint8_t)numbers[3];
+    const Py_ssize_t least = numbers[2], also_least = numbers[4], after = numbers[5];
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_C_CONTIGUOUS) < 0)
+        return NULL;
+    if (view.itemsize != 1) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "runs: classes are one byte a character");
+        return NULL;
+    }
+    const uint8_t *classes = view.buf;
+    const Py_ssize_t n = view.len;
+    PyObject *out = PyList_New(0);
+    Py_ssize_t last_start = -1, last_end = -1;      /* the range not yet appended */
+    Py_ssize_t i = 0;
+    while (out != NULL && i < n) {
+        if (!(classes[i] & member)) {
+            i++;
+            continue;
+        }
+        const Py_ssize_t start = i;
+        Py_ssize_t count = 0, also_count = 0;
+        for (; i < n && (classes[i] & member); i++) {
+            count += (classes[i] & counted) != 0;
+            also_count += (classes[i] & also) != 0;
+        }
+        if (count < least || also_count < also_least)
+            continue;
+        const Py_ssize_t end = after < n - i ? i + after : n;
+        if (last_start >= 0 && start <= last_end) {
+            last_end = end;
+            continue;
+        }
+        if (last_start >= 0) {
+            PyObject *range = Py_BuildValue("(nn)", last_start, last_end);
+            if (range == NULL || PyList_Append(out, range) < 0)
+                Py_CLEAR(out);
+            Py_XDECREF(range);
+        }
+        last_start = start;
+        last_end = end;
+    }
+    if (out != NULL && last_start >= 0) {
+        PyObject *range = Py_BuildValue("(nn)", last_start, last_end);
+        if (range == NULL || PyList_Append(out, range) < 0)
+            Py_CLEAR(out);
+        Py_XDECREF(range);
+    }
+    PyBuffer_Release(&view);
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"score", (PyCFunction)(void (*)(void))py_score, METH_FASTCALL,
      "score(weights, text): lexical.score; text is the raw text when ASCII, else its fold."},
@@ -468,6 +544,8 @@ static PyMethodDef methods[] = {
      "fold_by_table(text, kinds, single, stop, changes): normalize._by_table's lookups (see there)."},
     {"squeeze_by_table", (PyCFunction)(void (*)(void))py_squeeze_by_table, METH_FASTCALL,
      "squeeze_by_table(text, kept): normalize.squeezed's lookups (see there)."},
+    {"runs", (PyCFunction)(void (*)(void))py_runs, METH_FASTCALL,
+     "runs(classes, member, counted, least, also, also_least, after): pii.Candidates' ranges (see there)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -19,7 +19,7 @@ import ipaddress
 import itertools
 import re
 import string
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
 import numpy as np
@@ -98,7 +98,7 @@ def _card(digits: str) -> bool:
 
 
 def _cards(text: str, where: "Candidates") -> Iterable[Span]:
-    for m in matches(_DIGIT_GROUPS, text, where.digits):
+    for m in matches(_DIGIT_GROUPS, text, where.cards):
         run = m.group()
         digits = _GROUP_SIGN.sub("", run)
         if len(digits) < _CARD_DIGITS.stop:
@@ -171,7 +171,7 @@ _IBAN_PREFIX = {n: re.compile(r"(?:[ -]?[A-Za-z0-9]){%d}" % n) for n in set(_IBA
 
 def _ibans(text: str, where: "Candidates") -> Iterable[Span]:
     end = 0
-    for anchor in matches(_IBAN_START, text, where.digits):
+    for anchor in matches(_IBAN_START, text, where.ibans):
         if anchor.start() - 2 < end:
             continue            # inside the IBAN found last
         m = _IBAN.match(text, anchor.start() - 2)
@@ -254,7 +254,7 @@ def _phones(text: str, where: "Candidates", regions: tuple[str, ...], grouped: t
             context_regions: tuple[str, ...], judged: PhoneVerdicts) -> Iterable[Span]:
     verdicts, shapes = judged.of, judged.shapes
     last = -1                                # the end of the last phone number found
-    for m in matches(_PHONE, text, where.digits):
+    for m in matches(_PHONE, text, where.phones):
         candidate = m.group()
         if not _phone_shaped(candidate):
             continue                         # a date, a timestamp, a decimal: no words read
@@ -495,7 +495,7 @@ def _ips(text: str, where: "Candidates") -> Iterable[Span]:
     # and an address of the same first number.)
     versions: set[str] = set()
     unread: list[tuple[str, Span]] = []
-    for pattern, ranges in ((_IPV4, where.digits), (_IPV6, where.colons)):
+    for pattern, ranges in ((_IPV4, where.ipv4), (_IPV6, where.ipv6)):
         for m in matches(pattern, text, ranges):
             value, _, length = m.group().partition("/")
             if pattern is _IPV6 and (value.count(":") < 3 and "::" not in value or not any(c.isdigit() for c in value)):
@@ -573,14 +573,24 @@ def detector_functions(settings: PiiSettings) -> dict[str, Callable[[str, "Candi
             "private_key": lambda t, w, _: _private_keys(t, w)}
 
 
-# The text is read in blocks; a block with a digit is scanned with the block before and the one
+# Without the compiled run finder (and for the IP detector's version and packet-trace patterns)
+# the text is read in blocks; a block with a digit is scanned with the block before and the one
 # after it. No character of a phone, card or IPv4 match lies further than 23 characters from a
 # digit of it (a phone's leading "(" and spaces), nor of an IPv6 one from a colon, and no
 # lookaround reads more than 2 beyond: every match lies in the blocks scanned. (IBANs are
 # matched on the whole text from the digits these blocks hold: `_ibans`.)
 _BLOCK = 32
-_DIGIT_BIT, _COLON_BIT = 1, 2
-_ASCII_CLASSES = bytes(_DIGIT_BIT if 48 <= i <= 57 else _COLON_BIT if i == 58 else 0 for i in range(256))
+# Each character's classes, one bit each: what the patterns' characters are made of.
+_DIGIT_BIT, _COLON_BIT, _SPACE_DASH_BIT, _DOT_BIT, _SLASH_BIT, _SIGN_BIT, _LETTER_BIT, _HEX_BIT = (1 << i for i in range(8))
+
+
+def _ascii_class(ch: str) -> int:
+    return ((ch.isdigit() and _DIGIT_BIT) | (ch == ":" and _COLON_BIT) | (ch in " -" and _SPACE_DASH_BIT)
+            | (ch == "." and _DOT_BIT) | (ch == "/" and _SLASH_BIT) | (ch in "+()" and _SIGN_BIT)
+            | (ch.isalpha() and _LETTER_BIT) | (ch in "abcdefABCDEF" and _HEX_BIT))
+
+
+_ASCII_CLASSES = bytes(_ascii_class(chr(i)) if i < 128 else 0 for i in range(256))
 _BLOCK_STARTS = np.arange(0, 1 << 16, _BLOCK)
 # Token characters as "a", all else (bytes of non-ASCII characters too) as " ".
 _TOKEN_BYTES = bytes(97 if i < 128 and chr(i) in secrets.RUN_CHARS else 32 for i in range(256))
@@ -591,49 +601,105 @@ _LOCAL_PART = 64     # an e-mail's local part is at most this long (_EMAIL)
 
 @functools.cache
 def _bmp_classes() -> np.ndarray:
-    """_DIGIT_BIT and _COLON_BIT of each character of the Basic Multilingual Plane; U+FFFF stands
-    for every character beyond it, counted as a digit (scanned around, never skipped)."""
+    """The classes of each character of the Basic Multilingual Plane; U+FFFF stands for every
+    character beyond it, counted as a digit (scanned around, never skipped)."""
     classes = np.zeros(0x10000, np.uint8)
-    classes[[m.start() for m in re.finditer(r"\d", "".join(map(chr, range(0x10000))))]] = _DIGIT_BIT
-    classes[ord(":")] |= _COLON_BIT
+    classes[:128] = np.frombuffer(_ASCII_CLASSES[:128], np.uint8)
+    classes[[m.start() for m in re.finditer(r"\d", "".join(map(chr, range(0x10000))))]] |= _DIGIT_BIT
+    classes[ord("\u2013")] |= _SIGN_BIT           # the en dash between a phone number's groups
     classes[0xFFFF] |= _DIGIT_BIT
     return classes
 
 
+def _compiled_runs():
+    try:
+        from sidecar.guard import _ngrams
+    except ImportError:
+        return None
+    return getattr(_ngrams, "runs", None)      # None: built from an older _ngrams.c
+
+
+# (member classes, counted classes, least, also counted, also least, lookahead): each pattern's
+# characters, and what a run of them holds at least where the pattern can match in it. A phone
+# candidate is 7 digits or more (`_phone_shaped`) among digits and signs; a card's digit groups,
+# 13 digits among spaces and dashes; an IPv4 address, 3 points among digits (and the slash of
+# its prefix length); an IBAN's start, two letters and two digits (the rest is matched on the
+# whole text); an IPv6 address, three colons among hex digits and points (or "::", looked for
+# apart). A match never leaves its run, and a run with less than that holds no match that
+# counts, so a pattern that reads only such runs (and the characters its lookahead reads after
+# them) finds what it finds over the whole text, reading a log's timestamps, order numbers and
+# amounts once (in C) instead of trying each pattern at each of their digits.
+_PHONE_RUNS = (_DIGIT_BIT | _SPACE_DASH_BIT | _DOT_BIT | _SLASH_BIT | _SIGN_BIT, _DIGIT_BIT, 7, 0, 0, 2)
+_CARD_RUNS = (_DIGIT_BIT | _SPACE_DASH_BIT, _DIGIT_BIT, 13, 0, 0, 2)
+_IPV4_RUNS = (_DIGIT_BIT | _DOT_BIT | _SLASH_BIT, _DOT_BIT, 3, _DIGIT_BIT, 4, 2)
+_IBAN_RUNS = (_DIGIT_BIT | _LETTER_BIT, _LETTER_BIT, 2, _DIGIT_BIT, 2, 0)
+_IPV6_RUNS = (_DIGIT_BIT | _HEX_BIT | _COLON_BIT | _DOT_BIT, _COLON_BIT, 3, 0, 0, 0)
+
+
 @dataclass(frozen=True)
 class Candidates:
-    """Where in a text each detector's pattern can match: character ranges around digits (phone,
-    card, IBAN, IPv4), around colons when there are two or more (IPv6), around each at sign
-    (e-mail), and the runs of 20 or more token characters (secrets)."""
-    digits: list[tuple[int, int]]
-    colons: list[tuple[int, int]]
+    """Where in a text each detector's pattern can match: the runs of its characters that can
+    hold a match (phone, card, IPv4, IBAN), character ranges around colons in a text that can
+    hold an IPv6 address, around each at sign (e-mail), and the runs of 20 or more token
+    characters (secrets). Without the compiled run finder, the ranges around digits for each
+    pattern of digits."""
     ats: list[tuple[int, int]]
     runs: list[tuple[int, int]]
+    phones: list[tuple[int, int]]
+    cards: list[tuple[int, int]]
+    ipv4: list[tuple[int, int]]
+    ipv6: list[tuple[int, int]]
+    ibans: list[tuple[int, int]]
+    length: int
+    classes: object = field(default=None, compare=False, repr=False)    # each character's classes; None: the whole text
+
+    @functools.cached_property
+    def digits(self) -> list[tuple[int, int]]:
+        """The ranges around digits, where the IP detector's version and packet-trace patterns
+        run (only for a text with a candidate address, or an arrow: worked out when read)."""
+        if self.classes is None:
+            return [(0, self.length)]
+        return _around(_blocks(self.classes, self.length), _DIGIT_BIT, self.length)
 
     @classmethod
     def whole(cls, text: str) -> "Candidates":
         """Every pattern over the whole text: what `of` must find the same matches as."""
         everything = [(0, len(text))]
-        return cls(everything, everything if text.count(":") > 1 else [], everything if "@" in text else [], everything)
+        return cls(everything if "@" in text else [], everything, everything, everything, everything,
+                   everything if text.count(":") > 1 else [], everything, len(text))
 
     @classmethod
-    def of(cls, text: str) -> "Candidates":
+    def of(cls, text: str, runs=_compiled_runs()) -> "Candidates":
+        """`runs`: the compiled run finder (_ngrams.runs); None: the ranges around digits for
+        every pattern of digits (the same matches, more of the text read)."""
         n = len(text)
         if not n:
-            return cls([], [], [], [])
+            return cls([], [], [], [], [], [], [], 0)
         ascii_text = text.isascii()
         if ascii_text:
             raw = text.encode("ascii")
-            codes = np.frombuffer(raw.translate(_ASCII_CLASSES), np.uint8)
+            classes = raw.translate(_ASCII_CLASSES)
         else:
             raw = text.encode("utf-8", "surrogatepass")
             points = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), np.uint32)
-            codes = _bmp_classes().take(np.minimum(points, 0xFFFF))
-        starts = _BLOCK_STARTS[:-(-n // _BLOCK)] if n <= 1 << 16 else np.arange(0, n, _BLOCK)
-        flags = np.bitwise_or.reduceat(codes, starts)
-        digits = _around(flags, _DIGIT_BIT, n)
-        colons = _around(flags, _COLON_BIT, n) if text.count(":") > 1 else []
-        return cls(digits, colons, _at_signs(text), _long_runs(raw, ascii_text))
+            classes = _bmp_classes().take(np.minimum(points, 0xFFFF))
+        ats, long_runs = _at_signs(text), _long_runs(raw, ascii_text)
+        colons = text.count(":") > 1
+        if runs is None:
+            flags = _blocks(classes, n)
+            digits = _around(flags, _DIGIT_BIT, n)
+            return cls(ats, long_runs, digits, digits, digits, _around(flags, _COLON_BIT, n) if colons else [], digits, n, classes)
+        # Two colons are a time of day (12:30:45): the IPv6 pattern reads the text only where it
+        # has "::" or three colons in a run of hex digits and points.
+        ipv6 = colons and ("::" in text or runs(classes, *_IPV6_RUNS))
+        return cls(ats, long_runs, runs(classes, *_PHONE_RUNS), runs(classes, *_CARD_RUNS), runs(classes, *_IPV4_RUNS),
+                   _around(_blocks(classes, n), _COLON_BIT, n) if ipv6 else [], runs(classes, *_IBAN_RUNS), n, classes)
+
+
+def _blocks(classes, n: int) -> np.ndarray:
+    """The classes of each block of _BLOCK characters."""
+    starts = _BLOCK_STARTS[:-(-n // _BLOCK)] if n <= 1 << 16 else np.arange(0, n, _BLOCK)
+    return np.bitwise_or.reduceat(np.frombuffer(classes, np.uint8), starts)
 
 
 def _around(flags: np.ndarray, bit: int, n: int) -> list[tuple[int, int]]:

@@ -4,6 +4,7 @@ import asyncio
 import hashlib
 import json
 from dataclasses import replace
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -393,6 +394,68 @@ def test_candidate_ranges_find_what_the_patterns_find_over_the_whole_text():
     for text in _planted_texts(400, seed=22):
         assert pii.find(text, pii.DETECTORS) == pii.find(text, pii.DETECTORS, locate=pii.Candidates.whole), text
 
+
+
+def _logs(count: int, seed: int) -> list[str]:
+    """Pasted logs: timestamps, order numbers, amounts, versions, addresses, phone numbers and
+    cards among them, with the signs and spacing that make runs start, end and join."""
+    import random
+    rng = random.Random(seed)
+    pieces = ["2024-06-05 12:41:07", "ORD-2021-123456", "qty 12", "total 1234.56 EUR", "build 3.4.56", "10.0.0.12",
+              "192.168.1.104.53188 > 192.168.1.1.53:", "+49 30 901820", "(415) 555-2671", "0412 738 195", "4111 1111 1111 1111",
+              "4111-1111-1111-1111", "DE89 3704 0044 0532 0130 00", "fe80::1ff:fe23:4567:890a", "12:30:45", "2001:db8::/32",
+              "1.3.6.1.4.1.311", "v2.4.57", "2.4.58.1", "555.123.4567", "030/4492 1837", "+33 6 12 34 56 78", "–", "/", "(", ")",
+              "#0412 345 678", "SN-7734-0021", "٣٤٥-٦٧٨-٩٠١٢", "𝟏𝟐𝟑𝟒𝟓𝟔𝟕", "Ｅ１２", "13800138000", "9400 1118 9922 3384 1067 05", "Tel. 0611 123", "tel +376 712 345"]
+    texts = []
+    for _ in range(count):
+        parts = [rng.choice(pieces) if rng.random() < 0.7 else str(rng.randrange(10 ** rng.randint(1, 16)))
+                 for _ in range(rng.randint(1, 60))]
+        texts.append("".join(p + rng.choice([" ", "", "\n", ", ", "-", ".", "/", ":", " | ", "  "]) for p in parts))
+    return texts
+
+
+def _data_prompts(per_file: int, seed: int) -> list[str]:
+    """A sample of every data prompt file: data/guard/, the shared injection prompts, paraphrase."""
+    import random
+    from bench.guard_data import SHARED, pii_handwritten
+    root = Path(__file__).resolve().parents[3] / "data" / "guard"
+    rng = random.Random(seed)
+    texts = []
+    for path in sorted(root.glob("*.jsonl")) + [SHARED / "guard" / "prompt_injections.jsonl", SHARED / "paraphrase" / "dev.jsonl"]:
+        rows = [json.loads(line) for line in path.read_text(encoding="utf-8").split("\n") if line.strip()]
+        texts += [t for row in rng.sample(rows, min(per_file, len(rows))) for t in (row.get("text"), row.get("a")) if isinstance(t, str)]
+    for path in sorted(root.glob("pii_*.txt")):
+        rows = pii_handwritten(path)
+        texts += [row["text"] for row in rng.sample(rows, min(per_file, len(rows)))]
+    return texts
+
+
+def test_the_runs_of_each_pattern_find_what_the_patterns_find_over_the_whole_text():
+    # Compiled, Candidates.of lets each pattern of digits read only the runs of its characters
+    # that can hold a match; without the compiled module, the blocks around digits. Both must
+    # find what the patterns find over the whole text, on data prompts and on logs, alone and
+    # each appended to the other.
+    prompts = _data_prompts(150, seed=22)
+    logs = _logs(300, seed=22)
+    texts = prompts + logs + [p + "\n" + log for p, log in zip(prompts, logs)]
+    for text in texts:
+        expected = pii.find(text, pii.DETECTORS, locate=pii.Candidates.whole)
+        assert pii.find(text, pii.DETECTORS) == expected, text
+        assert pii.find(text, pii.DETECTORS, locate=lambda t: pii.Candidates.of(t, runs=None)) == expected, text
+    assert sum(bool(pii.find(t, ("phone", "card", "ip", "iban"))) for t in logs) > 250   # the logs hold items
+
+
+def test_a_log_of_numbers_is_read_only_where_a_pattern_can_match():
+    # A log's timestamps, order numbers, amounts and versions hold no phone number, card, IBAN
+    # or address: those patterns read at most its timestamps (7 digits or more among signs).
+    if pii._compiled_runs() is None:
+        pytest.skip("sidecar/guard/_ngrams.c is not built: every pattern reads the blocks around digits")
+    from bench.guard_cost import _log_lines
+    log = _log_lines(__import__("random").Random(7), 2000)
+    where = pii.Candidates.of(log)
+    assert where.cards == where.ipv4 == where.ipv6 == where.ibans == []
+    assert sum(end - start for start, end in where.phones) < len(log) / 2
+    assert pii.find(log, pii.DETECTORS) == []
 
 
 def test_ibans_found_from_their_digits_are_those_of_a_scan_of_the_text():

@@ -291,3 +291,43 @@ def test_compiled_functions_read_a_string_that_is_not_ready():
     assert _ngrams.score(WEIGHTS, _legacy_str(text)) == want_score
     assert _ngrams.fold_by_table(_legacy_str(text), tables.kinds, tables.single, 4, 1) == want_fold
     assert _ngrams.squeeze_by_table(_legacy_str(text), normalize._bmp_kept().view(np.uint8)) == want_squeeze
+
+
+def runs_by_definition(classes: bytes, member: int, counted: int, least: int, also: int, also_least: int, after: int):
+    """_ngrams.runs, in Python: the maximal runs of member characters holding enough counted
+    ones, each end put `after` further (at most the end), touching ranges merged."""
+    out, i, n = [], 0, len(classes)
+    while i < n:
+        if not classes[i] & member:
+            i += 1
+            continue
+        start = i
+        while i < n and classes[i] & member:
+            i += 1
+        run = classes[start:i]
+        if sum(bool(c & counted) for c in run) >= least and sum(bool(c & also) for c in run) >= also_least:
+            end = min(n, i + after)
+            if out and start <= out[-1][1]:
+                out[-1] = (out[-1][0], end)
+            else:
+                out.append((start, end))
+    return out
+
+
+@needs_compiled
+def test_compiled_runs_equal_their_definition():
+    from sidecar.guard import pii
+    rng = random.Random(22)
+    specs = [pii._PHONE_RUNS, pii._CARD_RUNS, pii._IPV4_RUNS, pii._IBAN_RUNS, pii._IPV6_RUNS, (255, 1, 0, 0, 0, 0), (3, 2, 1, 1, 1, 5)]
+    for _ in range(3000):
+        alphabet = rng.choice([bytes(range(256)), b"\x00\x01\x04", b"\x01\x08\x40", b"\x00\x01"])
+        classes = bytes(rng.choice(alphabet) for _ in range(rng.choice([0, 1, 2, 3, 7, 13, 40, 300])))
+        for spec in specs:
+            assert _ngrams.runs(classes, *spec) == runs_by_definition(classes, *spec), (classes, spec)
+            assert _ngrams.runs(np.frombuffer(classes, np.uint8), *spec) == runs_by_definition(classes, *spec)
+    with pytest.raises(ValueError):
+        _ngrams.runs(np.zeros(4, np.int32), *pii._PHONE_RUNS)       # one byte a character
+    with pytest.raises(ValueError):
+        _ngrams.runs(b"", 256, 1, 1, 0, 0, 0)
+    with pytest.raises(TypeError):
+        _ngrams.runs(b"", 1, 1, 1)

@@ -558,3 +558,15 @@ def test_the_stated_names_automaton_finds_what_a_search_per_name_finds():
 def test_a_lone_surrogate_does_not_hide_a_stated_password():
     text = "\ud800 a senha é Xq9#mT4v!Lp2"
     assert [text[s.start:s.end] for s in secrets.find(text, [], 4.3)] == ["Xq9#mT4v!Lp2"]
+
+
+@pytest.mark.parametrize("text, spans", [
+    ("password:1234abc!", [(9, 17)]), ("passwd1:2secret!x", []), ("db_password=9x!kLm2q", [(12, 20)]),
+    ("pwd 12:30 password: hunter2!x 12:31", [(20, 29)]), ("password=1=2abc!", []), ("api_key1=2Zk9!xQw", []),
+    (":password:", []), ("password:", []), ("12:30:45 password：abc123!!", [(18, 26)]),
+    ("token2:3abc!def 4=5 secret=a1!b2c3d", [(27, 35)]),
+])
+def test_a_sign_between_two_digits_assigns_nothing(text, spans):
+    # A time, a ratio, an address and port (12:30, 1:2, 10.0.0.1:8080): skipped in one search,
+    # as every other sign is read.
+    assert [(s.start, s.end) for s in secrets._assigned(text, secrets.RULES)] == spans
