@@ -495,20 +495,27 @@ static PyObject *py_runs(PyObject *module, PyObject *const *args, Py_ssize_t nar
     }
     const uint8_t *classes = view.buf;
     const Py_ssize_t n = view.len;
+    /* A run that can count holds a character of `key`: the search skips to the next one (the
+       digits of a text, few in prose), then reads the run around it, back to its start. */
+    const uint8_t key = least > 0 ? counted : also_least > 0 ? also : member;
     PyObject *out = PyList_New(0);
     Py_ssize_t last_start = -1, last_end = -1;      /* the range not yet appended */
-    Py_ssize_t i = 0;
+    Py_ssize_t i = 0, read = 0;                     /* characters before `read` belong to runs read */
     while (out != NULL && i < n) {
-        if (!(classes[i] & member)) {
+        if (!(classes[i] & key) || !(classes[i] & member)) {
             i++;
             continue;
         }
-        const Py_ssize_t start = i;
+        Py_ssize_t start = i;
+        while (start > read && (classes[start - 1] & member))
+            start--;
+        i = start;
         Py_ssize_t count = 0, also_count = 0;
         for (; i < n && (classes[i] & member); i++) {
             count += (classes[i] & counted) != 0;
             also_count += (classes[i] & also) != 0;
         }
+        read = i;
         if (count < least || also_count < also_least)
             continue;
         const Py_ssize_t end = after < n - i ? i + after : n;

@@ -623,7 +623,7 @@ def _compiled_runs():
 # characters, and what a run of them holds at least where the pattern can match in it. A phone
 # candidate is 7 digits or more (`_phone_shaped`) among digits and signs; a card's digit groups,
 # 13 digits among spaces and dashes; an IPv4 address, 3 points among digits (and the slash of
-# its prefix length); an IBAN's start, two letters and two digits (the rest is matched on the
+# its prefix length); an IBAN's start, two digits and two letters (the rest is matched on the
 # whole text); an IPv6 address, three colons among hex digits and points (or "::", looked for
 # apart). A match never leaves its run, and a run with less than that holds no match that
 # counts, so a pattern that reads only such runs (and the characters its lookahead reads after
@@ -632,7 +632,7 @@ def _compiled_runs():
 _PHONE_RUNS = (_DIGIT_BIT | _SPACE_DASH_BIT | _DOT_BIT | _SLASH_BIT | _SIGN_BIT, _DIGIT_BIT, 7, 0, 0, 2)
 _CARD_RUNS = (_DIGIT_BIT | _SPACE_DASH_BIT, _DIGIT_BIT, 13, 0, 0, 2)
 _IPV4_RUNS = (_DIGIT_BIT | _DOT_BIT | _SLASH_BIT, _DOT_BIT, 3, _DIGIT_BIT, 4, 2)
-_IBAN_RUNS = (_DIGIT_BIT | _LETTER_BIT, _LETTER_BIT, 2, _DIGIT_BIT, 2, 0)
+_IBAN_RUNS = (_DIGIT_BIT | _LETTER_BIT, _DIGIT_BIT, 2, _LETTER_BIT, 2, 0)
 _IPV6_RUNS = (_DIGIT_BIT | _HEX_BIT | _COLON_BIT | _DOT_BIT, _COLON_BIT, 3, 0, 0, 0)
 
 

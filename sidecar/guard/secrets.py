@@ -279,7 +279,14 @@ _CLI_USER = re.compile(r"(?<!\S)(?:curl|wget)\b[^\n]{0,200}?(?<!\S)(?:-u|--user|
 _MYSQL_PASSWORD = re.compile(r"(?<!\S)(?:mysql|mysqldump|mariadb|mysqladmin)\b[^\n]{0,200}?(?<!\S)-p([^\s\"']{4,128})")
 
 
+# Any of the options above: one search of the text's dashes (most prose has none) before the
+# tests of each option and client name.
+_CLI_OPTION = re.compile(r"-(?:u |-user|-http-user|p)")
+
+
 def _cli_passwords(text: str) -> Iterable[Span]:
+    if _CLI_OPTION.search(text) is None:
+        return
     if ("-u " in text or "--user" in text or "--http-user" in text) and ("curl" in text or "wget" in text):
         for m in _CLI_USER.finditer(text):
             yield Span("secret", m.start(1), m.end(1))

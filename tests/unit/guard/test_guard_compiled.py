@@ -318,7 +318,8 @@ def runs_by_definition(classes: bytes, member: int, counted: int, least: int, al
 def test_compiled_runs_equal_their_definition():
     from sidecar.guard import pii
     rng = random.Random(22)
-    specs = [pii._PHONE_RUNS, pii._CARD_RUNS, pii._IPV4_RUNS, pii._IBAN_RUNS, pii._IPV6_RUNS, (255, 1, 0, 0, 0, 0), (3, 2, 1, 1, 1, 5)]
+    specs = [pii._PHONE_RUNS, pii._CARD_RUNS, pii._IPV4_RUNS, pii._IBAN_RUNS, pii._IPV6_RUNS, (255, 1, 0, 0, 0, 0), (3, 2, 1, 1, 1, 5),
+             (1, 2, 1, 0, 0, 0), (6, 1, 1, 0, 0, 0), (5, 0, 0, 4, 2, 1), (1, 1, 0, 0, 0, 0)]
     for _ in range(3000):
         alphabet = rng.choice([bytes(range(256)), b"\x00\x01\x04", b"\x01\x08\x40", b"\x00\x01"])
         classes = bytes(rng.choice(alphabet) for _ in range(rng.choice([0, 1, 2, 3, 7, 13, 40, 300])))
