@@ -284,7 +284,8 @@ def _phones(text: str, where: "Candidates", regions: tuple[str, ...], grouped: t
 def _phone_shaped(candidate: str) -> bool:
     """The checks of a candidate that need no parse: not a date, a log's timestamp or a decimal
     number, a slash only after an area code, 7 to 15 digits."""
-    if _DATE.fullmatch(candidate) or _TIMESTAMP.match(candidate) or _DECIMAL.fullmatch(candidate):
+    # (A log's timestamps first: the candidates a log has most of.)
+    if _TIMESTAMP.match(candidate) or _DATE.fullmatch(candidate) or _DECIMAL.fullmatch(candidate):
         return False
     if "/" in candidate and not _AREA_SLASH.fullmatch(candidate):
         return False
