@@ -461,85 +461,136 @@ done:
 }
 
 /* pii.Candidates' ranges in one pass over a text's character classes (one byte each, bits as
-   pii.py sets them): the maximal runs of characters with a bit of `member`, of which at least
-   `least` have a bit of `counted` and at least `also_least` a bit of `also`; each run's end put
-   `after` characters further (the pattern's lookahead reads them; at most the text's end), and
-   runs that then touch merged. A list of (start, end). tests/unit/guard/test_guard.py checks it
-   against its definition in Python. */
+   pii.py sets them), for each spec (member, counted, least, also, also_least, after): the
+   maximal runs of characters with a bit of `member`, of which at least `least` have a bit of
+   `counted` and at least `also_least` a bit of `also`; each run's end put `after` characters
+   further (the pattern's lookahead reads them; at most the text's end), and runs that then
+   touch merged. A list of (start, end) per spec. tests/unit/guard/test_guard_compiled.py checks
+   it against its definition in Python. */
+#define MAX_SPECS 8
+
+typedef struct {
+    uint8_t member, counted, also, key;
+    Py_ssize_t least, also_least, after;
+    Py_ssize_t read;                    /* characters before it belong to runs read */
+    Py_ssize_t last_start, last_end;    /* the range not yet appended; -1: none */
+    PyObject *out;
+} RunSpec;
+
+static int spec_arg(PyObject *item, RunSpec *spec)
+{
+    long numbers[6];
+    if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 6) {
+        PyErr_SetString(PyExc_TypeError, "runs: each spec is (member, counted, least, also, also_least, after)");
+        return -1;
+    }
+    for (int k = 0; k < 6; k++) {
+        numbers[k] = PyLong_AsLong(PyTuple_GET_ITEM(item, k));
+        if (numbers[k] == -1 && PyErr_Occurred())
+            return -1;
+        if (numbers[k] < 0 || ((k == 0 || k == 1 || k == 3) && numbers[k] > 255)) {
+            PyErr_SetString(PyExc_ValueError, "runs: masks are bytes and counts are not negative");
+            return -1;
+        }
+    }
+    spec->member = (uint8_t)numbers[0];
+    spec->counted = (uint8_t)numbers[1];
+    spec->least = numbers[2];
+    spec->also = (uint8_t)numbers[3];
+    spec->also_least = numbers[4];
+    spec->after = numbers[5];
+    /* A run that can count holds a character of `key`: the pass skips to the next one (the
+       digits of a text, few in prose), then reads the run around it, back to its start. */
+    spec->key = spec->least > 0 ? spec->counted : spec->also_least > 0 ? spec->also : spec->member;
+    spec->read = 0;
+    spec->last_start = spec->last_end = -1;
+    spec->out = PyList_New(0);
+    return spec->out == NULL ? -1 : 0;
+}
+
+static int flush_range(RunSpec *spec)
+{
+    if (spec->last_start < 0)
+        return 0;
+    PyObject *range = Py_BuildValue("(nn)", spec->last_start, spec->last_end);
+    int failed = range == NULL || PyList_Append(spec->out, range) < 0;
+    Py_XDECREF(range);
+    return failed ? -1 : 0;
+}
+
 static PyObject *py_runs(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)module;
-    if (nargs != 7) {
-        PyErr_SetString(PyExc_TypeError, "runs(classes, member, counted, least, also, also_least, after)");
+    if (nargs != 2 || !PyTuple_Check(args[1]) || PyTuple_GET_SIZE(args[1]) > MAX_SPECS) {
+        PyErr_SetString(PyExc_TypeError, "runs(classes, specs): specs a tuple of at most 8 specs");
         return NULL;
     }
-    long numbers[6];
-    for (int k = 0; k < 6; k++) {
-        numbers[k] = PyLong_AsLong(args[k + 1]);
-        if (numbers[k] == -1 && PyErr_Occurred())
-            return NULL;
-        if (numbers[k] < 0 || ((k == 0 || k == 1 || k == 3) && numbers[k] > 255)) {
-            PyErr_SetString(PyExc_ValueError, "runs: masks are bytes and counts are not negative");
-            return NULL;
-        }
-    }
-    const uint8_t member = (uint8_t)numbers[0], counted = (uint8_t)numbers[1], also = (uint8_t)numbers[3];
-    const Py_ssize_t least = numbers[2], also_least = numbers[4], after = numbers[5];
+    RunSpec specs[MAX_SPECS];
+    const Py_ssize_t count_specs = PyTuple_GET_SIZE(args[1]);
+    Py_ssize_t made = 0;
+    PyObject *result = NULL;
     Py_buffer view;
-    if (PyObject_GetBuffer(args[0], &view, PyBUF_C_CONTIGUOUS) < 0)
-        return NULL;
+    view.obj = NULL;
+    uint8_t any_key = 0;
+    for (; made < count_specs; made++) {
+        if (spec_arg(PyTuple_GET_ITEM(args[1], made), &specs[made]) < 0)
+            goto done;
+        any_key |= specs[made].key;
+    }
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_C_CONTIGUOUS) < 0) {
+        view.obj = NULL;
+        goto done;
+    }
     if (view.itemsize != 1) {
-        PyBuffer_Release(&view);
         PyErr_SetString(PyExc_ValueError, "runs: classes are one byte a character");
-        return NULL;
+        goto done;
     }
     const uint8_t *classes = view.buf;
     const Py_ssize_t n = view.len;
-    /* A run that can count holds a character of `key`: the search skips to the next one (the
-       digits of a text, few in prose), then reads the run around it, back to its start. */
-    const uint8_t key = least > 0 ? counted : also_least > 0 ? also : member;
-    PyObject *out = PyList_New(0);
-    Py_ssize_t last_start = -1, last_end = -1;      /* the range not yet appended */
-    Py_ssize_t i = 0, read = 0;                     /* characters before `read` belong to runs read */
-    while (out != NULL && i < n) {
-        if (!(classes[i] & key) || !(classes[i] & member)) {
-            i++;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const uint8_t c = classes[i];
+        if (!(c & any_key))
             continue;
+        for (Py_ssize_t k = 0; k < count_specs; k++) {
+            RunSpec *spec = &specs[k];
+            if (i < spec->read || !(c & spec->key) || !(c & spec->member))
+                continue;
+            Py_ssize_t start = i, end = i, count = 0, also_count = 0;
+            while (start > spec->read && (classes[start - 1] & spec->member))
+                start--;
+            for (end = start; end < n && (classes[end] & spec->member); end++) {
+                count += (classes[end] & spec->counted) != 0;
+                also_count += (classes[end] & spec->also) != 0;
+            }
+            spec->read = end;
+            if (count < spec->least || also_count < spec->also_least)
+                continue;
+            const Py_ssize_t until = spec->after < n - end ? end + spec->after : n;
+            if (spec->last_start >= 0 && start <= spec->last_end) {
+                spec->last_end = until;
+                continue;
+            }
+            if (flush_range(spec) < 0)
+                goto done;
+            spec->last_start = start;
+            spec->last_end = until;
         }
-        Py_ssize_t start = i;
-        while (start > read && (classes[start - 1] & member))
-            start--;
-        i = start;
-        Py_ssize_t count = 0, also_count = 0;
-        for (; i < n && (classes[i] & member); i++) {
-            count += (classes[i] & counted) != 0;
-            also_count += (classes[i] & also) != 0;
-        }
-        read = i;
-        if (count < least || also_count < also_least)
-            continue;
-        const Py_ssize_t end = after < n - i ? i + after : n;
-        if (last_start >= 0 && start <= last_end) {
-            last_end = end;
-            continue;
-        }
-        if (last_start >= 0) {
-            PyObject *range = Py_BuildValue("(nn)", last_start, last_end);
-            if (range == NULL || PyList_Append(out, range) < 0)
-                Py_CLEAR(out);
-            Py_XDECREF(range);
-        }
-        last_start = start;
-        last_end = end;
     }
-    if (out != NULL && last_start >= 0) {
-        PyObject *range = Py_BuildValue("(nn)", last_start, last_end);
-        if (range == NULL || PyList_Append(out, range) < 0)
-            Py_CLEAR(out);
-        Py_XDECREF(range);
+    result = PyList_New(count_specs);
+    for (Py_ssize_t k = 0; result != NULL && k < count_specs; k++) {
+        if (flush_range(&specs[k]) < 0) {
+            Py_CLEAR(result);
+            break;
+        }
+        PyList_SET_ITEM(result, k, specs[k].out);
+        specs[k].out = NULL;
     }
-    PyBuffer_Release(&view);
-    return out;
+done:
+    for (Py_ssize_t k = 0; k < made; k++)
+        Py_XDECREF(specs[k].out);
+    if (view.obj != NULL)
+        PyBuffer_Release(&view);
+    return result;
 }
 
 static PyMethodDef methods[] = {
@@ -552,7 +603,7 @@ static PyMethodDef methods[] = {
     {"squeeze_by_table", (PyCFunction)(void (*)(void))py_squeeze_by_table, METH_FASTCALL,
      "squeeze_by_table(text, kept): normalize.squeezed's lookups (see there)."},
     {"runs", (PyCFunction)(void (*)(void))py_runs, METH_FASTCALL,
-     "runs(classes, member, counted, least, also, also_least, after): pii.Candidates' ranges (see there)."},
+     "runs(classes, specs): pii.Candidates' ranges, a list per spec (see there)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -635,6 +635,7 @@ _CARD_RUNS = (_DIGIT_BIT | _SPACE_DASH_BIT, _DIGIT_BIT, 13, 0, 0, 2)
 _IPV4_RUNS = (_DIGIT_BIT | _DOT_BIT | _SLASH_BIT, _DOT_BIT, 3, _DIGIT_BIT, 4, 2)
 _IBAN_RUNS = (_DIGIT_BIT | _LETTER_BIT, _DIGIT_BIT, 2, _LETTER_BIT, 2, 0)
 _IPV6_RUNS = (_DIGIT_BIT | _HEX_BIT | _COLON_BIT | _DOT_BIT, _COLON_BIT, 3, 0, 0, 0)
+_RUNS = (_PHONE_RUNS, _CARD_RUNS, _IPV4_RUNS, _IBAN_RUNS, _IPV6_RUNS)
 
 
 @dataclass(frozen=True)
@@ -671,8 +672,9 @@ class Candidates:
 
     @classmethod
     def of(cls, text: str, runs=_compiled_runs()) -> "Candidates":
-        """`runs`: the compiled run finder (_ngrams.runs); None: the ranges around digits for
-        every pattern of digits (the same matches, more of the text read)."""
+        """`runs`: the compiled run finder (_ngrams.runs: the runs of each of _RUNS in one
+        pass); None: the ranges around digits for every pattern of digits (the same matches,
+        more of the text read)."""
         n = len(text)
         if not n:
             return cls([], [], [], [], [], [], [], 0)
@@ -690,11 +692,11 @@ class Candidates:
             flags = _blocks(classes, n)
             digits = _around(flags, _DIGIT_BIT, n)
             return cls(ats, long_runs, digits, digits, digits, _around(flags, _COLON_BIT, n) if colons else [], digits, n, classes)
+        phones, cards, ipv4, ibans, ipv6 = runs(classes, _RUNS)
         # Two colons are a time of day (12:30:45): the IPv6 pattern reads the text only where it
         # has "::" or three colons in a run of hex digits and points.
-        ipv6 = colons and ("::" in text or runs(classes, *_IPV6_RUNS))
-        return cls(ats, long_runs, runs(classes, *_PHONE_RUNS), runs(classes, *_CARD_RUNS), runs(classes, *_IPV4_RUNS),
-                   _around(_blocks(classes, n), _COLON_BIT, n) if ipv6 else [], runs(classes, *_IBAN_RUNS), n, classes)
+        ipv6 = colons and ("::" in text or ipv6)
+        return cls(ats, long_runs, phones, cards, ipv4, _around(_blocks(classes, n), _COLON_BIT, n) if ipv6 else [], ibans, n, classes)
 
 
 def _blocks(classes, n: int) -> np.ndarray:
