@@ -11,8 +11,8 @@
 - personal data: per detector, precision and recall on data/guard/pii.jsonl (generated) and
   data/guard/pii_handwritten.txt (hand-written), dev and test each, and, each as one source when
   it exists, on data/guard/pii_holdout.txt, data/guard/pii_holdout2.txt and
-  data/guard/pii_holdout3.txt (written apart; development data since their misses were read)
-  and data/guard/pii_holdout4.txt (written apart, blind);
+  data/guard/pii_holdout3.txt and data/guard/pii_holdout4.txt (written apart; development data
+  since their misses were read) and data/guard/pii_holdout5.txt (written apart, blind);
 - cost: guard CPU time for a 2 KB prompt with 10,000 denied words loaded, every detector on, and
   the injection classifier's scoring (bench/guard_cost.py).
 """
@@ -24,7 +24,7 @@ import sys
 import numpy as np
 
 from bench import report, stats
-from bench.guard_data import (LATER_BATCH, ORDINARY_SOURCES, PII_HOLDOUT, PII_HOLDOUT2, PII_HOLDOUT3, PII_HOLDOUT4, ROOT, embed_all, injection_examples,
+from bench.guard_data import (LATER_BATCH, ORDINARY_SOURCES, PII_HOLDOUT, PII_HOLDOUT2, PII_HOLDOUT3, PII_HOLDOUT4, PII_HOLDOUT5, ROOT, embed_all, injection_examples,
                               pii_examples, pii_handwritten)
 
 
@@ -232,32 +232,51 @@ def _occurrence(text: str, value: str, start: int) -> int:
     return first
 
 
+def pii_item_bounds(row: dict) -> list[tuple[str, int, int]]:
+    """(detector, start, end) of each planted item of a row, in its text."""
+    text, items, after = row["text"], [], {}
+    for item in row["items"]:
+        # Items are listed in text order: a value planted twice is two items, the second
+        # one after the first. An occurrence inside a longer token is not the item
+        # (192.168.1.1 in 192.168.1.104).
+        start = _occurrence(text, item["value"], after.get(item["value"], 0))
+        after[item["value"]] = start + 1
+        items.append((item["detector"], start, start + len(item["value"])))
+    return items
+
+
+def pii_row_counts(row: dict, spans) -> dict[str, dict[str, int]]:
+    """Per detector, tp / fp / fn of the found `spans` in one row: a found span counts as a hit
+    only when it covers a whole planted item of its detector (a partial redaction leaks the
+    rest)."""
+    from sidecar.guard.pii import DETECTORS
+    counts = {d: {"tp": 0, "fp": 0, "fn": 0} for d in DETECTORS}
+    items = pii_item_bounds(row)
+    matched = set()
+    for span in spans:
+        hit = [k for k, (d, a, b) in enumerate(items) if d == span.detector and span.start <= a and b <= span.end]
+        counts[span.detector]["tp" if hit else "fp"] += 1
+        matched.update(hit)
+    for k, (d, _, _) in enumerate(items):
+        if k not in matched:
+            counts[d]["fn"] += 1
+    return counts
+
+
+def pii_rates(counts: dict[str, dict[str, int]]) -> dict:
+    return {d: {"precision": wilson(c["tp"], c["tp"] + c["fp"]), "recall": wilson(c["tp"], c["tp"] + c["fn"])}
+            for d, c in counts.items()}
+
+
 def _pii_counts(rows: list[dict]) -> dict:
-    """Per detector, precision and recall on `rows`: a found span counts as a hit only when it
-    covers a whole planted item of its detector (a partial redaction leaks the rest)."""
+    """Per detector, precision and recall on `rows` (pii_row_counts)."""
     from sidecar.guard.pii import DETECTORS, find
     counts = {d: {"tp": 0, "fp": 0, "fn": 0} for d in DETECTORS}
     for row in rows:
-        text = row["text"]
-        items, after = [], {}
-        for item in row["items"]:
-            # Items are listed in text order: a value planted twice is two items, the second
-            # one after the first. An occurrence inside a longer token is not the item
-            # (192.168.1.1 in 192.168.1.104).
-            start = _occurrence(text, item["value"], after.get(item["value"], 0))
-            after[item["value"]] = start + 1
-            items.append((item["detector"], start, start + len(item["value"])))
-        matched = set()
-        for span in find(text, DETECTORS):
-            hit = [k for k, (d, a, b) in enumerate(items) if d == span.detector and span.start <= a and b <= span.end]
-            counts[span.detector]["tp" if hit else "fp"] += 1
-            matched.update(hit)
-        for k, (d, _, _) in enumerate(items):
-            if k not in matched:
-                counts[d]["fn"] += 1
-    return {"prompts": len(rows), "detectors": {
-        d: {"precision": wilson(c["tp"], c["tp"] + c["fp"]), "recall": wilson(c["tp"], c["tp"] + c["fn"])}
-        for d, c in counts.items()}}
+        for d, c in pii_row_counts(row, find(row["text"], DETECTORS)).items():
+            for k, v in c.items():
+                counts[d][k] += v
+    return {"prompts": len(rows), "detectors": pii_rates(counts)}
 
 
 # What each personal-data source is, for the printed tables.
@@ -266,7 +285,8 @@ PII_SOURCES = {"generated": "generated set (pii.jsonl), test split",
                "holdout": "pii_holdout.txt, all prompts (development data: its misses were read)",
                "holdout2": "pii_holdout2.txt, all prompts (development data: its misses were read)",
                "holdout3": "pii_holdout3.txt, all prompts (development data: its misses were read)",
-               "holdout4": "pii_holdout4.txt, all prompts (blind held-out set)"}
+               "holdout4": "pii_holdout4.txt, all prompts (development data: its misses were read)",
+               "holdout5": "pii_holdout5.txt, all prompts (blind held-out set)"}
 
 
 def personal_data() -> dict:
@@ -274,7 +294,7 @@ def personal_data() -> dict:
     out = {"generated": {split: _pii_counts([r for r in generated if r["split"] == split]) for split in ("dev", "test")},
            "handwritten": {split: _pii_counts([r for r in handwritten if r["split"] == split]) for split in ("dev", "test")}}
     for name, path in (("holdout", PII_HOLDOUT), ("holdout2", PII_HOLDOUT2), ("holdout3", PII_HOLDOUT3),
-                       ("holdout4", PII_HOLDOUT4)):
+                       ("holdout4", PII_HOLDOUT4), ("holdout5", PII_HOLDOUT5)):
         if path.exists():
             out[name] = {"holdout": _pii_counts(pii_handwritten(path, holdout=True))}
     return out

@@ -20,7 +20,8 @@ data/guard/pii_handwritten.txt (written prompt by prompt; lines alternate dev / 
 they exist, data/guard/pii_holdout.txt (written apart from the detectors; its misses were
 read and fixed, so it is development data), data/guard/pii_holdout2.txt (written apart; its
 misses were read and fixed too: development data), data/guard/pii_holdout3.txt (written
-apart; its misses were read and fixed too: development data) and data/guard/pii_holdout4.txt
+apart; its misses were read and fixed too: development data), data/guard/pii_holdout4.txt
+(written apart; its misses were read: development data) and data/guard/pii_holdout5.txt
 (written apart, the blind set: reported only).
 """
 from __future__ import annotations
@@ -54,6 +55,7 @@ PII_HOLDOUT = ROOT / "data" / "guard" / "pii_holdout.txt"
 PII_HOLDOUT2 = ROOT / "data" / "guard" / "pii_holdout2.txt"
 PII_HOLDOUT3 = ROOT / "data" / "guard" / "pii_holdout3.txt"
 PII_HOLDOUT4 = ROOT / "data" / "guard" / "pii_holdout4.txt"
+PII_HOLDOUT5 = ROOT / "data" / "guard" / "pii_holdout5.txt"
 # Per id series of injections.jsonl and ordinary.jsonl, the first row of the latest batch
 # (ordinary prompts in 23 languages, attacks and look-alikes in the weaker languages and in
 # documents: data/guard/README.md). `make eval-guard` also reports the test rows below these

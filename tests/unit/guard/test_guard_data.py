@@ -82,15 +82,15 @@ def test_a_planted_value_is_not_located_inside_a_longer_token():
 
 def test_each_written_apart_personal_data_set_is_its_own_source(tmp_path, monkeypatch):
     line = "en\tcall [[phone|+49 30 901820]] about {{order|ORD-2024-1182}}\n"
-    for name in ("PII_HOLDOUT", "PII_HOLDOUT2", "PII_HOLDOUT3", "PII_HOLDOUT4"):
+    for name in ("PII_HOLDOUT", "PII_HOLDOUT2", "PII_HOLDOUT3", "PII_HOLDOUT4", "PII_HOLDOUT5"):
         (tmp_path / name).write_text(line, encoding="utf-8")
         monkeypatch.setattr(guard, name, tmp_path / name)
     out = guard.personal_data()
-    for name in ("holdout", "holdout2", "holdout3", "holdout4"):
+    for name in ("holdout", "holdout2", "holdout3", "holdout4", "holdout5"):
         phone = out[name]["holdout"]["detectors"]["phone"]
         assert out[name]["holdout"]["prompts"] == 1 and phone["recall"]["rate"] == 1.0, name
-    monkeypatch.setattr(guard, "PII_HOLDOUT4", tmp_path / "absent.txt")
-    assert "holdout4" not in guard.personal_data() and set(guard.PII_SOURCES) >= set(out)
+    monkeypatch.setattr(guard, "PII_HOLDOUT5", tmp_path / "absent.txt")
+    assert "holdout5" not in guard.personal_data() and set(guard.PII_SOURCES) >= set(out)
 
 
 def test_pooling_reads_real_tokens_only():
