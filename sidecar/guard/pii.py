@@ -485,17 +485,9 @@ def _dotted_heads(text: str, where: "Candidates") -> set[str]:
     return heads
 
 
-def _ips(text: str, where: "Candidates") -> Iterable[Span]:
-    # Four dotted numbers with no word of their own around them are read as a version where the
-    # text has a version of the same first (major) number that a word decides: "firmware
-    # 4.2.1.0. Is that newer than 4.2.0.15?", "Firmware-Version 11.2.4.0 ... auf 11.3.0.2"; a
-    # three-part number of the same first two numbers ("2.4.58.1 ... and 2.4.57"; a three-part
-    # number is a version); or a number of five parts or more of the same first number (an
-    # OID's, of first number 0, 1 or 2, makes any of those an OID's sibling: 2.5.4.3).
-    # (Addresses of one network share their first number too, but a text rarely names a version
-    # and an address of the same first number.)
-    versions: set[str] = set()
-    unread: list[tuple[str, Span]] = []
+def addresses(text: str, where: "Candidates") -> Iterable[tuple[re.Match, re.Pattern, str, str, ipaddress.IPv4Address | ipaddress.IPv6Address]]:
+    """The IPv4 and IPv6 pattern's matches the address parser accepts: (match, pattern, the
+    address as written, its prefix length or "", the address)."""
     for pattern, ranges in ((_IPV4, where.ipv4), (_IPV6, where.ipv6)):
         for m in matches(pattern, text, ranges):
             value, _, length = m.group().partition("/")
@@ -507,23 +499,38 @@ def _ips(text: str, where: "Candidates") -> Iterable[Span]:
                 continue
             if length and int(length) > address.max_prefixlen:
                 continue
-            span = Span("ip", m.start(), m.end())
-            # 0.x.y.z is no host's address; versions, sections and OIDs are told by the words
-            # around them, except with a prefix length, which only a network has (10.0.0.0/8).
-            if pattern is _IPV4 and not length:
-                if value.startswith("0.") and value != "0.0.0.0":
-                    continue
-                if _product_version(text, m.start()):
-                    continue
-                version = RULES.version_like(text, m.start(), m.end())
-                first, second, _ = value.split(".", 2)
-                if version:
-                    versions.add(first)
-                if version is None:
-                    unread.append((first, first + "." + second, span))
-                if version is not False:
-                    continue
-            yield span
+            yield m, pattern, value, length, address
+
+
+def _ips(text: str, where: "Candidates") -> Iterable[Span]:
+    # Four dotted numbers with no word of their own around them are read as a version where the
+    # text has a version of the same first (major) number that a word decides: "firmware
+    # 4.2.1.0. Is that newer than 4.2.0.15?", "Firmware-Version 11.2.4.0 ... auf 11.3.0.2"; a
+    # three-part number of the same first two numbers ("2.4.58.1 ... and 2.4.57"; a three-part
+    # number is a version); or a number of five parts or more of the same first number (an
+    # OID's, of first number 0, 1 or 2, makes any of those an OID's sibling: 2.5.4.3).
+    # (Addresses of one network share their first number too, but a text rarely names a version
+    # and an address of the same first number.)
+    versions: set[str] = set()
+    unread: list[tuple[str, Span]] = []
+    for m, pattern, value, length, _ in addresses(text, where):
+        span = Span("ip", m.start(), m.end())
+        # 0.x.y.z is no host's address; versions, sections and OIDs are told by the words
+        # around them, except with a prefix length, which only a network has (10.0.0.0/8).
+        if pattern is _IPV4 and not length:
+            if value.startswith("0.") and value != "0.0.0.0":
+                continue
+            if _product_version(text, m.start()):
+                continue
+            version = RULES.version_like(text, m.start(), m.end())
+            first, second, _ = value.split(".", 2)
+            if version:
+                versions.add(first)
+            if version is None:
+                unread.append((first, first + "." + second, span))
+            if version is not False:
+                continue
+        yield span
     if unread:
         versions |= _dotted_heads(text, where)
         for first, minor, span in unread:
