@@ -16,6 +16,7 @@ full-batch, deterministic).
 
     nice -n 19 .venv/bin/python scripts/exp_pii_learned.py [--detectors phone,ip,secret]
     nice -n 19 .venv/bin/python scripts/exp_pii_learned.py --without-context-words
+    nice -n 19 .venv/bin/python scripts/exp_pii_learned.py --blind data/guard/pii_holdout5.txt
 
 Sources (one group each): pii.jsonl (generated), pii_handwritten.txt, pii_holdout.txt,
 pii_holdout2.txt, pii_holdout3.txt, pii_holdout4.txt. For each, a model per detector is trained
@@ -29,7 +30,9 @@ file and pooled, with Wilson 95% intervals, and a paired bootstrap over prompts 
 difference; false matches on the other half of the ordinary and paraphrase prompts. Writes
 reports/pii_learned.json (~5 minutes). `--without-context-words`: the shipped rules with their
 phone and IP context word lists off, per file (reports/pii_without_context_words.json).
-pii_holdout5.txt (blind) is never read.
+`--blind FILE`: the rules and the models trained on all six files (thresholds chosen on them
+as above) on a file never used, per detector (reports/pii_learned_blind.json); the
+cross-validation never reads pii_holdout5.txt.
 """
 from __future__ import annotations
 
@@ -400,6 +403,51 @@ def fit(data: dict[str, Featurised], train_groups: list[str]) -> Model:
     return Model(w, threshold_for(np.concatenate(held_scores), np.concatenate(held_labels)))
 
 
+def compare(models: dict[str, "Model"], featurised: dict[str, Featurised], rows: list[dict],
+            per_prompt: dict[str, list] | None = None) -> dict[str, dict]:
+    """tp / fp / fn per detector of the rules and of the models on `rows` (the models' detectors'
+    spans in place of the rules', the others' as shipped, overlaps resolved as pii.find does);
+    each prompt's counts appended to `per_prompt`."""
+    kept: dict[int, list[Span]] = {}
+    for d, model in models.items():
+        f = featurised[d]
+        i, p, _ = f.take(np.ones(len(f.labels), bool))
+        scores = 1 / (1 + np.exp(-margins(model.weights, i, p)))
+        for k in np.flatnonzero(scores >= model.threshold):
+            kept.setdefault(int(f.row_of[k]), []).append(Span(d, *f.spans[k]))
+    others = tuple(x for x in pii.DETECTORS if x not in models)
+    totals = {k: {x: {"tp": 0, "fp": 0, "fn": 0} for x in pii.DETECTORS} for k in ("rules", "learned")}
+    for r, row in enumerate(rows):
+        text = row["text"]
+        rules = pii.find(text, pii.DETECTORS)
+        learned = pii._without_overlaps(pii.find(text, others) + kept.get(r, []))
+        for key, spans in (("rules", rules), ("learned", learned)):
+            counts = pii_row_counts(row, spans)
+            if per_prompt is not None:
+                per_prompt[key].append(counts)
+            for x, c in counts.items():
+                for k, v in c.items():
+                    totals[key][x][k] += v
+    return totals
+
+
+def blind(path: Path) -> dict:
+    """The rules and the models trained on all six files (and the ordinary prompts' training
+    half), thresholds chosen on them, on a file never used: precision and recall per detector."""
+    groups = sources()
+    ordinary = [{"text": t, "items": []} for t in ordinary_prompts()
+                if zlib.crc32(t.encode("utf-8", "surrogatepass")) % 2 == 0]
+    rows = pii_handwritten(path, holdout=True)
+    models, featurised = {}, {}
+    for d in LEARNED:
+        data = {**{g: Featurised(v, d) for g, v in groups.items()}, "ordinary": Featurised(ordinary, d)}
+        models[d] = fit(data, list(data))
+        featurised[d] = Featurised(rows, d)
+    totals = compare(models, featurised, rows)
+    return {"file": str(path), "prompts": len(rows), "thresholds": {d: m.threshold for d, m in models.items()},
+            **{k: pii_rates(v) for k, v in totals.items()}}
+
+
 def without_context_words() -> dict:
     """The shipped rules with their context word lists off (no phone or id word before a
     number, no version or address word around four dotted numbers), per held-out file and
@@ -435,7 +483,16 @@ def main() -> int:
     parser.add_argument("--out", default="reports/pii_learned.json")
     parser.add_argument("--without-context-words", action="store_true",
                         help="only measure the shipped rules with their context word lists off")
+    parser.add_argument("--blind", type=Path, help="only score this file (pii_handwritten format), never used before")
     args = parser.parse_args()
+    LEARNED, STEPS, L2 = tuple(args.detectors.split(",")), args.steps, args.l2
+    if args.blind:
+        out = blind(args.blind)
+        for d in pii.DETECTORS:
+            print(d, {k: (out[k][d]["precision"], out[k][d]["recall"]) for k in ("rules", "learned")})
+        (ROOT / "reports").mkdir(exist_ok=True)
+        (ROOT / "reports" / "pii_learned_blind.json").write_text(json.dumps(out, indent=1))
+        return 0
     if args.without_context_words:
         out = without_context_words()
         for name, rates in out.items():
@@ -443,7 +500,6 @@ def main() -> int:
         (ROOT / "reports").mkdir(exist_ok=True)
         (ROOT / "reports" / "pii_without_context_words.json").write_text(json.dumps(out, indent=1))
         return 0
-    LEARNED, STEPS, L2 = tuple(args.detectors.split(",")), args.steps, args.l2
     groups = sources()
     ordinary = ordinary_prompts()
     half = [zlib.crc32(t.encode("utf-8", "surrogatepass")) % 2 for t in ordinary]
@@ -453,33 +509,12 @@ def main() -> int:
     data = {d: {**{g: Featurised(groups[g], d) for g in names}, "ordinary": Featurised(ordinary_train, d)} for d in LEARNED}
     for d in LEARNED:
         print(d, {g: (len(f.labels), int(f.labels.sum())) for g, f in data[d].items()}, flush=True)
-    others = tuple(x for x in pii.DETECTORS if x not in LEARNED)
     # Per held-out file and prompt: the rules' counts and the model's.
     per_prompt = {"rules": [], "learned": []}
     by_file: dict[str, dict] = {}
     for held in names:
         models = {d: fit(data[d], [g for g in names if g != held] + ["ordinary"]) for d in LEARNED}
-        kept = {}
-        for d in LEARNED:
-            f = data[d][held]
-            i, p, _ = f.take(np.ones(len(f.labels), bool))
-            scores = 1 / (1 + np.exp(-margins(models[d].weights, i, p)))
-            kept[d] = [(int(f.row_of[k]), f.spans[k]) for k in np.flatnonzero(scores >= models[d].threshold)]
-        spans_by_row: dict[int, list[Span]] = {}
-        for d in LEARNED:
-            for r, (a, b) in kept[d]:
-                spans_by_row.setdefault(r, []).append(Span(d, a, b))
-        totals = {k: {x: {"tp": 0, "fp": 0, "fn": 0} for x in pii.DETECTORS} for k in per_prompt}
-        for r, row in enumerate(groups[held]):
-            text = row["text"]
-            rules = pii.find(text, pii.DETECTORS)
-            learned = pii._without_overlaps(pii.find(text, others) + spans_by_row.get(r, []))
-            for key, spans in (("rules", rules), ("learned", learned)):
-                counts = pii_row_counts(row, spans)
-                per_prompt[key].append(counts)
-                for x, c in counts.items():
-                    for k, v in c.items():
-                        totals[key][x][k] += v
+        totals = compare(models, {d: data[d][held] for d in LEARNED}, groups[held], per_prompt)
         by_file[held] = {k: pii_rates(v) for k, v in totals.items()}
         by_file[held]["thresholds"] = {d: models[d].threshold for d in LEARNED}
         print(held, {d: {k: (round(by_file[held][k][d]["precision"]["rate"], 3), round(by_file[held][k][d]["recall"]["rate"], 3))

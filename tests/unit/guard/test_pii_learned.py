@@ -67,3 +67,14 @@ def test_training_separates_a_feature_that_decides():
     w = exp.train(np.concatenate(rows), indptr, labels)
     margins = exp.margins(w, np.concatenate(rows), indptr)
     assert (margins[labels == 1] > 0).all() and (margins[labels == 0] < 0).all()
+
+
+def test_the_models_spans_replace_the_rules_and_are_counted_as_eval_guard_counts():
+    row = {"text": "call 030 901820 or order 0412 738 195", "items": [{"detector": "phone", "value": "030 901820"}]}
+    featurised = {"phone": exp.Featurised([row], "phone")}
+    weights = np.zeros(exp.BUCKETS)                      # every candidate scores 0.5
+    keep_all = exp.compare({"phone": exp.Model(weights, 0.5)}, featurised, [row])
+    keep_none = exp.compare({"phone": exp.Model(weights, 1.0)}, featurised, [row])
+    assert keep_all["rules"]["phone"] == {"tp": 1, "fp": 0, "fn": 0}
+    assert keep_all["learned"]["phone"] == {"tp": 1, "fp": 1, "fn": 0}
+    assert keep_none["learned"]["phone"] == {"tp": 0, "fp": 0, "fn": 1}
