@@ -1,6 +1,6 @@
 """Experiment: a learned keep/drop decision over the phone, IP and secret detectors'
 candidates against the shipped rules, by grouped cross-validation by file (docs/guard-quality.md,
-"A learned decision over candidates").
+"Personal data: a learned decision over candidates").
 
 A candidate is what the detector's pattern proposes and its hard check accepts: libphonenumber
 finds it a valid number of some region (pii.py's regions and `context_regions`), `ipaddress`
