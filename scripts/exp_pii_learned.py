@@ -53,6 +53,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
+from bench import stats  # noqa: E402
 from bench.guard import pii_rates, pii_row_counts  # noqa: E402
 from bench.guard_data import (PII_HANDWRITTEN, PII_HOLDOUT, PII_HOLDOUT2, PII_HOLDOUT3,  # noqa: E402
                               PII_HOLDOUT4, pii_examples, pii_handwritten)
@@ -523,22 +524,21 @@ def main() -> int:
     for key, rows in per_prompt.items():
         totals = {x: {k: sum(r[x][k] for r in rows) for k in ("tp", "fp", "fn")} for x in pii.DETECTORS}
         pooled[key] = pii_rates(totals)
-    # Paired bootstrap over prompts of the pooled difference (learned - rules).
-    rng = np.random.default_rng(0)
+    # Paired bootstrap over prompts of the pooled difference (learned - rules): both judged on
+    # the same draws.
+    draws = [d["prompts"] for d in stats.resamples({"prompts": np.arange(len(per_prompt["rules"]))}, args.bootstrap)]
     diff = {}
     for d in LEARNED:
         arr = {k: np.array([[r[d]["tp"], r[d]["fp"], r[d]["fn"]] for r in per_prompt[k]]) for k in per_prompt}
-        dp, dr = [], []
-        for _ in range(args.bootstrap):
-            idx = rng.integers(0, len(arr["rules"]), len(arr["rules"]))
+        values = []
+        for idx in draws:
             rates = {}
             for k, a in arr.items():
                 tp, fp, fn = a[idx].sum(axis=0)
                 rates[k] = (tp / max(tp + fp, 1), tp / max(tp + fn, 1))
-            dp.append(rates["learned"][0] - rates["rules"][0])
-            dr.append(rates["learned"][1] - rates["rules"][1])
-        diff[d] = {"precision": [float(np.percentile(dp, 2.5)), float(np.percentile(dp, 97.5))],
-                   "recall": [float(np.percentile(dr, 2.5)), float(np.percentile(dr, 97.5))]}
+            values.append((rates["learned"][0] - rates["rules"][0], rates["learned"][1] - rates["rules"][1]))
+        (p_low, r_low), (p_high, r_high) = stats.interval(np.array(values))
+        diff[d] = {"precision": [float(p_low), float(p_high)], "recall": [float(r_low), float(r_high)]}
     # False matches on the ordinary prompts not trained on, by a model on every file.
     final = {d: fit(data[d], names + ["ordinary"]) for d in LEARNED}
     false = {"prompts": len(ordinary_test), "rules": {d: 0 for d in LEARNED}, "learned": {d: 0 for d in LEARNED}}
