@@ -20,8 +20,8 @@ WINDOW = 200   # chosen on validation attacks appended to validation documents (
 PRIME = 0x100000001B3
 MIX = 0x9E3779B97F4A7C15
 
-# What lexical.py and normalize.py read of it, besides the constants above.
-NAMES = ("buckets", "score", "fold_by_table", "squeeze_by_table", "BEYOND_BMP")
+# What lexical.py, normalize.py and pii.py read of it, besides the constants above.
+NAMES = ("buckets", "score", "fold_by_table", "squeeze_by_table", "BEYOND_BMP", "runs")
 
 
 def current(module: ModuleType) -> bool:

@@ -29,6 +29,7 @@ from stdnum import iban as stdnum_iban
 from stdnum import numdb as stdnum_numdb
 
 from sidecar.guard import secrets
+from sidecar.guard.compiled import NGRAMS
 from sidecar.guard.pii_rules import RULES
 from sidecar.guard.secrets import DEFAULT_MIN_ENTROPY
 from sidecar.guard.spans import Span, matches
@@ -619,12 +620,8 @@ def _bmp_classes() -> np.ndarray:
     return classes
 
 
-def _compiled_runs():
-    try:
-        from sidecar.guard import _ngrams
-    except ImportError:
-        return None
-    return getattr(_ngrams, "runs", None)      # None: built from an older _ngrams.c
+# The compiled run finder (sidecar/guard/compiled.py decides whether the build is current).
+RUN_FINDER = NGRAMS.runs if NGRAMS is not None else None
 
 
 # (member classes, counted classes, least, also counted, also least, lookahead): each pattern's
@@ -678,7 +675,7 @@ class Candidates:
                    everything if text.count(":") > 1 else [], everything, len(text))
 
     @classmethod
-    def of(cls, text: str, runs=_compiled_runs()) -> "Candidates":
+    def of(cls, text: str, runs=RUN_FINDER) -> "Candidates":
         """`runs`: the compiled run finder (_ngrams.runs: the runs of each of _RUNS in one
         pass); None: the ranges around digits for every pattern of digits (the same matches,
         more of the text read)."""

@@ -206,7 +206,7 @@ _ASSIGNING = {sign: re.compile(sign + "(?:(?<![0-9].)|(?![0-9]))") for sign in "
 def _assigned(text: str, rules: "PiiRules") -> Iterable[Span]:
     """Values assigned to a name that says it is a credential (password=, "api_key": ...)."""
     reverse = None
-    for sign, assigning in _ASSIGNING.items():
+    for assigning in _ASSIGNING.values():
         at = _next(assigning, text, 0)
         while at >= 0:
             # The name before the sign, read backwards by one anchored match on the reversed
