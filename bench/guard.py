@@ -26,6 +26,7 @@ import numpy as np
 from bench import report, stats
 from bench.guard_data import (LATER_BATCH, ORDINARY_SOURCES, PII_HOLDOUT, PII_HOLDOUT2, PII_HOLDOUT3, PII_HOLDOUT4, PII_HOLDOUT5, ROOT, embed_all, injection_examples,
                               pii_examples, pii_handwritten)
+from sidecar.guard.injection import threshold_for as _threshold_for
 
 
 def wilson(hits: int, n: int) -> dict:
@@ -44,13 +45,6 @@ def _scores(head, examples) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     embedded = ~np.isnan(vectors).any(axis=1)
     full = np.array([head.score(v, e.text) if ok else np.nan for v, e, ok in zip(vectors, examples, embedded)])
     return embedded, full, np.array([head.score(None, e.text) for e in examples])
-
-
-def _threshold_for(benign_scores: np.ndarray, rate: float) -> float:
-    """The lowest threshold flagging at most `rate` of these benign prompts (flagged: score >= it)."""
-    ordered = np.sort(benign_scores)[::-1]
-    allowed = int(np.floor(rate * len(ordered)))
-    return float(ordered[allowed]) + 1e-9 if allowed < len(ordered) else 0.0
 
 
 def _appended(head) -> dict:

@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from bench.guard import _scores, wilson  # noqa: E402
 from bench.guard_data import ORDINARY_SOURCES, embed_all, injection_examples  # noqa: E402
 from sidecar.guard import lexical  # noqa: E402
-from sidecar.guard.injection import InjectionHead, _quantile  # noqa: E402
+from sidecar.guard.injection import InjectionHead, threshold_for  # noqa: E402
 from sidecar.guard.normalize import fold  # noqa: E402
 from train_guard import Ngrams, train  # noqa: E402
 
@@ -64,7 +64,7 @@ def bigrams() -> int:
         params, epoch, _ = train(np.zeros((len(examples), 0)), ngrams, y, ~val, val)
         scores = 1 / (1 + np.exp(-(ngrams.dot(params["lexical"]) + params["bias"])))
         for rate in (0.01, 0.001):
-            flagged = scores >= _quantile(scores[ordinary], rate)
+            flagged = scores >= threshold_for(scores[ordinary], rate)
             judged = val & ~embedded
 
             def share(mask, flagged=flagged) -> str:
@@ -91,7 +91,7 @@ def main() -> int:
     out = {"ordinary_without_embedding": int((ordinary & ~embedded).sum()), "variants": {}}
     for name, benign in calibrations.items():
         for rate in (0.01, 0.001):
-            threshold = _quantile(benign, rate)
+            threshold = threshold_for(benign, rate)
             flagged = text >= threshold
             row = {"threshold": round(threshold, 4), "by_language": {}}
             judged = ~embedded

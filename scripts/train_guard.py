@@ -201,6 +201,8 @@ def main() -> int:
     groups = calibration_groups([e for (_, e), o in zip(val, ordinary) if o])
     head = InjectionHead(head.embedding, head.lexical, head.bias, sv[ordinary].astype(np.float32), text_head, groups)
     head.save(WEIGHTS)
+    with np.load(WEIGHTS) as data:      # the head's loader reads them as the file orders them
+        assert all((np.diff(data[f"{p}benign_scores"]) >= 0).all() for p in ("", "text_")), "calibration not ascending"
     print(f"best epoch {epoch}; val recall at 0.1/0.5/1/2% false alarms (mean) {quality:.3f}; "
           f"at 1%: {recall_at(sv, yv, 0.01):.3f}")
     print(f"wrote {WEIGHTS.relative_to(ROOT)} ({WEIGHTS.stat().st_size // 1024} KiB)")

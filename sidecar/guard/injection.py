@@ -31,21 +31,35 @@ WEIGHTS = Path(__file__).with_name("injection_head.npz")
 DEFAULT_FALSE_ALARM_RATE = 0.001
 
 
-def _quantile(benign_scores: np.ndarray, false_alarm_rate: float, groups: np.ndarray | None = None) -> float:
-    """The score above which a share `false_alarm_rate` of these benign prompts lie, in each of
-    their `groups` (one label per score; None: one group)."""
+def threshold_for(benign_scores: np.ndarray, false_alarm_rate: float, groups: np.ndarray | None = None) -> float:
+    """The lowest threshold that flags (score >= it) at most floor(false_alarm_rate * n) of the
+    n benign prompts of each of their `groups` (one label per score; None: one group): the rate
+    is a ceiling, so a group too small to spare one prompt at that rate (n below
+    1 / false_alarm_rate) gets a threshold above its highest score. The scores may be in any
+    order."""
     if not 0.0 < false_alarm_rate < 1.0:
         raise ValueError(f"false_alarm_rate must be in (0, 1), got {false_alarm_rate}")
     parts = [benign_scores] if groups is None else [benign_scores[groups == g] for g in np.unique(groups)]
-    return max(float(np.quantile(part, 1.0 - false_alarm_rate, method="higher")) for part in parts)
+    return max(_above(part.astype(np.float32), false_alarm_rate) for part in parts if len(part))
+
+
+def _above(scores: np.ndarray, rate: float) -> float:
+    # 1e-9: a product such as 0.29 * 100 lands just below the whole number it stands for.
+    allowed = math.floor(rate * len(scores) + 1e-9)
+    if allowed >= len(scores):
+        return 0.0
+    # The (allowed + 1)-th highest score and those below it stay unflagged: the next float32
+    # above it (a live float64 score of that prompt rounds to it, so stays below).
+    kept = np.partition(scores, len(scores) - 1 - allowed)[len(scores) - 1 - allowed]
+    return float(np.nextafter(kept, np.float32(np.inf)))
 
 
 def _calibration(data, prefix: str) -> tuple[np.ndarray, np.ndarray | None]:
-    """Stored scores sorted, with their groups (None for a file without them)."""
+    """Stored scores (ascending: `_stored` writes them so), with their groups (None for a file
+    without them)."""
     scores = data[f"{prefix}benign_scores"].astype(np.float32)
-    order = np.argsort(scores, kind="stable")
-    groups = data[f"{prefix}benign_groups"][order].astype(np.int8) if f"{prefix}benign_groups" in data else None
-    return scores[order], groups
+    groups = data[f"{prefix}benign_groups"].astype(np.int8) if f"{prefix}benign_groups" in data else None
+    return scores, groups
 
 
 def _stored(prefix: str, scores: np.ndarray, groups: np.ndarray | None) -> dict:
@@ -72,7 +86,7 @@ class TextHead:
         return _logistic(lexical.score(self.lexical, text) + self.bias)
 
     def threshold(self, false_alarm_rate: float) -> float:
-        return _quantile(self.benign_scores, false_alarm_rate, self.benign_groups)
+        return threshold_for(self.benign_scores, false_alarm_rate, self.benign_groups)
 
 
 def _sparse(prefix: str, weights: np.ndarray) -> dict:
@@ -124,11 +138,11 @@ class InjectionHead:
         return _logistic(float(vector @ self.embedding) + lexical.score(self.lexical, text) + self.bias)
 
     def threshold(self, false_alarm_rate: float, embedded: bool = True) -> float | None:
-        """The score above which a share `false_alarm_rate` of ordinary validation prompts lie
-        (in each group), for the full model or (embedded=False) the n-gram model (None without
-        one)."""
+        """The threshold that flags at most a share `false_alarm_rate` of the ordinary
+        validation prompts of each group (`threshold_for`), for the full model or
+        (embedded=False) the n-gram model (None without one)."""
         if embedded:
-            return _quantile(self.benign_scores, false_alarm_rate, self.benign_groups)
+            return threshold_for(self.benign_scores, false_alarm_rate, self.benign_groups)
         return None if self.text is None else self.text.threshold(false_alarm_rate)
 
 

@@ -582,6 +582,21 @@ def test_threshold_is_a_quantile_of_benign_scores():
         head.threshold(0.0)
 
 
+@pytest.mark.parametrize("n", [202, 255, 999, 1000, 1924])
+@pytest.mark.parametrize("rate", [0.001, 0.005, 0.01, 0.29])
+def test_threshold_flags_at_most_the_rate_of_a_group_whatever_its_size(n, rate):
+    # A small group cannot spare a prompt at a low rate: 202 prompts at 0.1% flag none (a
+    # quantile's "higher" point flagged one, 0.5%). Ties and any order of the scores alike.
+    scores = np.random.default_rng(n).random(n).astype(np.float32)
+    scores[:3] = scores[3]
+    head = InjectionHead(np.ones(2, np.float32), np.zeros(lexical.DIM, np.float32), 0.0, scores)
+    flagged = int((scores.astype(np.float64) >= head.threshold(rate)).sum())
+    allowed = int(np.floor(rate * n + 1e-9))
+    assert flagged <= allowed
+    # The lowest such threshold: the next score down would flag more than allowed.
+    assert flagged == allowed or int((scores >= np.sort(scores)[::-1][flagged]).sum()) > allowed
+
+
 def test_threshold_holds_the_rate_in_each_calibration_group(tmp_path):
     # 1,000 English prompts scoring low, 50 in other languages scoring high: pooled, the 1%
     # threshold would flag all the high ones' top; by group it flags at most 1% of each group.
@@ -592,8 +607,9 @@ def test_threshold_holds_the_rate_in_each_calibration_group(tmp_path):
     pooled = InjectionHead(head.embedding, head.lexical, head.bias, scores)
     assert pooled.threshold(0.01) < 0.9
     assert head.threshold(0.01) == pytest.approx(0.9) == head.threshold(0.01, embedded=False)
-    assert head.threshold(0.5) == pytest.approx(max(np.quantile(scores[:1000], 0.5, method="higher"),
-                                                    np.quantile(scores[1000:], 0.5, method="higher")))
+    # Each group flags at most half of its own prompts; the higher threshold holds both.
+    assert head.threshold(0.5) == pytest.approx(max(np.sort(scores[:1000])[499], np.sort(scores[1000:])[24]))
+    assert (scores[:1000] >= head.threshold(0.5)).sum() <= 500 and (scores[1000:] >= head.threshold(0.5)).sum() <= 25
     head.save(tmp_path / "head.npz")
     again = InjectionHead.load(tmp_path / "head.npz")
     assert again.threshold(0.01) == pytest.approx(0.9) == again.threshold(0.01, embedded=False)
