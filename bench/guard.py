@@ -3,9 +3,10 @@
 - injection: detection and false alarms on the held-out test splits (bench/guard_data.py) at the
   thresholds a route gets for false_alarm_rate 0.01, 0.005 and 0.001 and at the goal's operating
   points (each threshold set on validation prompts), per source and language, with Wilson 95%
-  intervals (the hand-written held-out set, data/guard/injections_holdout.jsonl, as its own
-  source); prompts the model does not embed are judged, as in the sidecar, by the n-gram model
-  at its own threshold, which is also reported alone, per language;
+  intervals (the hand-written held-out sets, data/guard/injections_holdout.jsonl and, when
+  present, data/guard/injections_holdout2.jsonl, each as its own source, by language); prompts
+  the model does not embed are judged, as in the sidecar, by the n-gram model at its own
+  threshold, which is also reported alone, per language;
 - words: planted denied words (with zero-width characters, full-width letters, case and CJK
   spacing tricks) in paraphrase prompts, and false matches on clean ones, per squeeze mode;
 - personal data: per detector, precision and recall on data/guard/pii.jsonl (generated) and
@@ -24,7 +25,8 @@ import sys
 import numpy as np
 
 from bench import report, stats
-from bench.guard_data import (LATER_BATCH, ORDINARY_SOURCES, PII_HOLDOUT, PII_HOLDOUT2, PII_HOLDOUT3, PII_HOLDOUT4, PII_HOLDOUT5, ROOT, embed_all, injection_examples,
+from bench.guard_data import (HOLDOUT_SOURCES, LATER_BATCH, ORDINARY_SOURCES, PII_HOLDOUT, PII_HOLDOUT2, PII_HOLDOUT3, PII_HOLDOUT4,
+                              PII_HOLDOUT5, ROOT, embed_all, holdout_files, injection_examples,
                               pii_examples, pii_handwritten)
 from sidecar.guard.injection import threshold_for as _threshold_for
 
@@ -47,32 +49,43 @@ def _scores(head, examples) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return embedded, full, np.array([head.score(None, e.text) for e in examples])
 
 
-def _appended(head) -> dict:
-    """Attacks appended to an ordinary document (test attacks after test paraphrase prompts run
-    together to 500 and 2,000 characters), and such documents without an attack, at the route
-    thresholds for false_alarm_rate 0.01 and 0.001: an order pasted after a document is
-    indirect injection's common shape."""
-    examples = injection_examples()
-    ordinary = [e.text for e in examples if e.source == "paraphrase" and e.split == "test"]
-    attacks = [e.text for e in examples if e.split == "test" and e.label == 1 and e.source in DEVELOPMENT]
-    rng = random.Random(22)
-
-    def document(size: int) -> str:
+def appended_documents(attacks: list[str], ordinary: list[str], size: int, rng: random.Random,
+                       joiner: str = "\n\n") -> list[str]:
+    """Each attack after ordinary prompts run together to `size` characters (`joiner` between
+    them: a blank line, a new paragraph), then 200 such documents alone."""
+    def document() -> str:
         parts, length = [], 0
         while length < size:
             parts.append(rng.choice(ordinary))
             length += len(parts[-1]) + 1
         return " ".join(parts)[:size]
 
+    return [document() + joiner + a for a in attacks] + [document() for _ in range(200)]
+
+
+# Attacks appended to documents: the name, the document's size, what stands between them.
+APPENDED_SHAPES = (("500_chars", 500, "\n\n"), ("2000_chars", 2000, "\n\n"), ("500_chars_same_paragraph", 500, " "))
+
+
+def _appended(head) -> dict:
+    """Attacks appended to an ordinary document (test attacks after test paraphrase prompts run
+    together to 500 and 2,000 characters, as a paragraph of their own, and after 500 characters
+    in the same paragraph), and such documents without an attack, at the route thresholds for
+    false_alarm_rate 0.01 and 0.001: an order pasted after a document is indirect injection's
+    common shape."""
+    examples = injection_examples()
+    ordinary = [e.text for e in examples if e.source == "paraphrase" and e.split == "test"]
+    attacks = [e.text for e in examples if e.split == "test" and e.label == 1 and e.source in DEVELOPMENT]
+    rng = random.Random(22)
     out = {}
-    for size in (500, 2000):
-        texts = [document(size) + "\n\n" + a for a in attacks] + [document(size) for _ in range(200)]
+    for name, size, joiner in APPENDED_SHAPES:
+        texts = appended_documents(attacks, ordinary, size, rng, joiner)
         vectors = embed_all(texts)
         embedded = ~np.isnan(vectors).any(axis=1)
         scores = np.array([head.score(v if ok else None, t) for v, t, ok in zip(vectors, texts, embedded)])
         for rate in (0.01, 0.001):
             flagged = scores >= np.where(embedded, head.threshold(rate), head.threshold(rate, embedded=False))
-            out[f"{size}_chars_false_alarm_rate_{rate}"] = {
+            out[f"{name}_false_alarm_rate_{rate}"] = {
                 "detection": wilson(int(flagged[:len(attacks)].sum()), len(attacks)),
                 "false_alarms": wilson(int(flagged[len(attacks):].sum()), len(texts) - len(attacks))}
     return out
@@ -102,15 +115,16 @@ def _rates(flagged: np.ndarray, test: list, by_language: bool = True) -> dict:
     earlier_detect, earlier_fa = group(lambda e: e.source in DEVELOPMENT and e.earlier)
     result["earlier_rows"] = {"detection": earlier_detect, "false_alarms": earlier_fa,
                               "false_alarms_ordinary": group(lambda e: e.source == "ordinary" and e.earlier)[1]}
-    for source in DEVELOPMENT + ("holdout",):
+    for source in DEVELOPMENT + HOLDOUT_SOURCES:
         d, f = group(lambda e, s=source: e.source == s)
         if d["n"] or f["n"]:
             result["by_source"][source] = {"detection": d, "false_alarms": f}
-    if by_language and "holdout" in result["by_source"]:
-        result["holdout_by_language"] = {}
-        for lang in sorted({e.lang for e in test if e.source == "holdout"}):
-            d, f = group(lambda e, lang=lang: e.source == "holdout" and e.lang == lang)
-            result["holdout_by_language"][lang] = {"detection": d, "false_alarms": f}
+    for source in HOLDOUT_SOURCES:
+        if by_language and source in result["by_source"]:
+            result[f"{source}_by_language"] = {}
+            for lang in sorted({e.lang for e in test if e.source == source}):
+                d, f = group(lambda e, lang=lang, s=source: e.source == s and e.lang == lang)
+                result[f"{source}_by_language"][lang] = {"detection": d, "false_alarms": f}
     if by_language:
         result["ordinary_by_language"] = {
             lang: group(lambda e, lang=lang: e.source == "ordinary" and e.lang == lang)[1]
@@ -322,13 +336,22 @@ def main() -> int:
                         for name, label in (("hard_lookalikes_0.01", "1% of hard look-alikes"), ("ordinary_0.01", "1% of ordinary"),
                                             ("ordinary_0.001", "0.1% of ordinary"))],
                        ["threshold set for", "detection", "fa hard look-alikes", "fa ordinary non-English"]))
-    if "holdout" in points["ordinary_0.001"]["by_source"]:
-        print("\nhand-written held-out set (data/guard/injections_holdout.jsonl), same thresholds:")
-        print(report.table([{"threshold set for": label, "detection": _cell(points[name]["by_source"]["holdout"]["detection"]),
-                             "false alarms": _cell(points[name]["by_source"]["holdout"]["false_alarms"])}
+    for source, path in holdout_files().items():
+        if source not in points["ordinary_0.001"]["by_source"]:
+            continue
+        print(f"\nhand-written held-out set ({path.relative_to(ROOT)}), same thresholds:")
+        print(report.table([{"threshold set for": label, "detection": _cell(points[name]["by_source"][source]["detection"]),
+                             "false alarms": _cell(points[name]["by_source"][source]["false_alarms"])}
                             for name, label in (("hard_lookalikes_0.01", "1% of hard look-alikes"), ("ordinary_0.01", "1% of ordinary"),
                                                 ("ordinary_0.001", "0.1% of ordinary"))],
                            ["threshold set for", "detection", "false alarms"]))
+        print(f"{path.name} by language, route rate 0.001 / 0.01 (detection; false alarms on its benign prompts):")
+        by_rate = {rate: data["injection"][f"false_alarm_rate_{rate}"][f"{source}_by_language"] for rate in ("0.001", "0.01")}
+        print(report.table([{"language": lang, "detection 0.001": _cell(v["detection"]), "false alarms 0.001": _cell(v["false_alarms"]),
+                             "detection 0.01": _cell(by_rate["0.01"][lang]["detection"]),
+                             "false alarms 0.01": _cell(by_rate["0.01"][lang]["false_alarms"])}
+                            for lang, v in by_rate["0.001"].items()],
+                           ["language", "detection 0.001", "false alarms 0.001", "detection 0.01", "false alarms 0.01"]))
     print("\nattacks appended to an ordinary document, and such documents alone:")
     print(report.table([{"document, route rate": k, "detection": _cell(v["detection"]), "false alarms": _cell(v["false_alarms"])}
                         for k, v in data["injection"]["appended"].items()], ["document, route rate", "detection", "false alarms"]))

@@ -6,8 +6,9 @@ Injection data (label 1 = attack):
     split is held out; its `train` split is cut 80/20 into train and val by a hash of the id;
   - data/guard/injections.jsonl (written for Sluice, many languages): train / val / test as
     the file says;
-  - data/guard/injections_holdout.jsonl, when present (hand-written held-out prompts): every
-    row test, source "holdout", reported apart from the others;
+  - data/guard/injections_holdout.jsonl and data/guard/injections_holdout2.jsonl, each when
+    present (hand-written held-out prompts): every row test, sources "holdout" and "holdout2",
+    each reported apart from the others;
   - data/guard/ordinary.jsonl (ordinary requests in Chinese, Japanese, Korean and seven other
     languages, every one benign: the paraphrase set is English): train / val / test as the file says;
   - ../shared/data/paraphrase/dev.jsonl (every prompt benign): by a hash of the prompt's
@@ -44,6 +45,14 @@ ORDINARY = ROOT / "data" / "guard" / "ordinary.jsonl"
 # Hand-written held-out prompts (data/guard/README.md): every row is test, source "holdout",
 # reported apart; never trained on, never used to choose anything.
 HOLDOUT = ROOT / "data" / "guard" / "injections_holdout.jsonl"
+HOLDOUT2 = ROOT / "data" / "guard" / "injections_holdout2.jsonl"
+HOLDOUT_SOURCES = ("holdout", "holdout2")
+
+
+def holdout_files() -> dict[str, Path]:
+    """Each held-out file by its source name."""
+    return {"holdout": HOLDOUT, "holdout2": HOLDOUT2}
+
 # Sources of ordinary prompts (not written to look like attacks): a route's false_alarm_rate is
 # a share of these.
 ORDINARY_SOURCES = ("paraphrase", "ordinary")
@@ -57,10 +66,10 @@ PII_HOLDOUT3 = ROOT / "data" / "guard" / "pii_holdout3.txt"
 PII_HOLDOUT4 = ROOT / "data" / "guard" / "pii_holdout4.txt"
 PII_HOLDOUT5 = ROOT / "data" / "guard" / "pii_holdout5.txt"
 # Per id series of injections.jsonl and ordinary.jsonl, the first row of the latest batch
-# (ordinary prompts in 23 languages, attacks and look-alikes in the weaker languages and in
-# documents: data/guard/README.md). `make eval-guard` also reports the test rows below these
+# (Chinese attacks, orders appended to documents, look-alikes of the same shapes, ordinary
+# pasted-document requests: data/guard/README.md). `make eval-guard` also reports the test rows below these
 # numbers apart (`earlier_rows`): a set comparable with figures measured on those rows alone.
-LATER_BATCH = {"atk": 967, "ben": 956, "ord": 305}
+LATER_BATCH = {"atk": 1405, "ben": 1300, "ord": 1019}
 CACHE = ROOT / "build" / "guard" / "embeddings.npz"
 STATES_CACHE = ROOT / "build" / "guard" / "pooled_states.npz"
 # Pooled token states per text (pooled_states): layer-4 states (the graph's token_states output,
@@ -73,7 +82,7 @@ class Example:
     text: str
     label: int
     split: str        # train | val | test
-    source: str       # deepset | sluice | holdout (attacks and look-alikes) | paraphrase | ordinary | generated
+    source: str       # deepset | sluice | holdout | holdout2 (attacks and look-alikes) | paraphrase | ordinary | generated
     lang: str
     earlier: bool = True    # False: a row at or past its series' number in LATER_BATCH
 
@@ -102,9 +111,10 @@ def injection_examples(paraphrase_limit: int | None = None, extra_ordinary: bool
         out.append(Example(row["text"], int(row["label"]), split, "deepset", "en+de"))
     for row in _read(OURS):
         out.append(Example(row["text"], int(row["label"]), row["split"], "sluice", row["lang"], _earlier(row["id"])))
-    if HOLDOUT.exists():
-        for row in _read(HOLDOUT):
-            out.append(Example(row["text"], int(row["label"]), "test", "holdout", row["lang"]))
+    for source, path in holdout_files().items():
+        if path.exists():
+            for row in _read(path):
+                out.append(Example(row["text"], int(row["label"]), "test", source, row["lang"]))
     for row in _read(ORDINARY):
         out.append(Example(row["text"], 0, row["split"], "ordinary", row["lang"], _earlier(row["id"])))
     texts = _paraphrase_texts()

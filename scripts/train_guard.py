@@ -7,7 +7,8 @@ its hashed character n-grams (sidecar/guard/lexical.py), trained jointly by full
 L2 (stronger on the embedding's 384 dense weights than on the sparse n-gram ones) and class
 weights (attacks are few); the epoch count is chosen on the val split by recall at low
 false-alarm rates. A second logistic over the n-grams alone, trained the same way on every
-prompt (those the model cannot embed included), judges prompts without an embedding. The scores
+prompt (those the model cannot embed included), judges prompts without an embedding, and the
+last paragraph of a prompt of several (the higher of its score and the full model's). The scores
 of the ordinary val prompts (paraphrase set, data/guard/ordinary.jsonl) under each model are saved with the weights: they turn
 a route's false-alarm rate into a threshold per model. The test splits are not read. Deterministic: the same data
 gives the same weights.
@@ -186,8 +187,10 @@ def main() -> int:
           f"val: {int(y[~is_train].sum())} attacks, {int((1 - y[~is_train]).sum())} benign")
     params, epoch, quality = train(vectors, ngrams, y, is_train, ~is_train,
                                    sample_weights(examples, y, is_train, NON_ENGLISH_SHARE))
+    # A prompt of several paragraphs also scores as its last one read by the n-gram model
+    # (scripts/exp_guard_tail.py: orders appended to documents, on validation).
     head = InjectionHead(params["embedding"].astype(np.float32), params["lexical"].astype(np.float32),
-                         float(params["bias"]), np.zeros(0, np.float32))
+                         float(params["bias"]), np.zeros(0, np.float32), text_head, last_paragraph=True)
     # Scores as the sidecar computes them (float16 weights, one prompt at a time).
     head.save(WEIGHTS)
     head = InjectionHead.load(WEIGHTS)
@@ -199,7 +202,8 @@ def main() -> int:
     # each group of them.
     ordinary = np.array([e.source in ORDINARY_SOURCES for _, e in val])
     groups = calibration_groups([e for (_, e), o in zip(val, ordinary) if o])
-    head = InjectionHead(head.embedding, head.lexical, head.bias, sv[ordinary].astype(np.float32), text_head, groups)
+    head = InjectionHead(head.embedding, head.lexical, head.bias, sv[ordinary].astype(np.float32), head.text, groups,
+                         head.last_paragraph)
     head.save(WEIGHTS)
     with np.load(WEIGHTS) as data:      # the head's loader reads them as the file orders them
         assert all((np.diff(data[f"{p}benign_scores"]) >= 0).all() for p in ("", "text_")), "calibration not ascending"

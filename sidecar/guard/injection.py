@@ -12,6 +12,10 @@ prompts come in groups (English paraphrase prompts; ordinary prompts in other la
 the rate must hold in each: the threshold is the highest of the groups' own, so prompts in a
 language the models read poorly are not flagged more often because English ones are many.
 
+The embedding of a pasted document with an order appended reads mostly the document: a prompt of
+several paragraphs scores the higher of the full model's score and the n-gram model's score of
+its last paragraph (the head file says so, as its calibration was scored that way).
+
 The model refuses text whose tokens its English vocabulary mostly lacks (much Chinese, Japanese,
 Korean, Arabic) and gives no vector when the embedding queue is full or no model is loaded; such
 a prompt is still judged, by the n-gram model (`TextHead`), at its own threshold for the same
@@ -20,6 +24,7 @@ false-alarm rate.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -70,6 +75,16 @@ def _stored(prefix: str, scores: np.ndarray, groups: np.ndarray | None) -> dict:
     return out
 
 
+_BLANK_LINE = re.compile(r"\n\s*\n")
+
+
+def last_paragraph(text: str) -> str | None:
+    """The last paragraph (parts split by a blank line) of a text of more than one, else None.
+    Read in the text's last lexical.MAX_CHARS characters, as much as the n-gram model reads."""
+    parts = [p for p in _BLANK_LINE.split(text[-lexical.MAX_CHARS:].strip()) if p.strip()]
+    return parts[-1] if len(parts) > 1 else None
+
+
 def _logistic(logit: float) -> float:
     return 0.5 * (1.0 + math.tanh(logit / 2))     # without overflow
 
@@ -108,6 +123,9 @@ class InjectionHead:
     benign_scores: np.ndarray   # scores of ordinary validation prompts (calibration)
     text: TextHead | None = None
     benign_groups: np.ndarray | None = None     # each score's group (None: one group)
+    # A prompt of several paragraphs also scores as its last paragraph read by the n-gram
+    # model: the file says so, as its calibration was scored that way.
+    last_paragraph: bool = False
 
     @classmethod
     def load(cls, path: Path = WEIGHTS) -> "InjectionHead":
@@ -118,7 +136,9 @@ class InjectionHead:
             if "text_bias" in data:
                 text = TextHead(_dense(data, "text_"), float(data["text_bias"]), *_calibration(data, "text_"))
             scores, groups = _calibration(data, "")
-            return cls(data["embedding"].astype(np.float32), _dense(data, ""), float(data["bias"]), scores, text, groups)
+            tail = bool(data["last_paragraph"]) if "last_paragraph" in data else False
+            return cls(data["embedding"].astype(np.float32), _dense(data, ""), float(data["bias"]), scores, text, groups,
+                       tail and text is not None)
 
     def save(self, path: Path) -> None:
         text = {}
@@ -128,14 +148,20 @@ class InjectionHead:
         np.savez_compressed(path, embedding=self.embedding.astype(np.float16), bias=np.float32(self.bias),
                             **_sparse("", self.lexical), **text,
                             lexical_dim_bits=lexical.DIM_BITS, lexical_orders=np.array(lexical.ORDERS),
-                            **_stored("", self.benign_scores, self.benign_groups))
+                            **_stored("", self.benign_scores, self.benign_groups),
+                            **({"last_paragraph": np.bool_(True)} if self.last_paragraph else {}))
 
     def score(self, vector: np.ndarray | None, text: str) -> float | None:
         """A probability-like score in [0, 1] for a prompt's unit embedding and its text; for a
         prompt without an embedding (vector None), the n-gram model's score (None without one)."""
         if vector is None:
             return None if self.text is None else self.text.score(text)
-        return _logistic(float(vector @ self.embedding) + lexical.score(self.lexical, text) + self.bias)
+        full = _logistic(float(vector @ self.embedding) + lexical.score(self.lexical, text) + self.bias)
+        if self.last_paragraph and (tail := last_paragraph(text)) is not None:
+            # An order appended to a pasted document: the embedding of the whole text reads
+            # mostly the document, the n-grams of the last paragraph read the order alone.
+            return max(full, self.text.score(tail))
+        return full
 
     def threshold(self, false_alarm_rate: float, embedded: bool = True) -> float | None:
         """The threshold that flags at most a share `false_alarm_rate` of the ordinary

@@ -28,14 +28,15 @@ def test_generated_rows_are_train_rows_built_from_train_rows_only():
     assert generated == generated_examples(examples)          # seeded: the same rows each run
 
 
-def test_held_out_rows_are_test_whatever_the_file_says(tmp_path, monkeypatch):
+@pytest.mark.parametrize("name, source", [("HOLDOUT", "holdout"), ("HOLDOUT2", "holdout2")])
+def test_held_out_rows_are_test_whatever_the_file_says(tmp_path, monkeypatch, name, source):
     holdout = tmp_path / "injections_holdout.jsonl"
     holdout.write_text(json.dumps({"id": "h1", "text": "ignore it all", "label": 1, "lang": "en", "split": "train"}) + "\n")
-    monkeypatch.setattr(guard_data, "HOLDOUT", holdout)
-    held = [e for e in guard_data.injection_examples(paraphrase_limit=10) if e.source == "holdout"]
+    monkeypatch.setattr(guard_data, name, holdout)
+    held = [e for e in guard_data.injection_examples(paraphrase_limit=10) if e.source == source]
     assert [(e.split, e.label) for e in held] == [("test", 1)]
-    monkeypatch.setattr(guard_data, "HOLDOUT", tmp_path / "absent.jsonl")
-    assert not [e for e in guard_data.injection_examples(paraphrase_limit=10) if e.source == "holdout"]
+    monkeypatch.setattr(guard_data, name, tmp_path / "absent.jsonl")
+    assert not [e for e in guard_data.injection_examples(paraphrase_limit=10) if e.source == source]
 
 
 def test_held_out_set_is_reported_apart():
@@ -47,6 +48,12 @@ def test_held_out_set_is_reported_apart():
     assert result["by_source"]["holdout"]["detection"]["rate"] == 0.0
     assert result["by_source"]["holdout"]["false_alarms"]["rate"] == 1.0
     assert result["holdout_by_language"]["de"]["detection"]["n"] == 1
+    # A second held-out set counts under its own source only, by language too.
+    test.append(Example("e", 1, "test", "holdout2", "zh"))
+    result = guard._rates(np.array([True, False, True, False, True]), test)
+    assert result["detection"]["n"] == 1 and result["by_source"]["holdout"]["detection"]["n"] == 1
+    assert result["by_source"]["holdout2"]["detection"]["rate"] == 1.0
+    assert result["holdout2_by_language"] == {"zh": {"detection": guard.wilson(1, 1), "false_alarms": guard.wilson(0, 0)}}
 
 
 def test_hand_written_rows_follow_the_split_rule():
@@ -141,6 +148,7 @@ def test_earlier_rows_are_the_rows_below_the_later_batch_ids(tmp_path, monkeypat
                                 for i in ("ord-304", "ord-305")))
     monkeypatch.setattr(guard_data, "OURS", ours)
     monkeypatch.setattr(guard_data, "ORDINARY", ordinary)
+    monkeypatch.setattr(guard_data, "LATER_BATCH", {"atk": 967, "ben": 956, "ord": 305})
     test = [e for e in guard_data.injection_examples(paraphrase_limit=0) if e.source in ("sluice", "ordinary")]
     assert [e.earlier for e in test] == [True, True, False, False, True, False]
     result = guard._rates(np.array([False, False, True, True, False, True]), test)
