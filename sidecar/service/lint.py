@@ -146,11 +146,9 @@ class _Linter:
         sets_default = _sets_header(hcm, CLUSTER_HEADER)
         ext_proc_names = {filters[i].get("name") for i in found}
         for vi, host in enumerate(_get(route_config, "virtual_hosts") or []):
-            host_allows = _allows_failure(host, ext_proc_names)
             for ri, route in enumerate(_get(host, "routes") or []):
                 path = _join(where, f"route_config.virtual_hosts[{vi}].routes[{ri}]")
-                allows = _allows_failure(route, ext_proc_names)     # the route's own, else its host's
-                fails_open = next((a for a in (allows, host_allows) if a is not None), fail_open)
+                fails_open = _fails_open([route, host, route_config], ext_proc_names, fail_open)
                 self.route(route, path, clusters, stripped, fail_open and not sets_default, fails_open)
 
     def stripping(self, stripped: tuple[set, set], where: str) -> None:
@@ -232,8 +230,9 @@ class _Linter:
         if settings is not None and settings.HasField("guard") and fails_open:
             self.add(_join(settings_path, "guard"), "error", "guard-fails-open",
                      "the route has a guard but fails open: whenever the sidecar is slow or down its prompts "
-                     "reach the upstream unchecked (set typed_per_filter_config for ext_proc on the route: "
-                     "ExtProcPerRoute overrides.failure_mode_allow false; docs/guard.md)")
+                     "reach the upstream unchecked, always where ext_proc is disabled for it (set "
+                     "typed_per_filter_config for ext_proc on the route: ExtProcPerRoute "
+                     "overrides.failure_mode_allow false, not disabled; docs/guard.md)")
         if settings is None or not settings.candidates:
             return
         if _get(action, "cluster_header") != CLUSTER_HEADER:
@@ -335,8 +334,7 @@ class _Linter:
         fail_open = any(_get(config, "failure_mode_allow") is True for config, _ in ext_procs)
         ext_proc_names = {EXT_PROC}
         for route, route_path, stripped in route_patches:
-            allows = _allows_failure(route, ext_proc_names)
-            self.route(route, route_path, None, stripped, False, fail_open if allows is None else allows)
+            self.route(route, route_path, None, stripped, False, _fails_open([route], ext_proc_names, fail_open))
         if not ext_procs:
             self.add(_join(where, "spec.configPatches"), "error", "ext-proc-missing",
                      f"no HTTP_FILTER patch adds {EXT_PROC}: requests never reach Sluice")
@@ -466,18 +464,33 @@ def _is_ext_proc(http_filter) -> bool:
         http_filter.get("name") == EXT_PROC or _type(http_filter.get("typed_config")) == EXT_PROC_TYPE)
 
 
-def _allows_failure(scope: dict, ext_proc_names: set) -> bool | None:
-    """A route's or virtual host's own failure_mode_allow for the ext_proc filter
-    (typed_per_filter_config: ExtProcPerRoute, bare or inside a FilterConfig); None when unset."""
-    per_filter = _get(scope, "typed_per_filter_config") or {}
-    for name in ext_proc_names:
-        config = _get(per_filter, name)
-        if _type(config) == "envoy.config.route.v3.FilterConfig":
-            config = _get(config, "config")
-        allow = _get(_get(config, "overrides"), "failure_mode_allow")
-        if isinstance(allow, bool):
-            return allow
-    return None
+def _fails_open(scopes: list, ext_proc_names: set, filter_allows: bool) -> bool:
+    """Whether the ext_proc filter lets a route's requests through unchecked, reading the
+    typed_per_filter_config of `scopes` (the route, its virtual host, its route configuration:
+    most specific first) as Envoy does: the most specific scope that configures the filter
+    decides whether it is disabled (a FilterConfig's `disabled`, or ExtProcPerRoute's: the filter
+    never runs there), and the most specific ExtProcPerRoute that sets overrides.failure_mode_allow
+    overrides the filter's own (`filter_allows`)."""
+    disabled = allows = None
+    for scope in scopes:
+        per_filter = _get(scope, "typed_per_filter_config") or {}
+        for name in ext_proc_names:
+            config = per_filter.get(name) if isinstance(per_filter, dict) else None
+            if not isinstance(config, dict):
+                continue
+            if _type(config) == "envoy.config.route.v3.FilterConfig":
+                if _get(config, "disabled") is True:
+                    disabled = True if disabled is None else disabled
+                    continue                # its config is ignored
+                config = _get(config, "config")
+                if not isinstance(config, dict):
+                    continue
+            if disabled is None:
+                disabled = _get(config, "disabled") is True
+            allow = _get(_get(config, "overrides"), "failure_mode_allow")
+            if allows is None and isinstance(allow, bool):
+                allows = allow
+    return bool(disabled) or (filter_allows if allows is None else allows)
 
 
 def _type(config) -> str:

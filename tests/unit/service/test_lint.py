@@ -266,3 +266,26 @@ def test_a_guarded_route_that_fails_closed_is_clean(where):
     _sluice(config)["guard"] = {"words": [{"name": "w", "words": ["x"]}]}
     _ext(config)["failure_mode_allow"] = False
     assert lint_text(yaml.safe_dump(config), "good.yaml") == []
+
+
+@pytest.mark.parametrize("where", ["route", "route, in a FilterConfig", "virtual host", "route config"])
+def test_a_guarded_route_that_disables_ext_proc_fails_open(where):
+    # ExtProcPerRoute `disabled: true` (or a FilterConfig's) skips the filter on the route: its
+    # prompts always reach the upstream unchecked, whatever failure_mode_allow says.
+    config = reference()
+    _sluice(config)["guard"] = {"words": [{"name": "w", "words": ["x"]}]}
+    _ext(config)["failure_mode_allow"] = False
+    route_config = _hcm(config)["route_config"]
+    scope = {"virtual host": route_config["virtual_hosts"][0], "route config": route_config}.get(where, _route(config))
+    if where == "route config":
+        route_config["virtual_hosts"][0].pop("typed_per_filter_config")    # the host's entry would decide
+    disabled = ({"@type": "type.googleapis.com/envoy.config.route.v3.FilterConfig", "disabled": True}
+                if where == "route, in a FilterConfig" else
+                {"@type": "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExtProcPerRoute", "disabled": True})
+    scope.setdefault("typed_per_filter_config", {})["envoy.filters.http.ext_proc"] = disabled
+    assert [f.code for f in lint_text(yaml.safe_dump(config), "bad.yaml")] == ["guard-fails-open"]
+    # The route's own override (more specific) runs the filter again, closed.
+    if where in ("virtual host", "route config"):
+        _route(config).setdefault("typed_per_filter_config", {})["envoy.filters.http.ext_proc"] = _fail_closed_override(wrapped=False)
+        assert lint_text(yaml.safe_dump(config), "good.yaml") == []
+
