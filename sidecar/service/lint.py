@@ -313,7 +313,7 @@ class _Linter:
     def envoy_filter(self, doc: dict, where: str) -> None:
         patches = (doc.get("spec") or {}).get("configPatches") or []
         clusters: set = set()
-        ext_procs, managers, route_patches = [], [], []
+        ext_procs, managers, route_patches, ext_proc_names = [], [], [], set()
         for i, patch in enumerate(patches):
             value = ((patch or {}).get("patch") or {}).get("value") or {}
             path = _join(where, f"spec.configPatches[{i}].patch.value")
@@ -322,19 +322,22 @@ class _Linter:
                 clusters.add(value["name"])
             elif applies == "HTTP_FILTER" and _is_ext_proc(value):
                 ext_procs.append((value.get("typed_config") or {}, _join(path, "typed_config")))
+                ext_proc_names.add(value.get("name") or EXT_PROC)
             elif applies == "NETWORK_FILTER" and (value.get("name") == HCM or _type(value.get("typed_config")) == HCM_TYPE):
                 managers.append(value.get("typed_config") or {})
             elif applies in ("HTTP_ROUTE", "VIRTUAL_HOST", "ROUTE_CONFIGURATION"):
-                routes = [(value, path)] if applies == "HTTP_ROUTE" else []
+                # Each route with the scopes above it in the patch (its per-filter configs' order).
+                routes = [(value, path, [value])] if applies == "HTTP_ROUTE" else []
+                above = [value] if applies == "ROUTE_CONFIGURATION" else []
                 for vi, host in enumerate(value.get("virtual_hosts") or ([value] if applies == "VIRTUAL_HOST" else [])):
                     routes += [(r, _join(path, f"virtual_hosts[{vi}].routes[{ri}]") if applies != "VIRTUAL_HOST"
-                                else _join(path, f"routes[{ri}]")) for ri, r in enumerate(host.get("routes") or [])]
+                                else _join(path, f"routes[{ri}]"), [r, host] + above) for ri, r in enumerate(host.get("routes") or [])]
                 stripped = _union(_stripped_headers(m) for m in managers)
-                route_patches += [(route, route_path, stripped) for route, route_path in routes]
+                route_patches += [(route, route_path, scopes, stripped) for route, route_path, scopes in routes]
         fail_open = any(_get(config, "failure_mode_allow") is True for config, _ in ext_procs)
-        ext_proc_names = {EXT_PROC}
-        for route, route_path, stripped in route_patches:
-            self.route(route, route_path, None, stripped, False, _fails_open([route], ext_proc_names, fail_open))
+        ext_proc_names = ext_proc_names or {EXT_PROC}      # per-route configs' key: the filter's name in its patch
+        for route, route_path, scopes, stripped in route_patches:
+            self.route(route, route_path, None, stripped, False, _fails_open(scopes, ext_proc_names, fail_open))
         if not ext_procs:
             self.add(_join(where, "spec.configPatches"), "error", "ext-proc-missing",
                      f"no HTTP_FILTER patch adds {EXT_PROC}: requests never reach Sluice")

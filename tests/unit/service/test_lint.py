@@ -289,3 +289,22 @@ def test_a_guarded_route_that_disables_ext_proc_fails_open(where):
         _route(config).setdefault("typed_per_filter_config", {})["envoy.filters.http.ext_proc"] = _fail_closed_override(wrapped=False)
         assert lint_text(yaml.safe_dump(config), "good.yaml") == []
 
+
+def test_istio_per_route_config_is_read_under_the_filters_own_name_and_on_the_virtual_host():
+    doc = yaml.safe_load((ROOT / "k8s/integrations/istio/envoyfilter.yaml").read_text())
+    patches = doc["spec"]["configPatches"]
+    ext_patch = next(p for p in patches if p["applyTo"] == "HTTP_FILTER")["patch"]["value"]
+    ext_patch["name"] = "sluice.ext_proc"
+    ext_patch["typed_config"]["failure_mode_allow"] = True
+    route = {"name": "chat", "match": {"prefix": "/"}, "route": {"cluster_header": "x-sluice-cluster"},
+             "metadata": {"filter_metadata": {"sluice": {"candidates": [{"cluster": "upstream_a"}],
+                                                         "guard": {"words": [{"name": "w", "words": ["x"]}]}}}}}
+    host = {"name": "chat", "domains": ["*"], "routes": [route],
+            "typed_per_filter_config": {"sluice.ext_proc": _fail_closed_override(wrapped=False)}}
+    patches.append({"applyTo": "VIRTUAL_HOST", "match": {"context": "GATEWAY"}, "patch": {"operation": "ADD", "value": host}})
+    patches.append({"applyTo": "CLUSTER", "match": {"context": "GATEWAY"}, "patch": {"operation": "ADD", "value": {"name": "upstream_a"}}})
+    codes = [f.code for f in lint_text(yaml.safe_dump(doc), "ef.yaml")]
+    assert "guard-fails-open" not in codes, codes
+    # Under the default name, which this filter does not have, the override is not this filter's.
+    host["typed_per_filter_config"] = {"envoy.filters.http.ext_proc": _fail_closed_override(wrapped=False)}
+    assert "guard-fails-open" in [f.code for f in lint_text(yaml.safe_dump(doc), "ef.yaml")]
