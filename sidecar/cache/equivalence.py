@@ -443,13 +443,15 @@ PROFILE_BYTES_PER_CHAR = 44
 # An opaque identifier: a hash, UUID, order, ticket or tracking number, SKU.  Word pieces of
 # such a token carry no meaning to the embedding, and the verifier never saw one in training:
 # "no trace 079eeded81ce…" / "trace me 607016e4b05c…" scored 0.90, a hit.
-_DIGIT_TOKEN = re.compile(r"(?<![\w-])[\w-]*?\d[\w-]*")     # a token with a digit in it
+# A token with a digit in it, of Latin letters and digits: scripts written without spaces
+# (Chinese, Japanese) would make a whole clause with a year in it one token.
+_DIGIT_TOKEN = re.compile(r"(?<![A-Za-z\d_-])[A-Za-z\d_-]*?\d[A-Za-z\d_-]*")
 _NOT_ALNUM = re.compile(r"[\W_]+")
 _QUANTITY = re.compile(r"\d+[^\W\d_]+")      # a number and its unit, glued: 26years, 2000inr, 512mb
 
 
 def _identifiers(text: str) -> list[str]:
-    """The prompt's identifiers, case-folded and without separators: tokens of six or more
+    """The prompt's identifiers, case-folded and without separators: tokens of six or more Latin
     letters and digits with a run that mixes letters and two digits ("4c19841f", "A12345X",
     "rtx4090", but not a number glued to its unit, "2000inr"), a run of six digits, or two
     runs of digits ("INV-2024-0042").  "12-hour", "COVID-19" and "10-year-old" are words."""

@@ -386,3 +386,16 @@ def test_the_same_vector_for_different_words_is_no_hit(a, b, hit, rate):
     assert (verdict.reason == "unseen_words") == (not hit)
     if rate == 0:
         assert verdict.hit == hit
+
+
+def test_a_number_in_a_sentence_without_spaces_is_no_identifier():
+    # Chinese and Japanese write no spaces between words: a clause with a year or a model number
+    # in it is one run of letters and digits, but no identifier; a rewording of it is no
+    # difference. An order number in such a sentence still is one.
+    for x, y in (("2023年和2024年的GDP增长率是多少", "2024年和2023年的GDP增长率分别是多少"),
+                 ("iPhone 15の価格はいくらですか", "iPhone 15はいくらですか"),
+                 ("我今年35岁了应该买什么保险", "35岁的人应该买什么保险")):
+        assert same_question(x, y, 0.99, DEFAULT).reason != "identifiers_differ", (x, y)
+    for x, y in (("请查询订单INV20240042的状态", "请查询订单INV20240043的状态"),
+                 ("订单号123456的物流信息", "订单号654321的物流信息")):
+        assert same_question(x, y, 0.99, DEFAULT).reason == "identifiers_differ", (x, y)
