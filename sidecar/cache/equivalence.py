@@ -14,6 +14,7 @@ The defaults and their measured effect are documented in docs/semantic-checks.md
 from __future__ import annotations
 
 import re
+import sys
 from bisect import bisect_left
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -497,7 +498,7 @@ class _ProfileCache:
             self._held.move_to_end(text)
             return found[0]
         made = _profile(text)
-        cost = PROFILE_BYTES + PROFILE_BYTES_PER_CHAR * len(text)
+        cost = PROFILE_BYTES + PROFILE_BYTES_PER_CHAR * len(text) + _identifier_bytes(made.identifiers)
         if self._max_bytes is None or cost <= self._max_bytes:
             self._held[text] = (made, cost)
             self.nbytes += cost
@@ -507,6 +508,12 @@ class _ProfileCache:
 
     def __len__(self) -> int:
         return len(self._held)
+
+
+def _identifier_bytes(identifiers: frozenset[str]) -> int:
+    """What a profile's identifiers take, charged besides PROFILE_BYTES_PER_CHAR (measured on
+    prose): a text of order numbers or hashes holds hundreds, ~110 bytes each."""
+    return sys.getsizeof(identifiers) + sum(map(sys.getsizeof, identifiers)) if identifiers else 0
 
 
 def _profile(text: str) -> Profile:

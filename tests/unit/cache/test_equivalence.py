@@ -342,7 +342,17 @@ def test_long_prompts_must_match_word_for_word():
     assert same_question(a, b, 1.0, short) == Verdict(False, "unseen_words")
 
 
-def test_the_profile_cache_is_bounded_in_bytes_and_charges_what_profiles_take():
+def _words(rng) -> list[str]:
+    return [f"{w}{i}" for i, w in enumerate("river capital mountain paris how why best 3.5 km not".split())]
+
+
+def _order_numbers(rng) -> list[str]:
+    # Every token an identifier: the profile holds hundreds of them.
+    return [f"a{n}" for n in rng.integers(10_000, 100_000, 2000)]
+
+
+@pytest.mark.parametrize("vocabulary", [_words, _order_numbers])
+def test_the_profile_cache_is_bounded_in_bytes_and_charges_what_profiles_take(vocabulary):
     """Profiles of distinct long prompts (a caller can send any) stay within the cache's byte
     share, and the charge covers what a profile really takes (traced)."""
     import gc
@@ -350,8 +360,8 @@ def test_the_profile_cache_is_bounded_in_bytes_and_charges_what_profiles_take():
 
     from sidecar.cache import equivalence
     rng = np.random.default_rng(5)
-    words = [f"{w}{i}" for i, w in enumerate("river capital mountain paris how why best 3.5 km not".split())]
-    texts = [" ".join(rng.choice(words, 500))[:3990] + f" {n}?" for n in range(40)]
+    words = vocabulary(rng)
+    texts = [" ".join(rng.choice(words, 700))[:3990] + f" {n}?" for n in range(40)]
     try:
         equivalence.forget_profiles(max_bytes=2 * 2**20)
         gc.collect()
