@@ -44,6 +44,8 @@ def threshold_for(benign_scores: np.ndarray, false_alarm_rate: float, groups: np
     order."""
     if not 0.0 < false_alarm_rate < 1.0:
         raise ValueError(f"false_alarm_rate must be in (0, 1), got {false_alarm_rate}")
+    if not len(benign_scores):
+        raise ValueError("the head file holds no calibration scores: no threshold for any false_alarm_rate")
     parts = [benign_scores] if groups is None else [benign_scores[groups == g] for g in np.unique(groups)]
     return max(_above(part.astype(np.float32), false_alarm_rate) for part in parts if len(part))
 
