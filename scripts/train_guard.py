@@ -160,7 +160,10 @@ def train_text_head(examples, non_english_share: float | None = NON_ENGLISH_SHAR
     is_train = np.array([e.split == "train" for e in examples])
     params, epoch, quality = train(np.zeros((len(examples), 0)), ngrams, y, is_train, ~is_train,
                                    sample_weights(examples, y, is_train, non_english_share))
-    head = TextHead(params["lexical"].astype(np.float16).astype(np.float32), float(params["bias"]), np.zeros(0, np.float32))
+    # The weights as the head file stores them (float16 n-gram weights, a float32 bias): the
+    # calibration scores must be those the sidecar computes, or a threshold misses its rate.
+    head = TextHead(params["lexical"].astype(np.float16).astype(np.float32), float(np.float32(params["bias"])),
+                    np.zeros(0, np.float32))
     val = [e for e, t in zip(examples, is_train) if not t]
     sv = np.array([head.score(e.text) for e in val])
     ordinary = np.array([e.source in ORDINARY_SOURCES for e in val])
