@@ -90,3 +90,23 @@ def test_a_head_without_calibration_scores_has_no_threshold_and_says_why():
     with pytest.raises(ValueError, match="no calibration scores"):
         head.threshold(0.01, embedded=False)
 
+
+def test_calibration_scores_in_any_order_in_the_file_give_the_same_thresholds(tmp_path):
+    # _stored writes them ascending; a file written otherwise must not move a threshold.
+    rng = np.random.default_rng(3)
+    scores = rng.random(500).astype(np.float32)
+    groups = rng.integers(0, 2, 500).astype(np.int8)
+    head = InjectionHead(np.zeros(4, np.float32), np.zeros(8, np.float32), 0.0, scores,
+                         TextHead(np.zeros(8, np.float32), 0.0, scores, groups), groups)
+    head.save(tmp_path / "head.npz")
+    with np.load(tmp_path / "head.npz") as data:
+        arrays = dict(data)
+    order = rng.permutation(500)
+    for prefix in ("", "text_"):
+        arrays[f"{prefix}benign_scores"] = arrays[f"{prefix}benign_scores"][order]
+        arrays[f"{prefix}benign_groups"] = arrays[f"{prefix}benign_groups"][order]
+    np.savez(tmp_path / "shuffled.npz", **arrays)
+    shuffled = InjectionHead.load(tmp_path / "shuffled.npz")
+    for rate in (0.002, 0.01, 0.1, 0.5):
+        assert shuffled.threshold(rate) == head.threshold(rate) == InjectionHead.load(tmp_path / "head.npz").threshold(rate)
+        assert shuffled.threshold(rate, embedded=False) == head.threshold(rate, embedded=False)
