@@ -129,6 +129,12 @@ class InjectionHead:
     # model: the file says so, as its calibration was scored that way.
     last_paragraph: bool = False
 
+    def __post_init__(self) -> None:
+        # Its calibration was scored with the n-gram model's reading of last paragraphs: without
+        # that model the thresholds would not mean the rate.
+        if self.last_paragraph and self.text is None:
+            raise ValueError("an injection head that scores last paragraphs needs its n-gram model")
+
     @classmethod
     def load(cls, path: Path = WEIGHTS) -> "InjectionHead":
         with np.load(path) as data:
@@ -140,7 +146,7 @@ class InjectionHead:
             scores, groups = _calibration(data, "")
             tail = bool(data["last_paragraph"]) if "last_paragraph" in data else False
             return cls(data["embedding"].astype(np.float32), _dense(data, ""), float(data["bias"]), scores, text, groups,
-                       tail and text is not None)
+                       tail)
 
     def save(self, path: Path) -> None:
         text = {}

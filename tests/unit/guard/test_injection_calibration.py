@@ -110,3 +110,19 @@ def test_calibration_scores_in_any_order_in_the_file_give_the_same_thresholds(tm
     for rate in (0.002, 0.01, 0.1, 0.5):
         assert shuffled.threshold(rate) == head.threshold(rate) == InjectionHead.load(tmp_path / "head.npz").threshold(rate)
         assert shuffled.threshold(rate, embedded=False) == head.threshold(rate, embedded=False)
+
+
+def test_a_head_file_that_scores_last_paragraphs_without_its_ngram_model_is_refused(tmp_path):
+    # Its thresholds were calibrated on max(full, n-gram of the last paragraph): scoring the
+    # full model alone would flag fewer than they promise, so the file is refused, not read.
+    scores = np.linspace(0, 1, 11).astype(np.float32)
+    head = InjectionHead(np.zeros(4, np.float32), np.zeros(8, np.float32), 0.0, scores,
+                         TextHead(np.zeros(8, np.float32), 0.0, scores), last_paragraph=True)
+    head.save(tmp_path / "head.npz")
+    with np.load(tmp_path / "head.npz") as data:
+        arrays = {k: v for k, v in data.items() if not k.startswith("text_")}
+    np.savez(tmp_path / "no_text.npz", **arrays)
+    with pytest.raises(ValueError, match="n-gram model"):
+        InjectionHead.load(tmp_path / "no_text.npz")
+    with pytest.raises(ValueError, match="n-gram model"):
+        InjectionHead(head.embedding, head.lexical, 0.0, scores, last_paragraph=True)
